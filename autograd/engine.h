@@ -1,0 +1,27 @@
+// The backward engine: runs the recorded graph in reverse.
+//
+// backward(roots, grads) seeds each root's gradient, then repeatedly runs the ready
+// node with the largest sequence number (the most recently recorded op) until no node
+// is left. A node becomes ready when every edge into it has delivered its gradient;
+// the gradients arriving at the same output are summed first (the "input buffer").
+//
+// Note [AccumulateGrad runs first]
+// AccumulateGrad nodes get the highest priority, so a parameter's gradient is written,
+// and its post-accumulate hooks fire, as soon as it is complete - not after the whole
+// backward. The DDP reducer relies on this to start all-reducing early buckets while
+// backward is still computing the gradients of earlier layers.
+//
+// Each call runs on the calling thread with its own state, so independent graphs can
+// be back-propagated concurrently from different threads.
+#pragma once
+
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace loom::autograd {
+
+// grads[i] may be undefined for a one-element root (then 1 is used).
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph = false);
+
+}  // namespace loom::autograd

@@ -1,0 +1,124 @@
+// cpu_map: the elementwise loop every CPU pointwise kernel is written with.
+//
+//   cpu_map<float>(out, [](float a, float b) { return a + b; }, a, b);
+//
+// out[i] = f(in0[i], in1[i], ...) for every element, where all inputs already have
+// out's shape (broadcast inputs are expand()ed views with stride 0; see core/kernels.h).
+//
+// Note [Elementwise loop shapes]
+// 1. All operands contiguous: one flat loop the compiler vectorises, split across
+//    OpenMP threads in chunks of at least kGrain elements.
+// 2. Otherwise dims are first *collapsed*: adjacent dims d, d+1 merge when every operand
+//    has stride[d] == stride[d+1] * size[d+1] (true for contiguous runs and for fully
+//    broadcast runs alike). What remains is iterated as outer rows x one inner dim;
+//    rows are split across threads and the inner loop is again a plain strided loop.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <tuple>
+#include <utility>
+
+
+#include "core/tensor.h"
+
+namespace loom::cpu {
+
+constexpr int64_t kGrain = 32768;  // below this many elements, threads cost more than they save
+
+// Dims and per-operand strides after Note [Elementwise loop shapes] step 2.
+template <size_t N>
+struct CollapsedLayout {
+  Shape sizes;
+  std::array<Shape, N> strides;
+};
+
+template <size_t N>
+CollapsedLayout<N> collapse_dims(const Shape& shape, const std::array<const Shape*, N>& strides) {
+  CollapsedLayout<N> layout;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;  // size-1 dims never move the pointer
+    bool merge = !layout.sizes.empty();
+    for (size_t k = 0; k < N && merge; ++k)
+      merge = layout.strides[k].back() == (*strides[k])[d] * shape[d];
+    if (merge) {
+      layout.sizes.back() *= shape[d];
+      for (size_t k = 0; k < N; ++k) layout.strides[k].back() = (*strides[k])[d];
+    } else {
+      layout.sizes.push_back(shape[d]);
+      for (size_t k = 0; k < N; ++k) layout.strides[k].push_back((*strides[k])[d]);
+    }
+  }
+  if (layout.sizes.empty()) {  // a single element
+    layout.sizes.push_back(1);
+    for (size_t k = 0; k < N; ++k) layout.strides[k].push_back(0);
+  }
+  return layout;
+}
+
+namespace detail {
+
+template <typename Out, typename... In, typename F, size_t... I>
+void map_strided(Tensor& out, F& f, std::tuple<const In*...> in_ptrs, const CollapsedLayout<1 + sizeof...(In)>& layout,
+                 std::index_sequence<I...>) {
+  constexpr size_t N = 1 + sizeof...(In);
+  Out* out_ptr = out.data_ptr<Out>();
+  const int64_t n = out.numel();
+  const int64_t ndim = static_cast<int64_t>(layout.sizes.size());
+  const int64_t inner = layout.sizes.back();
+  const int64_t rows = n / inner;
+  std::array<int64_t, N> step;
+  for (size_t k = 0; k < N; ++k) step[k] = layout.strides[k][ndim - 1];
+
+#pragma omp parallel for schedule(static) if (n > kGrain && rows > 1)
+  for (int64_t row = 0; row < rows; ++row) {
+    // The offset of this row in every operand, from the row's multi-index.
+    std::array<int64_t, N> offset{};
+    int64_t rest = row;
+    for (int64_t d = ndim - 2; d >= 0; --d) {
+      int64_t index = rest % layout.sizes[d];
+      rest /= layout.sizes[d];
+      for (size_t k = 0; k < N; ++k) offset[k] += index * layout.strides[k][d];
+    }
+    Out* o = out_ptr + offset[0];
+    std::tuple<const In*...> p{(std::get<I>(in_ptrs) + offset[I + 1])...};
+    if (((step[0] == 1) && ... && (step[I + 1] == 1))) {
+      for (int64_t i = 0; i < inner; ++i) o[i] = f(std::get<I>(p)[i]...);
+    } else {
+      for (int64_t i = 0; i < inner; ++i) o[i * step[0]] = f(std::get<I>(p)[i * step[I + 1]]...);
+    }
+  }
+}
+
+}  // namespace detail
+
+template <typename Out, typename... In, typename F, typename... Tensors>
+void cpu_map_typed(Tensor& out, F f, const Tensors&... ins) {
+  static_assert(sizeof...(In) == sizeof...(Tensors), "one element type per input tensor");
+  constexpr size_t N = 1 + sizeof...(In);
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  std::tuple<const In*...> in_ptrs{static_cast<const In*>(ins.raw_data())...};
+
+  if ((out.is_contiguous() && ... && ins.is_contiguous())) {
+    Out* out_ptr = out.data_ptr<Out>();
+    std::apply(
+        [&](const In*... in) {
+#pragma omp parallel for simd schedule(static) if (n > kGrain)
+          for (int64_t i = 0; i < n; ++i) out_ptr[i] = f(in[i]...);
+        },
+        in_ptrs);
+    return;
+  }
+  std::array<const Shape*, N> all_strides = {&out.strides(), &ins.strides()...};
+  detail::map_strided<Out, In...>(out, f, in_ptrs, collapse_dims<N>(out.shape(), all_strides),
+                                  std::index_sequence_for<In...>{});
+}
+
+// Visits every element of a single tensor in place: self[i] = f(self[i]).
+template <typename T, typename F>
+void cpu_apply_inplace(Tensor& self, F f) {
+  cpu_map_typed<T, T>(self, f, self);
+}
+
+}  // namespace loom::cpu

@@ -1,0 +1,58 @@
+// DispatchStub: one slot per device type for a kernel, as in PyTorch's DispatchStub.
+//
+// core/ declares each kernel's signature once (core/kernels.h) and the CPU backend
+// fills the CPU slot (core/cpu/*.cpp). The CUDA backend fills the CUDA slot from
+// cuda/*.cu at load time with LOOM_REGISTER_KERNEL, so core/ never includes a CUDA
+// header and every layer above calls kernels without knowing which backend runs them.
+//
+//   LOOM_DECLARE_KERNEL(relu_kernel, void (*)(const Tensor& in, Tensor& out));  // kernels.h
+//   LOOM_DEFINE_KERNEL(relu_kernel);                                             // kernels.cpp
+//   LOOM_REGISTER_KERNEL(relu_kernel, DeviceType::CPU, relu_cpu);                // cpu/*.cpp
+//   relu_kernel(x.device())(x, out);                                             // caller
+#pragma once
+
+#include "core/device.h"
+#include "core/error.h"
+
+namespace loom {
+
+template <typename Fn>
+struct DispatchStub {
+  const char* name;
+  Fn table[kNumDeviceTypes] = {};
+
+  explicit constexpr DispatchStub(const char* op_name) : name(op_name) {}
+
+  Fn operator()(Device device) const {
+    Fn fn = table[static_cast<int>(device.type)];
+    LOOM_CHECK(fn, "'", name, "' has no kernel for device ", device.str(),
+               device.is_cuda() ? ": this loom was built without CUDA (configure with -Dcuda=enabled)"
+                                : ": no backend registered it");
+    return fn;
+  }
+  void set(DeviceType type, Fn fn) { table[static_cast<int>(type)] = fn; }
+};
+
+namespace detail {
+struct KernelRegistrar {
+  template <typename Stub, typename Fn>
+  KernelRegistrar(Stub& stub, DeviceType type, Fn fn) {
+    stub.set(type, fn);
+  }
+};
+}  // namespace detail
+
+}  // namespace loom
+
+#define LOOM_DECLARE_KERNEL(NAME, FN_TYPE) \
+  using NAME##_fn = FN_TYPE;               \
+  extern ::loom::DispatchStub<NAME##_fn> NAME
+
+// constinit: the stub is filled in by registrars in other translation units during
+// static initialisation, so it must itself be initialised before any of them runs.
+#define LOOM_DEFINE_KERNEL(NAME) constinit ::loom::DispatchStub<NAME##_fn> NAME(#NAME)
+
+#define LOOM_CONCAT_INNER(a, b) a##b
+#define LOOM_CONCAT(a, b) LOOM_CONCAT_INNER(a, b)
+#define LOOM_REGISTER_KERNEL(NAME, DEVICE_TYPE, FN) \
+  static ::loom::detail::KernelRegistrar LOOM_CONCAT(NAME##_registrar_, __COUNTER__)(NAME, DEVICE_TYPE, FN)

@@ -1,0 +1,87 @@
+// DType: the element type of a tensor, and the switch that turns a runtime dtype into
+// a C++ type for kernels (dispatch_floating / dispatch_all).
+//
+// float32 is the working type; float64 exists on CPU so gradient checks by finite
+// differences are exact enough to mean something; int64 holds labels and indices;
+// bool is what comparisons return (as in PyTorch); float16/bfloat16 are storage types
+// for mixed precision on CUDA (the CPU backend only copies/casts them).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <ostream>
+
+#include "core/error.h"
+
+namespace loom {
+
+enum class DType : int8_t { Float32, Float64, Int64, Int32, UInt8, Bool, Float16, BFloat16 };
+
+// Names as PyTorch prints them: kFloat32 is "float32".
+const char* dtype_name(DType dtype);
+size_t element_size(DType dtype);
+bool is_floating(DType dtype);
+std::ostream& operator<<(std::ostream& out, DType dtype);
+
+constexpr DType kFloat32 = DType::Float32;
+constexpr DType kFloat64 = DType::Float64;
+constexpr DType kInt64 = DType::Int64;
+constexpr DType kInt32 = DType::Int32;
+constexpr DType kUInt8 = DType::UInt8;
+constexpr DType kBool = DType::Bool;
+constexpr DType kFloat16 = DType::Float16;
+constexpr DType kBFloat16 = DType::BFloat16;
+
+// 16-bit float storage types. Arithmetic on them happens in float (CPU) or in CUDA
+// kernels; these structs only carry bits and convert.
+struct Half {
+  uint16_t bits = 0;
+  Half() = default;
+  explicit Half(float value);
+  explicit operator float() const;
+};
+struct BFloat16 {
+  uint16_t bits = 0;
+  BFloat16() = default;
+  explicit BFloat16(float value);  // round to nearest even, as PyTorch does
+  explicit operator float() const;
+};
+
+template <typename T> constexpr DType dtype_of();
+template <> constexpr DType dtype_of<float>() { return kFloat32; }
+template <> constexpr DType dtype_of<double>() { return kFloat64; }
+template <> constexpr DType dtype_of<int64_t>() { return kInt64; }
+template <> constexpr DType dtype_of<int32_t>() { return kInt32; }
+template <> constexpr DType dtype_of<uint8_t>() { return kUInt8; }
+template <> constexpr DType dtype_of<bool>() { return kBool; }
+template <> constexpr DType dtype_of<Half>() { return kFloat16; }
+template <> constexpr DType dtype_of<BFloat16>() { return kBFloat16; }
+
+
+// dispatch_floating(dtype, "relu", [&]<typename T>() { ... }) calls the lambda with
+// T = float or double; other dtypes are an error naming the op. (Functions, not macros,
+// so that `#pragma omp` works inside the lambda.)
+template <typename F>
+decltype(auto) dispatch_floating(DType dtype, const char* op, F&& body) {
+  switch (dtype) {
+    case kFloat32: return body.template operator()<float>();
+    case kFloat64: return body.template operator()<double>();
+    default: LOOM_FAIL(op, ": expected a float32 or float64 tensor, got ", dtype_name(dtype));
+  }
+}
+
+// Floating types plus the integer types and bool.
+template <typename F>
+decltype(auto) dispatch_all(DType dtype, const char* op, F&& body) {
+  switch (dtype) {
+    case kFloat32: return body.template operator()<float>();
+    case kFloat64: return body.template operator()<double>();
+    case kInt64: return body.template operator()<int64_t>();
+    case kInt32: return body.template operator()<int32_t>();
+    case kUInt8: return body.template operator()<uint8_t>();
+    case kBool: return body.template operator()<bool>();
+    default: LOOM_FAIL(op, ": dtype ", dtype_name(dtype), " is not supported on this device");
+  }
+}
+
+}  // namespace loom

@@ -1,0 +1,109 @@
+#include "core/factory.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/copy.h"
+#include "core/error.h"
+#include "core/kernels.h"
+
+namespace loom {
+
+Tensor full(const Shape& shape, double value, TensorOptions options) {
+  bool requires_grad = options.requires_grad_;
+  Tensor t = empty(shape, options.requires_grad(false));
+  if (t.numel() > 0) fill_kernel(t.device())(t, value);
+  if (requires_grad) t.requires_grad_(true);
+  return t;
+}
+
+Tensor zeros(const Shape& shape, TensorOptions options) { return full(shape, 0.0, options); }
+Tensor ones(const Shape& shape, TensorOptions options) { return full(shape, 1.0, options); }
+Tensor zeros_like(const Tensor& like) { return zeros(like.shape(), TensorOptions(like.dtype()).device(like.device())); }
+Tensor ones_like(const Tensor& like) { return ones(like.shape(), TensorOptions(like.dtype()).device(like.device())); }
+Tensor empty_like(const Tensor& like) { return empty(like.shape(), TensorOptions(like.dtype()).device(like.device())); }
+Tensor scalar_tensor(double value, TensorOptions options) { return full({}, value, options); }
+
+Tensor arange(double start, double end, double step, TensorOptions options) {
+  LOOM_CHECK(step != 0, "arange: step must be nonzero");
+  LOOM_CHECK((end - start) / step >= 0, "arange: upper bound and step are inconsistent: start ", start,
+             ", end ", end, ", step ", step);
+  auto n = static_cast<int64_t>(std::ceil((end - start) / step));
+  std::vector<double> values(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) values[static_cast<size_t>(i)] = start + static_cast<double>(i) * step;
+  return from_vector(values, {n}, options);
+}
+
+Tensor arange(int64_t end, TensorOptions options) { return arange(0, static_cast<double>(end), 1, options); }
+
+namespace {
+Tensor random_tensor(const Shape& shape, TensorOptions options, const auto& fill) {
+  bool requires_grad = options.requires_grad_;
+  Tensor t = empty(shape, options.requires_grad(false));
+  if (t.numel() > 0) fill(t);
+  if (requires_grad) t.requires_grad_(true);
+  return t;
+}
+}  // namespace
+
+Tensor rand(const Shape& shape, TensorOptions options, Generator* gen) {
+  Generator& g = gen ? *gen : default_generator();
+  return random_tensor(shape, options, [&](Tensor& t) { uniform_kernel(t.device())(t, 0.0, 1.0, g); });
+}
+
+Tensor randn(const Shape& shape, TensorOptions options, Generator* gen) {
+  Generator& g = gen ? *gen : default_generator();
+  return random_tensor(shape, options, [&](Tensor& t) { normal_kernel(t.device())(t, 0.0, 1.0, g); });
+}
+
+Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions options, Generator* gen) {
+  LOOM_CHECK(low < high, "randint: expected low < high, got low=", low, " high=", high);
+  Generator& g = gen ? *gen : default_generator();
+  return random_tensor(shape, options, [&](Tensor& t) { randint_kernel(t.device())(t, low, high, g); });
+}
+
+Tensor randperm(int64_t n, Generator* gen) {
+  LOOM_CHECK(n >= 0, "randperm: n must be non-negative, got ", n);
+  Generator& g = gen ? *gen : default_generator();
+  std::vector<int64_t> perm(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) perm[static_cast<size_t>(i)] = i;
+  // Fisher-Yates with counter-based draws: see Note [Counter-based randomness].
+  uint64_t first = g.reserve(static_cast<uint64_t>(n));
+  for (int64_t i = n - 1; i > 0; --i) {
+    auto j = static_cast<int64_t>(random_bits(g.seed(), first + static_cast<uint64_t>(i)) % static_cast<uint64_t>(i + 1));
+    std::swap(perm[static_cast<size_t>(i)], perm[static_cast<size_t>(j)]);
+  }
+  return from_vector(perm, {n});
+}
+
+Tensor from_blob(const void* data, const Shape& shape, TensorOptions options) {
+  Tensor host = empty(shape, TensorOptions(options.dtype_));
+  std::memcpy(host.raw_data(), data, host.nbytes());
+  Tensor out = options.device_ == Device() ? host : empty(shape, options.requires_grad(false));
+  if (!out.is_same(host)) copy_into(out, host);
+  if (options.requires_grad_) out.requires_grad_(true);
+  return out;
+}
+
+template <typename T>
+Tensor from_vector(const std::vector<T>& values, const Shape& shape, TensorOptions options) {
+  LOOM_CHECK(static_cast<int64_t>(values.size()) == numel(shape), "from_vector: ", values.size(),
+             " values cannot fill shape ", shape, " (", numel(shape), " elements)");
+  Tensor host = from_blob(values.data(), shape, TensorOptions(dtype_of<T>()));
+  if (options.dtype_ == dtype_of<T>() && options.device_ == Device()) {
+    if (options.requires_grad_) host.requires_grad_(true);
+    return host;
+  }
+  Tensor out = empty(shape, options.requires_grad(false));
+  copy_into(out, host);
+  if (options.requires_grad_) out.requires_grad_(true);
+  return out;
+}
+
+template Tensor from_vector<float>(const std::vector<float>&, const Shape&, TensorOptions);
+template Tensor from_vector<double>(const std::vector<double>&, const Shape&, TensorOptions);
+template Tensor from_vector<int64_t>(const std::vector<int64_t>&, const Shape&, TensorOptions);
+template Tensor from_vector<int32_t>(const std::vector<int32_t>&, const Shape&, TensorOptions);
+template Tensor from_vector<uint8_t>(const std::vector<uint8_t>&, const Shape&, TensorOptions);
+
+}  // namespace loom

@@ -1,0 +1,128 @@
+// The backend interface: every kernel a device backend provides, as dispatch stubs.
+//
+// Conventions shared by all kernels here:
+// - `out` (and every output) is allocated by the caller with the right shape, dtype and
+//   device; kernels only fill it. Inputs are on the same device as outputs.
+// - Elementwise inputs are already broadcast to the output's shape (expand()ed views,
+//   stride 0 where broadcast), so a kernel never reasons about broadcasting.
+// - Inputs may be arbitrary strided views unless a comment says "contiguous".
+// - Differentiation lives above (autograd/ops/*): kernels are plain math.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/dispatch.h"
+#include "core/generator.h"
+#include "core/tensor.h"
+
+namespace loom {
+
+// ---- elementwise ----------------------------------------------------------------------
+enum class UnaryOp { Neg, Exp, Log, Sqrt, Rsqrt, Abs, Relu, Sigmoid, Tanh };
+enum class BinaryOp {
+  Add, Sub, Mul, Div, Maximum, Minimum,  // out dtype = input dtype; Add/Sub use alpha
+  Eq, Ne, Lt, Le, Gt, Ge                 // out dtype = bool
+};
+
+LOOM_DECLARE_KERNEL(unary_kernel, void (*)(UnaryOp op, const Tensor& in, Tensor& out));
+// out = a (op) alpha * b for Add/Sub; alpha is ignored by the other ops.
+LOOM_DECLARE_KERNEL(binary_kernel, void (*)(BinaryOp op, const Tensor& a, const Tensor& b, double alpha, Tensor& out));
+LOOM_DECLARE_KERNEL(pow_scalar_kernel, void (*)(const Tensor& in, double exponent, Tensor& out));
+LOOM_DECLARE_KERNEL(clamp_kernel, void (*)(const Tensor& in, double min, double max, Tensor& out));
+// out = cond ? a : b; cond is bool.
+LOOM_DECLARE_KERNEL(where_kernel, void (*)(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out));
+// grad_in = out_or_in > threshold ? grad_out : 0 (ReLU's backward, fused for speed).
+LOOM_DECLARE_KERNEL(threshold_backward_kernel, void (*)(const Tensor& grad_out, const Tensor& out_or_in, double threshold, Tensor& grad_in));
+LOOM_DECLARE_KERNEL(fill_kernel, void (*)(Tensor& self, double value));
+// dst = src with dtype conversion; same device kind (cross-device copies: core/copy.cpp).
+LOOM_DECLARE_KERNEL(copy_kernel, void (*)(const Tensor& src, Tensor& dst, bool non_blocking));
+
+// ---- random (see Note [Counter-based randomness]) ---------------------------------------
+LOOM_DECLARE_KERNEL(uniform_kernel, void (*)(Tensor& self, double low, double high, Generator& gen));
+LOOM_DECLARE_KERNEL(normal_kernel, void (*)(Tensor& self, double mean, double std, Generator& gen));
+// Integers in [low, high).
+LOOM_DECLARE_KERNEL(randint_kernel, void (*)(Tensor& self, int64_t low, int64_t high, Generator& gen));
+
+// ---- reductions -------------------------------------------------------------------------
+enum class ReduceOp { Sum, Mean, Max, Min };
+// `dims` sorted, unique, non-empty; out has the keepdim shape (reduced dims of size 1).
+LOOM_DECLARE_KERNEL(reduce_kernel, void (*)(ReduceOp op, const Tensor& in, const std::vector<int64_t>& dims, Tensor& out));
+// Max or min along one dim with the index of the first extreme; keepdim-shaped outputs.
+LOOM_DECLARE_KERNEL(max_min_dim_kernel, void (*)(bool is_max, const Tensor& in, int64_t dim, Tensor& values, Tensor& indices));
+
+// ---- linear algebra ---------------------------------------------------------------------
+// out[M,N] = beta * out + a[M,K] @ b[K,N]; a and b may be transposed views (either
+// unit stride in one dim); beta is 0 or 1.
+LOOM_DECLARE_KERNEL(mm_kernel, void (*)(const Tensor& a, const Tensor& b, double beta, Tensor& out));
+// out[B,M,N] = a[B,M,K] @ b[B,K,N].
+LOOM_DECLARE_KERNEL(bmm_kernel, void (*)(const Tensor& a, const Tensor& b, Tensor& out));
+
+// ---- indexing ---------------------------------------------------------------------------
+LOOM_DECLARE_KERNEL(index_select_kernel, void (*)(const Tensor& in, int64_t dim, const Tensor& index, Tensor& out));
+// out.index_select(dim, index) += src (out pre-zeroed by the caller when needed).
+LOOM_DECLARE_KERNEL(index_add_kernel, void (*)(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src));
+LOOM_DECLARE_KERNEL(gather_kernel, void (*)(const Tensor& in, int64_t dim, const Tensor& index, Tensor& out));
+LOOM_DECLARE_KERNEL(scatter_add_kernel, void (*)(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src));
+
+// ---- neural-network kernels --------------------------------------------------------------
+struct Conv2dParams {
+  int64_t stride[2] = {1, 1};
+  int64_t padding[2] = {0, 0};
+  int64_t dilation[2] = {1, 1};
+  int64_t groups = 1;
+};
+// NCHW input, OIHW weight (contiguous); bias may be undefined.
+LOOM_DECLARE_KERNEL(conv2d_forward_kernel, void (*)(const Tensor& input, const Tensor& weight, const Tensor& bias,
+                                                    const Conv2dParams& params, Tensor& out));
+// Fills whichever of grad_input / grad_weight / grad_bias are defined.
+LOOM_DECLARE_KERNEL(conv2d_backward_kernel, void (*)(const Tensor& grad_out, const Tensor& input, const Tensor& weight,
+                                                     const Conv2dParams& params, Tensor& grad_input,
+                                                     Tensor& grad_weight, Tensor& grad_bias));
+
+struct Pool2dParams {
+  int64_t kernel[2] = {1, 1};
+  int64_t stride[2] = {1, 1};
+  int64_t padding[2] = {0, 0};
+  int64_t dilation[2] = {1, 1};
+  bool ceil_mode = false;
+  bool count_include_pad = true;  // avg pooling only
+};
+// indices (int64) holds the flat h*W+w argmax per output, as PyTorch's.
+LOOM_DECLARE_KERNEL(max_pool2d_forward_kernel, void (*)(const Tensor& in, const Pool2dParams& p, Tensor& out, Tensor& indices));
+LOOM_DECLARE_KERNEL(max_pool2d_backward_kernel, void (*)(const Tensor& grad_out, const Tensor& indices, Tensor& grad_in));
+LOOM_DECLARE_KERNEL(avg_pool2d_forward_kernel, void (*)(const Tensor& in, const Pool2dParams& p, Tensor& out));
+LOOM_DECLARE_KERNEL(avg_pool2d_backward_kernel, void (*)(const Tensor& grad_out, const Pool2dParams& p, Tensor& grad_in));
+LOOM_DECLARE_KERNEL(adaptive_avg_pool2d_forward_kernel, void (*)(const Tensor& in, Tensor& out));
+LOOM_DECLARE_KERNEL(adaptive_avg_pool2d_backward_kernel, void (*)(const Tensor& grad_out, Tensor& grad_in));
+
+// Training: normalise with batch statistics, write save_mean / save_invstd (per channel)
+// and, if running_mean is defined, update running stats (unbiased variance), in place.
+// Eval: normalise with running stats. weight/bias may be undefined (affine=false).
+LOOM_DECLARE_KERNEL(batch_norm_forward_kernel,
+                    void (*)(const Tensor& in, const Tensor& weight, const Tensor& bias, Tensor& running_mean,
+                             Tensor& running_var, bool training, double momentum, double eps, Tensor& out,
+                             Tensor& save_mean, Tensor& save_invstd));
+LOOM_DECLARE_KERNEL(batch_norm_backward_kernel,
+                    void (*)(const Tensor& grad_out, const Tensor& in, const Tensor& weight, const Tensor& save_mean,
+                             const Tensor& save_invstd, bool training, Tensor& grad_in, Tensor& grad_weight,
+                             Tensor& grad_bias));
+
+// Along the last dim of a contiguous [rows, classes] tensor.
+LOOM_DECLARE_KERNEL(log_softmax_forward_kernel, void (*)(const Tensor& in, Tensor& out));
+LOOM_DECLARE_KERNEL(log_softmax_backward_kernel, void (*)(const Tensor& grad_out, const Tensor& out, Tensor& grad_in));
+
+enum class Reduction { None, Mean, Sum };
+// log_probs [N, C], target int64 [N]; weight [C] may be undefined. out: [] or [N];
+// total_weight: [] (the mean's denominator).
+LOOM_DECLARE_KERNEL(nll_loss_forward_kernel, void (*)(const Tensor& log_probs, const Tensor& target, const Tensor& weight,
+                                                      Reduction reduction, int64_t ignore_index, Tensor& out,
+                                                      Tensor& total_weight));
+LOOM_DECLARE_KERNEL(nll_loss_backward_kernel, void (*)(const Tensor& grad_out, const Tensor& target, const Tensor& weight,
+                                                       Reduction reduction, int64_t ignore_index,
+                                                       const Tensor& total_weight, Tensor& grad_in));
+
+// mask = bernoulli(1 - p) / (1 - p) in `in`'s dtype; out = in * mask.
+LOOM_DECLARE_KERNEL(dropout_kernel, void (*)(const Tensor& in, double p, Generator& gen, Tensor& out, Tensor& mask));
+
+}  // namespace loom

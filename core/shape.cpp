@@ -1,0 +1,54 @@
+#include "core/shape.h"
+
+#include "core/error.h"
+
+namespace loom {
+
+int64_t numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t size : shape) n *= size;
+  return n;
+}
+
+Shape contiguous_strides(const Shape& shape) {
+  Shape strides(shape.size());
+  int64_t step = 1;
+  for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
+    strides[d] = step;
+    step *= std::max<int64_t>(shape[d], 1);
+  }
+  return strides;
+}
+
+std::string shape_str(const Shape& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) out += ", ";
+    out += std::to_string(shape[i]);
+  }
+  return out + "]";
+}
+
+Shape broadcast_shapes(const Shape& a, const Shape& b) {
+  size_t ndim = std::max(a.size(), b.size());
+  Shape out(ndim);
+  for (size_t i = 0; i < ndim; ++i) {
+    int64_t sa = i < a.size() ? a[a.size() - 1 - i] : 1;
+    int64_t sb = i < b.size() ? b[b.size() - 1 - i] : 1;
+    LOOM_CHECK(sa == sb || sa == 1 || sb == 1, "shapes ", shape_str(a), " and ", shape_str(b),
+               " cannot be broadcast: dimension ", ndim - 1 - i, " (from the right: ", i,
+               ") is ", sa, " vs ", sb, "; sizes must be equal or one of them 1");
+    out[ndim - 1 - i] = sa == 1 ? sb : sa;
+  }
+  return out;
+}
+
+int64_t wrap_dim(int64_t dim, int64_t ndim) {
+  int64_t lo = ndim == 0 ? -1 : -ndim, hi = ndim == 0 ? 0 : ndim - 1;
+  LOOM_CHECK(dim >= lo && dim <= hi, "dimension out of range: expected in [", lo, ", ", hi,
+             "], got ", dim);
+  if (dim < 0) dim += std::max<int64_t>(ndim, 1);
+  return dim;
+}
+
+}  // namespace loom

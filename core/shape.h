@@ -1,0 +1,32 @@
+// Shape and strides: a tensor's extent per dimension and the element step per dimension.
+//
+// A view (transpose, narrow, expand, ...) changes only shape, strides and offset over
+// the same storage. Broadcasting follows NumPy/PyTorch: shapes are aligned at the right,
+// and a dimension of size 1 stretches to match the other.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace loom {
+
+using Shape = std::vector<int64_t>;
+
+int64_t numel(const Shape& shape);
+// Row-major ("C-contiguous") strides for a shape.
+Shape contiguous_strides(const Shape& shape);
+// "[2, 3, 4]", for messages.
+std::string shape_str(const Shape& shape);
+// The broadcast of two shapes; a loom::Error naming both shapes if they don't broadcast.
+Shape broadcast_shapes(const Shape& a, const Shape& b);
+// Wraps a possibly negative dimension index into [0, ndim); error names the valid range.
+int64_t wrap_dim(int64_t dim, int64_t ndim);
+
+}  // namespace loom
+
+namespace std {
+// So LOOM_CHECK(..., "got ", shape) prints "[2, 3]".
+inline ostream& operator<<(ostream& out, const loom::Shape& shape) { return out << loom::shape_str(shape); }
+}  // namespace std

@@ -1,0 +1,2 @@
+// PLACEHOLDER: replaced by this module's tests.
+#include <doctest/doctest.h>
