@@ -1,7 +1,6 @@
 // PLACEHOLDER (owner: nn-kernels helper): replace with real implementations.
 #include "autograd/ops.h"
 namespace loom {
-Tensor conv2d(const Tensor&, const Tensor&, const Tensor&, std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>, int64_t) { LOOM_FAIL("conv2d: not implemented yet"); }
 Tensor max_pool2d(const Tensor&, std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>, bool) { LOOM_FAIL("max_pool2d: not implemented yet"); }
 Tensor avg_pool2d(const Tensor&, std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>, bool, bool) { LOOM_FAIL("avg_pool2d: not implemented yet"); }
 Tensor adaptive_avg_pool2d(const Tensor&, std::vector<int64_t>) { LOOM_FAIL("adaptive_avg_pool2d: not implemented yet"); }
