@@ -21,6 +21,8 @@
 // Indices are validated in a serial pass before the loop: an out-of-range index is a
 // loom::Error naming the index, the dim and its size, never a write out of bounds (and
 // never an exception thrown inside an OpenMP region, which would terminate).
+#include <omp.h>
+
 #include <array>
 #include <type_traits>
 
@@ -77,13 +79,18 @@ void for_each_position(const Shape& shape, const std::array<Shape, N>& strides, 
   }
 }
 
-// The largest dimension other than `except` (-1 if there is none worth splitting).
+// The dimension threads split (other than `except`; -1 when none is worth it): the
+// outermost one with a slice for every thread, so that each thread's walk stays in
+// contiguous runs, else the largest.
 int64_t split_dim(const Shape& shape, int64_t except) {
-  int64_t best = -1;
+  const int64_t threads = omp_get_max_threads();
+  int64_t largest = -1;
   for (int64_t d = 0; d < static_cast<int64_t>(shape.size()); ++d) {
-    if (d != except && shape[d] > 1 && (best < 0 || shape[d] > shape[best])) best = d;
+    if (d == except || shape[d] <= 1) continue;
+    if (shape[d] >= threads) return d;
+    if (largest < 0 || shape[d] > shape[largest]) largest = d;
   }
-  return best;
+  return largest;
 }
 
 void check_indices(const char* op, const Tensor& index, int64_t dim, int64_t size) {
