@@ -113,7 +113,8 @@ void bmm_cpu(const Tensor& a, const Tensor& b, Tensor& out) {
   dispatch_floating(a.dtype(), "bmm", [&]<typename T>() {
     T* pc = out.data_ptr<T>();
     if (k == 0) {
-      for (int64_t i = 0; i < batch; ++i) empty_product(pc + i * out.stride(0), m, n, out.stride(1), out.stride(2), 0.0);
+      for (int64_t i = 0; i < batch; ++i)
+        empty_product(pc + i * out.stride(0), m, n, out.stride(1), out.stride(2), 0.0);
       return;
     }
     const Operand la = operand_layout("bmm", "the first operand", m, k, a.stride(1), a.stride(2));
