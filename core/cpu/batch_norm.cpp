@@ -1,20 +1,30 @@
 // CPU batch normalisation, forward (training and eval) and backward.
 //
 // The input is viewed as [N, C, S] (S = H*W for BatchNorm2d, 1 for BatchNorm1d on
-// [N, C]): channel c owns N runs of S contiguous elements. Every statistic is per
-// channel, so channels are split across OpenMP threads and each thread does all the
-// work of its channels while their data is hot in its cache:
+// [N, C]): N*C *planes* of S contiguous elements, plane p belonging to channel p % C.
+// Every kernel streams through memory plane by plane, in order, with planes split
+// across OpenMP threads; per-channel results are combined from small per-plane
+// partials in between:
 //
-//   forward, training   pass 1: mean           pass 2: centred sum of squares
-//                       pass 3: y = x * scale + shift
-//   forward, eval       pass 3 only, with the running statistics
-//   backward            pass 1: sum(dy), sum(dy * (x - mean))   pass 2: dx
+//   forward, training   pass 1 (read x):      per-plane sum and centred sum of squares
+//                       combine per channel:  mean, variance, running-stat update
+//                       pass 2 (read x, write y): y = x * scale[c] + shift[c]
+//   forward, eval       pass 2 only, with the running statistics
+//   backward            pass 1 (read dy, x):  per-plane sum(dy), sum(dy * (x - mean))
+//                       pass 2 (read dy, x, write dx)
+//
+// Streaming in memory order (rather than walking each channel's N planes, 4 KiB apart
+// in a ResNet activation) keeps the hardware prefetchers busy and touches each byte
+// once per pass: on a [128, 64, 32, 32] float32 tensor this is ~2x faster.
 //
 // Note [Batch-norm accumulation]
-// Each run of S elements is summed in T with a vectorised loop (short, so float is
-// accurate there), and the runs are added in double. The variance is computed from
-// centred values (a second pass, not E[x^2] - E[x]^2), so a large mean cannot cancel
-// the variance away. Results match PyTorch to float rounding.
+// A plane's sums run in T over four vectors' worth of independent accumulators (fast,
+// and on <= a few thousand elements as accurate as float needs); planes are combined in
+// double. The variance never uses E[x^2] - E[x]^2, which cancels when |mean| >> std:
+// each plane p sums squares about its own centre c_p (its float mean), and the
+// channel's centred sum of squares follows exactly from
+//     sum (x - m)^2 = sum_p [ Q_p + 2 (c_p - m) (sum_p - S c_p) + S (c_p - m)^2 ],
+// with Q_p = sum_{x in p} (x - c_p)^2 and sum_p = sum_{x in p} x.
 //
 // Semantics are PyTorch's: normalise with the biased batch variance; update
 // running_var with the unbiased one; running = (1 - momentum) * running + momentum * batch.
@@ -29,93 +39,131 @@
 namespace loom::cpu {
 namespace {
 
-struct ChannelLayout {
+constexpr int64_t kBatchNormGrain = 1 << 15;  // elements below which one thread does it all
+
+struct PlaneLayout {
   int64_t n, c, s;  // input viewed as [n, c, s]
-  int64_t count() const { return n * s; }
+  int64_t planes() const { return n * c; }
+  int64_t count() const { return n * s; }  // elements per channel
 };
 
-ChannelLayout layout_of(const Tensor& in) {
+PlaneLayout layout_of(const Tensor& in) {
   LOOM_CHECK(in.dim() >= 2, "batch_norm kernel: expected an input [N, C, ...], got ", in.shape());
-  ChannelLayout l{in.size(0), in.size(1), 1};
+  PlaneLayout l{in.size(0), in.size(1), 1};
   for (int64_t d = 2; d < in.dim(); ++d) l.s *= in.size(d);
   return l;
 }
 
-// Optional per-channel parameter: the tensor's values, or `fallback` when undefined.
+// Values of an optional per-channel tensor, or `fallback` for each channel.
 template <typename T>
-class PerChannel {
- public:
-  PerChannel(const Tensor& t, T fallback) : p_(t.defined() ? t.data_ptr<T>() : nullptr), fallback_(fallback) {}
-  T operator[](int64_t c) const { return p_ ? p_[c] : fallback_; }
+std::vector<T> per_channel(const Tensor& t, int64_t channels, T fallback) {
+  if (!t.defined()) return std::vector<T>(static_cast<size_t>(channels), fallback);
+  const T* p = t.data_ptr<T>();
+  return std::vector<T>(p, p + channels);
+}
 
- private:
-  const T* p_;
-  T fallback_;
-};
-
-// The sum over channel c's N runs of run_sum(offset of the run), which sums one run in T.
-// See Note [Batch-norm accumulation].
-template <typename RunSum>
-double channel_sum(const ChannelLayout& l, int64_t c, RunSum run_sum) {
-  double total = 0;
-  for (int64_t n = 0; n < l.n; ++n) total += static_cast<double>(run_sum((n * l.c + c) * l.s));
+// sum_{i < n} term(i), vectorised with independent accumulators so the adds do not
+// wait on each other. See Note [Batch-norm accumulation].
+template <typename T, typename Term>
+inline T sum_run(int64_t n, Term term) {
+  constexpr int64_t kLanes = 4 * 64 / static_cast<int64_t>(sizeof(T));
+  T acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+#pragma omp simd
+    for (int64_t j = 0; j < kLanes; ++j) acc[j] += term(i + j);
+  }
+  T total = T(0);
+  for (; i < n; ++i) total += term(i);
+#pragma omp simd reduction(+ : total)
+  for (int64_t j = 0; j < kLanes; ++j) total += acc[j];
   return total;
+}
+
+// y = x * scale[c] + shift[c] plane by plane: the normalisation (forward pass 2).
+template <typename T>
+void scale_shift(const PlaneLayout& l, const T* x, const std::vector<T>& scale, const std::vector<T>& shift, T* y) {
+  const int64_t S = l.s;
+#pragma omp parallel for schedule(static) if (l.planes() * S > kBatchNormGrain && l.planes() > 1)
+  for (int64_t p = 0; p < l.planes(); ++p) {
+    const T a = scale[static_cast<size_t>(p % l.c)], b = shift[static_cast<size_t>(p % l.c)];
+    const T* xp = x + p * S;
+    T* yp = y + p * S;
+#pragma omp simd
+    for (int64_t i = 0; i < S; ++i) yp[i] = xp[i] * a + b;
+  }
+}
+
+// Per-channel (mean, biased centred sum of squares) of a training batch.
+template <typename T>
+void batch_moments(const PlaneLayout& l, const T* x, std::vector<double>& mean, std::vector<double>& squares) {
+  const int64_t S = l.s;
+  std::vector<double> plane_sum(static_cast<size_t>(l.planes())), plane_centre(plane_sum.size()),
+      plane_squares(plane_sum.size());
+#pragma omp parallel for schedule(static) if (l.planes() * S > kBatchNormGrain && l.planes() > 1)
+  for (int64_t p = 0; p < l.planes(); ++p) {
+    const T* xp = x + p * S;
+    const T sum = sum_run<T>(S, [xp](int64_t i) { return xp[i]; });
+    const T centre = sum / static_cast<T>(S);
+    plane_sum[p] = static_cast<double>(sum);
+    plane_centre[p] = static_cast<double>(centre);
+    plane_squares[p] = static_cast<double>(sum_run<T>(S, [xp, centre](int64_t i) {
+      const T d = xp[i] - centre;
+      return d * d;
+    }));
+  }
+  const double count = static_cast<double>(l.count()), s = static_cast<double>(S);
+  for (int64_t c = 0; c < l.c; ++c) {
+    double total = 0;
+    for (int64_t n = 0; n < l.n; ++n) total += plane_sum[n * l.c + c];
+    const double m = total / count;
+    double q = 0;
+    for (int64_t n = 0; n < l.n; ++n) {
+      const int64_t p = n * l.c + c;
+      const double shift = plane_centre[p] - m;
+      q += plane_squares[p] + 2 * shift * (plane_sum[p] - s * plane_centre[p]) + s * shift * shift;
+    }
+    mean[c] = m;
+    squares[c] = q;
+  }
 }
 
 template <typename T>
 void batch_norm_forward_typed(const Tensor& in, const Tensor& weight, const Tensor& bias, Tensor& running_mean,
                               Tensor& running_var, bool training, double momentum, double eps, Tensor& out,
                               Tensor& save_mean, Tensor& save_invstd) {
-  const ChannelLayout l = layout_of(in);
-  const T* x = in.data_ptr<T>();
-  T* y = out.data_ptr<T>();
-  const PerChannel<T> w(weight, T(1)), b(bias, T(0));
-  T* rm = running_mean.defined() ? running_mean.data_ptr<T>() : nullptr;
-  T* rv = running_var.defined() ? running_var.data_ptr<T>() : nullptr;
-  T* sm = save_mean.defined() ? save_mean.data_ptr<T>() : nullptr;
-  T* si = save_invstd.defined() ? save_invstd.data_ptr<T>() : nullptr;
-  const int64_t S = l.s;
-  const double count = static_cast<double>(l.count());
-
-#pragma omp parallel for schedule(static) if (l.n * l.c * l.s > 32768 && l.c > 1)
-  for (int64_t c = 0; c < l.c; ++c) {
-    double mean, invstd;
-    if (training) {
-      mean = channel_sum(l, c, [&](int64_t at) {
-               T part = T(0);
-#pragma omp simd reduction(+ : part)
-               for (int64_t i = 0; i < S; ++i) part += x[at + i];
-               return part;
-             }) / count;
-      const T mean_t = static_cast<T>(mean);
-      const double centred_squares = channel_sum(l, c, [&](int64_t at) {
-        T part = T(0);
-#pragma omp simd reduction(+ : part)
-        for (int64_t i = 0; i < S; ++i) part += (x[at + i] - mean_t) * (x[at + i] - mean_t);
-        return part;
-      });
-      invstd = 1.0 / std::sqrt(centred_squares / count + eps);
-      if (rm) rm[c] = static_cast<T>((1 - momentum) * static_cast<double>(rm[c]) + momentum * mean);
-      if (rv) {
-        const double unbiased = centred_squares / (count - 1);
-        rv[c] = static_cast<T>((1 - momentum) * static_cast<double>(rv[c]) + momentum * unbiased);
-      }
-    } else {
-      mean = static_cast<double>(rm[c]);
-      invstd = 1.0 / std::sqrt(static_cast<double>(rv[c]) + eps);
+  const PlaneLayout l = layout_of(in);
+  const auto C = static_cast<size_t>(l.c);
+  std::vector<double> mean(C), invstd(C);
+  if (training) {
+    std::vector<double> squares(C);
+    batch_moments<T>(l, in.data_ptr<T>(), mean, squares);
+    const double count = static_cast<double>(l.count());
+    T* rm = running_mean.defined() ? running_mean.data_ptr<T>() : nullptr;
+    T* rv = running_var.defined() ? running_var.data_ptr<T>() : nullptr;
+    for (size_t c = 0; c < C; ++c) {
+      invstd[c] = 1.0 / std::sqrt(squares[c] / count + eps);
+      if (rm) rm[c] = static_cast<T>((1 - momentum) * static_cast<double>(rm[c]) + momentum * mean[c]);
+      if (rv) rv[c] = static_cast<T>((1 - momentum) * static_cast<double>(rv[c]) + momentum * squares[c] / (count - 1));
     }
-    if (sm) sm[c] = static_cast<T>(mean);
-    if (si) si[c] = static_cast<T>(invstd);
-
-    // y = (x - mean) * invstd * w + b, folded into one multiply-add per element.
-    const T scale = static_cast<T>(invstd) * w[c];
-    const T shift = b[c] - static_cast<T>(mean) * scale;
-    for (int64_t n = 0; n < l.n; ++n) {
-      const int64_t at = (n * l.c + c) * S;
-#pragma omp simd
-      for (int64_t i = 0; i < S; ++i) y[at + i] = x[at + i] * scale + shift;
+  } else {
+    const T* rm = running_mean.data_ptr<T>();
+    const T* rv = running_var.data_ptr<T>();
+    for (size_t c = 0; c < C; ++c) {
+      mean[c] = static_cast<double>(rm[c]);
+      invstd[c] = 1.0 / std::sqrt(static_cast<double>(rv[c]) + eps);
     }
   }
+  // y = (x - mean) * invstd * w + b, folded into one multiply-add per element.
+  const std::vector<T> w = per_channel<T>(weight, l.c, T(1)), b = per_channel<T>(bias, l.c, T(0));
+  std::vector<T> scale(C), shift(C);
+  for (size_t c = 0; c < C; ++c) {
+    if (save_mean.defined()) save_mean.data_ptr<T>()[c] = static_cast<T>(mean[c]);
+    if (save_invstd.defined()) save_invstd.data_ptr<T>()[c] = static_cast<T>(invstd[c]);
+    scale[c] = static_cast<T>(invstd[c]) * w[c];
+    shift[c] = b[c] - static_cast<T>(mean[c]) * scale[c];
+  }
+  scale_shift<T>(l, in.data_ptr<T>(), scale, shift, out.data_ptr<T>());
 }
 
 void batch_norm_forward_cpu(const Tensor& in_any, const Tensor& weight, const Tensor& bias, Tensor& running_mean,
@@ -135,56 +183,64 @@ template <typename T>
 void batch_norm_backward_typed(const Tensor& grad_out, const Tensor& in, const Tensor& weight, const Tensor& save_mean,
                                const Tensor& save_invstd, bool training, Tensor& grad_in, Tensor& grad_weight,
                                Tensor& grad_bias) {
-  const ChannelLayout l = layout_of(in);
+  const PlaneLayout l = layout_of(in);
+  const auto C = static_cast<size_t>(l.c);
+  const int64_t S = l.s;
   const T* x = in.data_ptr<T>();
   const T* dy = grad_out.data_ptr<T>();
   const T* mean = save_mean.data_ptr<T>();
   const T* invstd = save_invstd.data_ptr<T>();
-  const PerChannel<T> w(weight, T(1));
-  T* dx = grad_in.defined() ? grad_in.data_ptr<T>() : nullptr;
-  T* dw = grad_weight.defined() ? grad_weight.data_ptr<T>() : nullptr;
-  T* db = grad_bias.defined() ? grad_bias.data_ptr<T>() : nullptr;
-  const int64_t S = l.s;
+  const std::vector<T> w = per_channel<T>(weight, l.c, T(1));
+  const bool parallel = l.planes() * S > kBatchNormGrain && l.planes() > 1;
+
+  // Pass 1: sum(dy) and sum(dy * (x - mean)) per channel. Eval-mode dx needs neither.
+  std::vector<double> sum_dy(C, 0.0), dot(C, 0.0);
+  if (grad_weight.defined() || grad_bias.defined() || (grad_in.defined() && training)) {
+    std::vector<double> plane_dy(static_cast<size_t>(l.planes())), plane_dot(plane_dy.size());
+#pragma omp parallel for schedule(static) if (parallel)
+    for (int64_t p = 0; p < l.planes(); ++p) {
+      const T* xp = x + p * S;
+      const T* dyp = dy + p * S;
+      const T m = mean[p % l.c];
+      plane_dy[p] = static_cast<double>(sum_run<T>(S, [dyp](int64_t i) { return dyp[i]; }));
+      plane_dot[p] = static_cast<double>(sum_run<T>(S, [dyp, xp, m](int64_t i) { return dyp[i] * (xp[i] - m); }));
+    }
+    for (int64_t p = 0; p < l.planes(); ++p) {
+      sum_dy[p % l.c] += plane_dy[p];
+      dot[p % l.c] += plane_dot[p];
+    }
+  }
+  for (size_t c = 0; c < C; ++c) {
+    if (grad_weight.defined()) grad_weight.data_ptr<T>()[c] = static_cast<T>(dot[c] * static_cast<double>(invstd[c]));
+    if (grad_bias.defined()) grad_bias.data_ptr<T>()[c] = static_cast<T>(sum_dy[c]);
+  }
+  if (!grad_in.defined()) return;
+
+  // Pass 2. Training: dx = (dy - mean(dy) - (x - mean) * k) * invstd * w, where
+  // k = dot * invstd^2 / count is the batch statistics' own dependence on x; folded
+  // into dx = a*dy + b*x + c0 per channel. Eval: the statistics are constants, so
+  // dx = dy * invstd * w.
   const double count = static_cast<double>(l.count());
-  // Eval-mode dx ignores the sums; skip pass 1 when nothing else needs it.
-  const bool need_sums = dw || db || (dx && training);
-
-#pragma omp parallel for schedule(static) if (l.n * l.c * l.s > 32768 && l.c > 1)
-  for (int64_t c = 0; c < l.c; ++c) {
-    const T m = mean[c];
-    double sum_dy = 0, dot = 0;  // sum(dy), sum(dy * (x - mean))
-    if (need_sums) {
-      for (int64_t n = 0; n < l.n; ++n) {
-        const int64_t at = (n * l.c + c) * S;
-        T part_dy = T(0), part_dot = T(0);
-#pragma omp simd reduction(+ : part_dy, part_dot)
-        for (int64_t i = 0; i < S; ++i) {
-          part_dy += dy[at + i];
-          part_dot += dy[at + i] * (x[at + i] - m);
-        }
-        sum_dy += static_cast<double>(part_dy);
-        dot += static_cast<double>(part_dot);
-      }
-    }
+  std::vector<T> a(C), bx(C), c0(C);
+  for (size_t c = 0; c < C; ++c) {
     const double inv = static_cast<double>(invstd[c]);
-    if (dw) dw[c] = static_cast<T>(dot * inv);
-    if (db) db[c] = static_cast<T>(sum_dy);
-    if (!dx) continue;
-
-    // Training: dx = (dy - mean(dy) - (x - mean) * k) * invstd * w, k = dot * invstd^2 / count,
-    // the batch statistics' own dependence on x. Folded into dx = a*dy + b*x + c0.
-    // Eval: the statistics are constants, so dx = dy * invstd * w.
     const double wi = inv * static_cast<double>(w[c]);
-    const double k = training ? dot * inv * inv / count : 0.0;
-    const double mean_dy = training ? sum_dy / count : 0.0;
-    const T a = static_cast<T>(wi);
-    const T bx = static_cast<T>(-k * wi);
-    const T c0 = static_cast<T>((static_cast<double>(m) * k - mean_dy) * wi);
-    for (int64_t n = 0; n < l.n; ++n) {
-      const int64_t at = (n * l.c + c) * S;
+    const double k = training ? dot[c] * inv * inv / count : 0.0;
+    const double mean_dy = training ? sum_dy[c] / count : 0.0;
+    a[c] = static_cast<T>(wi);
+    bx[c] = static_cast<T>(-k * wi);
+    c0[c] = static_cast<T>((static_cast<double>(mean[c]) * k - mean_dy) * wi);
+  }
+  T* dx = grad_in.data_ptr<T>();
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t p = 0; p < l.planes(); ++p) {
+    const auto c = static_cast<size_t>(p % l.c);
+    const T ap = a[c], bp = bx[c], cp = c0[c];
+    const T* xp = x + p * S;
+    const T* dyp = dy + p * S;
+    T* dxp = dx + p * S;
 #pragma omp simd
-      for (int64_t i = 0; i < S; ++i) dx[at + i] = a * dy[at + i] + bx * x[at + i] + c0;
-    }
+    for (int64_t i = 0; i < S; ++i) dxp[i] = ap * dyp[i] + bp * xp[i] + cp;
   }
 }
 
