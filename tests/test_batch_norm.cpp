@@ -128,6 +128,16 @@ TEST_CASE("float32 batch_norm on a ResNet-like shape matches the double referenc
   for (float m : rm.tolist<float>()) CHECK(m == doctest::Approx(10.0).epsilon(1e-3));
 }
 
+TEST_CASE("a strided (channels-last) input normalises like its contiguous copy") {
+  Tensor x = leaf({3, 5, 4, 2}, 14).detach().permute({0, 3, 1, 2});  // [3, 2, 5, 4], strided
+  Tensor dense = x.contiguous();
+  Tensor w = from_vector<double>({2.0, -1.0}, {2});
+  check_close(batch_norm(x, Tensor(), Tensor(), w, Tensor(), true).tolist<double>(),
+              batch_norm(dense, Tensor(), Tensor(), w, Tensor(), true).tolist<double>(), 1e-12);
+  gradcheck([](const auto& in) { return batch_norm(in[0].permute({0, 3, 1, 2}), Tensor(), Tensor(), Tensor(), Tensor(), true); },
+            {leaf({3, 5, 4, 2}, 15)});
+}
+
 TEST_CASE("batch_norm gradients in training mode, affine and not") {
   Tensor x = leaf({3, 2, 3, 3}, 7);
   Tensor w = leaf({2}, 8);

@@ -201,6 +201,15 @@ TEST_CASE("float32 pooling on many planes (the threaded path) agrees with float6
   compare(adaptive_avg_pool2d(x32, {5, 3}), adaptive_avg_pool2d(x64, {5, 3}));
 }
 
+TEST_CASE("strided (non-contiguous) inputs pool like their contiguous copies") {
+  Tensor x = leaf({2, 3, 6, 7}, 12).detach().transpose(2, 3);  // [2, 3, 7, 6], strided
+  Tensor dense = x.contiguous();
+  CHECK(max_pool2d(x, {3}, {2}, {1}).tolist<double>() == max_pool2d(dense, {3}, {2}, {1}).tolist<double>());
+  CHECK(avg_pool2d(x, {2}, {1}, {1}, true, false).tolist<double>() ==
+        avg_pool2d(dense, {2}, {1}, {1}, true, false).tolist<double>());
+  CHECK(adaptive_avg_pool2d(x, {3, 2}).tolist<double>() == adaptive_avg_pool2d(dense, {3, 2}).tolist<double>());
+}
+
 TEST_CASE("max_pool2d gradients (padding, stride, dilation, ceil_mode)") {
   Tensor x = leaf({2, 2, 7, 6}, 8);
   gradcheck([](const auto& in) { return max_pool2d(in[0], {2}); }, {x});

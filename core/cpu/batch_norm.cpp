@@ -63,21 +63,32 @@ std::vector<T> per_channel(const Tensor& t, int64_t channels, T fallback) {
 }
 
 // sum_{i < n} term(i), vectorised with independent accumulators so the adds do not
-// wait on each other. See Note [Batch-norm accumulation].
+// wait on each other; a short run (small H*W) is one vectorised reduction. See
+// Note [Batch-norm accumulation].
 template <typename T, typename Term>
 inline T sum_run(int64_t n, Term term) {
   constexpr int64_t kLanes = 4 * 64 / static_cast<int64_t>(sizeof(T));
-  T acc[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-#pragma omp simd
-    for (int64_t j = 0; j < kLanes; ++j) acc[j] += term(i + j);
-  }
   T total = T(0);
-  for (; i < n; ++i) total += term(i);
+  int64_t done = 0;
+  if (n >= kLanes) {
+    T acc[kLanes] = {};
+    for (; done + kLanes <= n; done += kLanes) {
+#pragma omp simd
+      for (int64_t j = 0; j < kLanes; ++j) acc[j] += term(done + j);
+    }
 #pragma omp simd reduction(+ : total)
-  for (int64_t j = 0; j < kLanes; ++j) total += acc[j];
+    for (int64_t j = 0; j < kLanes; ++j) total += acc[j];
+  }
+#pragma omp simd reduction(+ : total)
+  for (int64_t i = done; i < n; ++i) total += term(i);
   return total;
+}
+
+// Per-plane partial results, in the caching allocator's memory: a few MiB for small
+// H*W, which std::vector would page-fault in on every call.
+inline double* scratch(Tensor& holder, int64_t count) {
+  holder = empty({count}, TensorOptions(kFloat64));
+  return holder.data_ptr<double>();
 }
 
 // y = x * scale[c] + shift[c] plane by plane: the normalisation (forward pass 2).
@@ -98,8 +109,10 @@ void scale_shift(const PlaneLayout& l, const T* x, const std::vector<T>& scale, 
 template <typename T>
 void batch_moments(const PlaneLayout& l, const T* x, std::vector<double>& mean, std::vector<double>& squares) {
   const int64_t S = l.s;
-  std::vector<double> plane_sum(static_cast<size_t>(l.planes())), plane_centre(plane_sum.size()),
-      plane_squares(plane_sum.size());
+  Tensor buffer;
+  double* plane_sum = scratch(buffer, 3 * l.planes());
+  double* plane_centre = plane_sum + l.planes();
+  double* plane_squares = plane_centre + l.planes();
 #pragma omp parallel for schedule(static) if (l.planes() * S > kBatchNormGrain && l.planes() > 1)
   for (int64_t p = 0; p < l.planes(); ++p) {
     const T* xp = x + p * S;
@@ -196,7 +209,9 @@ void batch_norm_backward_typed(const Tensor& grad_out, const Tensor& in, const T
   // Pass 1: sum(dy) and sum(dy * (x - mean)) per channel. Eval-mode dx needs neither.
   std::vector<double> sum_dy(C, 0.0), dot(C, 0.0);
   if (grad_weight.defined() || grad_bias.defined() || (grad_in.defined() && training)) {
-    std::vector<double> plane_dy(static_cast<size_t>(l.planes())), plane_dot(plane_dy.size());
+    Tensor buffer;
+    double* plane_dy = scratch(buffer, 2 * l.planes());
+    double* plane_dot = plane_dy + l.planes();
 #pragma omp parallel for schedule(static) if (parallel)
     for (int64_t p = 0; p < l.planes(); ++p) {
       const T* xp = x + p * S;
