@@ -21,6 +21,10 @@
 
 namespace loom::cpu {
 
+// Below this many multiply-adds a pass runs on one thread: waking OpenMP's team costs
+// more than the loop, and gradient checks run thousands of tiny convolutions.
+constexpr int64_t kConvParallelMacs = 1 << 16;
+
 struct Conv2dGeometry {
   int64_t n, c, h, w;   // input
   int64_t o, kh, kw;    // weight [o, c / groups, kh, kw]
@@ -38,6 +42,9 @@ struct Conv2dGeometry {
 
   auto operator<=>(const Conv2dGeometry&) const = default;
 
+  // Multiply-adds of one pass (forward, input gradient and weight gradient alike).
+  int64_t macs() const { return n * o * oh * ow * (c / groups) * kh * kw; }
+
   std::string str() const {
     return detail::str("input ", shape_str({n, c, h, w}), ", weight ", shape_str({o, c / groups, kh, kw}),
                        ", output ", shape_str({n, o, oh, ow}), ", stride [", sh, ", ", sw, "], padding [", ph, ", ",
@@ -48,7 +55,7 @@ struct Conv2dGeometry {
 template <typename T>
 void conv2d_reference_forward(const Conv2dGeometry& g, const T* in, const T* weight, const T* bias, T* out) {
   const int64_t cg = g.c / g.groups, og = g.o / g.groups;
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if (g.macs() > kConvParallelMacs)
   for (int64_t n = 0; n < g.n; ++n) {
     for (int64_t o = 0; o < g.o; ++o) {
       const int64_t c0 = (o / og) * cg;
@@ -89,7 +96,7 @@ inline int64_t conv_source_index(int64_t in, int64_t tap, int64_t stride, int64_
 template <typename T>
 void conv2d_reference_backward_data(const Conv2dGeometry& g, const T* grad_out, const T* weight, T* grad_in) {
   const int64_t cg = g.c / g.groups, og = g.o / g.groups;
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if (g.macs() > kConvParallelMacs)
   for (int64_t n = 0; n < g.n; ++n) {
     for (int64_t c = 0; c < g.c; ++c) {
       const int64_t o0 = (c / cg) * og, cc = c % cg;
@@ -120,7 +127,7 @@ void conv2d_reference_backward_data(const Conv2dGeometry& g, const T* grad_out, 
 template <typename T>
 void conv2d_reference_backward_weights(const Conv2dGeometry& g, const T* grad_out, const T* in, T* grad_weight) {
   const int64_t cg = g.c / g.groups, og = g.o / g.groups;
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if (g.macs() > kConvParallelMacs)
   for (int64_t o = 0; o < g.o; ++o) {
     for (int64_t c = 0; c < cg; ++c) {
       const int64_t c0 = (o / og) * cg;
@@ -148,7 +155,7 @@ void conv2d_reference_backward_weights(const Conv2dGeometry& g, const T* grad_ou
 
 template <typename T>
 void conv2d_reference_backward_bias(const Conv2dGeometry& g, const T* grad_out, T* grad_bias) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (g.n * g.o * g.oh * g.ow > kConvParallelMacs)
   for (int64_t o = 0; o < g.o; ++o) {
     T acc = T(0);
     for (int64_t n = 0; n < g.n; ++n) {
