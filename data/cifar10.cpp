@@ -13,9 +13,11 @@ namespace {
 
 // Appends one batch file's records to `records`, refusing anything that isn't a whole
 // number of well-formed CIFAR-10 records.
-void read_batch_file(const fs::path& path, ImageData& records) {
+void read_batch_file(const fs::path& path, bool train, ImageData& records) {
   std::error_code error;
-  LOOM_CHECK(fs::is_regular_file(path, error), "CIFAR10: missing file ", path.string(), ".\n", cifar10_download_hint());
+  LOOM_CHECK(fs::is_regular_file(path, error), "CIFAR10: missing file ", path.string(), " (the ",
+             train ? "train split reads data_batch_1..5.bin" : "test split reads test_batch.bin", ").\n",
+             cifar10_download_hint());
   const auto bytes = static_cast<int64_t>(fs::file_size(path, error));
   LOOM_CHECK(!error, "CIFAR10: cannot read the size of ", path.string(), ": ", error.message());
   const int64_t remainder = bytes % CIFAR10::kRecordBytes;
@@ -48,7 +50,7 @@ void read_batch_file(const fs::path& path, ImageData& records) {
 ImageData read_split(const std::string& root, bool train) {
   const auto& names = cifar10_file_names();  // data_batch_1..5.bin, test_batch.bin
   ImageData records;
-  for (size_t i = train ? 0 : 5; i < (train ? 5 : 6); ++i) read_batch_file(fs::path(root) / names[i], records);
+  for (size_t i = train ? 0 : 5; i < (train ? 5 : 6); ++i) read_batch_file(fs::path(root) / names[i], train, records);
   return records;
 }
 
