@@ -18,6 +18,8 @@
 //                         OneCycleLR, scale_lr_linear
 #pragma once
 
+#include "autograd/grad_mode.h"  // NoGradGuard, for evaluation loops
+#include "autograd/ops.h"        // the differentiable functions layers are built from
 #include "nn/activation.h"
 #include "nn/batchnorm.h"
 #include "nn/container.h"

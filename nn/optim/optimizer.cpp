@@ -28,7 +28,9 @@ double ParamGroup::operator[](const std::string& key) const { return const_cast<
 
 Optimizer::Optimizer(std::vector<ParamGroup> groups, std::map<std::string, double> defaults, std::string name)
     : defaults_(std::move(defaults)), name_(std::move(name)) {
-  LOOM_CHECK(!groups.empty(), name_, ": optimizer got an empty parameter list");
+  size_t total = 0;
+  for (const ParamGroup& g : groups) total += g.params.size();
+  LOOM_CHECK(total > 0, name_, ": optimizer got an empty parameter list");
   for (ParamGroup& g : groups) add_param_group(std::move(g));
 }
 
