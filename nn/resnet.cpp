@@ -77,6 +77,17 @@ Tensor ResNet::forward(const Tensor& input) {
   return fc->forward(flatten(avgpool->forward(x), 1));
 }
 
+std::shared_ptr<Sequential> ResNet::sequential() const {
+  auto seq = std::make_shared<Sequential>(std::vector<std::shared_ptr<Module>>{conv1, bn1, relu});
+  for (const auto& stage : {layer1, layer2, layer3, layer4})
+    for (const auto& block : stage->children()) seq->push_back(block);
+  seq->push_back(avgpool);
+  seq->push_back(std::make_shared<Flatten>(1));
+  seq->push_back(fc);
+  seq->train(is_training());
+  return seq;
+}
+
 std::shared_ptr<ResNet> resnet18(int64_t num_classes) {
   return std::make_shared<ResNet>(std::vector<int64_t>{2, 2, 2, 2}, std::vector<int64_t>{64, 128, 256, 512},
                                   num_classes);

@@ -51,6 +51,11 @@ class ResNet : public Cloneable<ResNet> {
          int64_t in_channels = 3);
   void reset() override;
   Tensor forward(const Tensor& input) override;
+  // The same forward as a flat Sequential sharing this model's modules (and so its
+  // parameters): conv1, bn1, relu, layer1..4's blocks, avgpool, Flatten, fc. Model
+  // parallelism and pipelines cut this list into stages; keys in its own state_dict are
+  // positional ("0.weight"), so checkpoint through the ResNet, not through the Sequential.
+  std::shared_ptr<Sequential> sequential() const;
 
   std::vector<int64_t> blocks, widths;
   int64_t num_classes, in_channels;

@@ -94,6 +94,18 @@ TEST_CASE("a clone computes exactly what the original computes") {
   CHECK(dynamic_cast<nn::ResNet*>(copy.get())->layer2->at<nn::BasicBlock>(0)->downsample);
 }
 
+TEST_CASE("sequential() is the same forward over the same parameters, ready to cut into stages") {
+  auto model = nn::resnet_tiny(10, 4);
+  model->eval();
+  auto seq = model->sequential();
+  CHECK(seq->size() == 3 + 4 + 3);  // stem, one block per stage, avgpool + flatten + fc
+  CHECK_FALSE(seq->is_training());
+  CHECK(seq->parameters().size() == model->parameters().size());
+  CHECK(seq->at<nn::Linear>(9)->weight.is_same(model->fc->weight));
+  Tensor x = randn({2, 3, 8, 8});
+  CHECK(seq->forward(x).tolist<float>() == model->forward(x).tolist<float>());
+}
+
 TEST_CASE("a few SGD steps on a fixed batch lower the cross-entropy") {
   manual_seed(3);
   auto model = nn::resnet_tiny(10, 8);

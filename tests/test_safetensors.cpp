@@ -202,6 +202,7 @@ TEST_CASE("saving over an existing file replaces it; an unwritable path says so"
   one.insert("v", full({2}, 5.0));
   safetensors::save_file(one, path);
   CHECK(safetensors::load_file(path)["v"].tolist<float>() == std::vector<float>{5, 5});
+  CHECK(read_bytes(path) == safetensors::serialize(one));  // the file is exactly serialize()'s bytes
   CHECK_THROWS_WITH_AS(safetensors::save_file(one, dir.file("no/such/dir/x.safetensors")),
                        doctest::Contains("no/such/dir/x.safetensors"), Error);
 }
