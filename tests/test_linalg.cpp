@@ -93,6 +93,8 @@ TEST_CASE("the mm kernel explains an operand it cannot read") {
   Tensor out = empty({4, 4});
   CHECK_THROWS_WITH_AS(mm_kernel(out.device())(strided, zeros({5, 4}), 0.0, out), doctest::Contains("unit stride"),
                        Error);
+  CHECK_THROWS_WITH_AS(mm_kernel(out.device())(zeros({4, 5}, kInt64), zeros({5, 4}, kInt64), 0.0, out),
+                       doctest::Contains("mm: expected a float32 or float64 tensor, got int64"), Error);
   // beta = 1 accumulates into the output.
   Tensor acc = ones({2, 2});
   mm_kernel(acc.device())(ones({2, 3}), ones({3, 2}), 1.0, acc);

@@ -25,8 +25,8 @@ void check_joinable(const char* op, const std::vector<Tensor>& tensors) {
   LOOM_CHECK(!tensors.empty(), op, ": expected a non-empty list of tensors");
   for (size_t i = 0; i < tensors.size(); ++i) {
     LOOM_CHECK(tensors[i].defined(), op, ": tensor ", i, " is undefined");
-    LOOM_CHECK(tensors[i].dtype() == tensors[0].dtype(), op, ": expected all tensors to have the same dtype, but tensor ",
-               i, " is ", tensors[i].dtype(), " and tensor 0 is ", tensors[0].dtype());
+    LOOM_CHECK(tensors[i].dtype() == tensors[0].dtype(), op, ": expected all tensors to have the same dtype, but ",
+               "tensor ", i, " is ", tensors[i].dtype(), " and tensor 0 is ", tensors[0].dtype());
     LOOM_CHECK(tensors[i].device() == tensors[0].device(), op, ": expected all tensors on the same device, but tensor ",
                i, " is on ", tensors[i].device(), " and tensor 0 on ", tensors[0].device());
   }

@@ -94,7 +94,7 @@ void mm_cpu(const Tensor& a, const Tensor& b, double beta, Tensor& out) {
   LOOM_CHECK(beta == 0.0 || beta == 1.0, "mm: beta must be 0 or 1, got ", beta);
   const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
   if (m == 0 || n == 0) return;
-  dispatch_floating(a.dtype(), "mm (integer matrix multiplication is not supported)", [&]<typename T>() {
+  dispatch_floating(a.dtype(), "mm", [&]<typename T>() {
     T* pc = out.data_ptr<T>();
     if (k == 0) return empty_product(pc, m, n, out.stride(0), out.stride(1), beta);
     Operand la = operand_layout("mm", "the first operand", m, k, a.stride(0), a.stride(1));
@@ -110,10 +110,11 @@ void mm_cpu(const Tensor& a, const Tensor& b, double beta, Tensor& out) {
 void bmm_cpu(const Tensor& a, const Tensor& b, Tensor& out) {
   const int64_t batch = a.size(0), m = a.size(1), k = a.size(2), n = b.size(2);
   if (batch == 0 || m == 0 || n == 0) return;
-  dispatch_floating(a.dtype(), "bmm (integer matrix multiplication is not supported)", [&]<typename T>() {
+  dispatch_floating(a.dtype(), "bmm", [&]<typename T>() {
     T* pc = out.data_ptr<T>();
     if (k == 0) {
-      for (int64_t i = 0; i < batch; ++i) empty_product(pc + i * out.stride(0), m, n, out.stride(1), out.stride(2), 0.0);
+      for (int64_t i = 0; i < batch; ++i)
+        empty_product(pc + i * out.stride(0), m, n, out.stride(1), out.stride(2), 0.0);
       return;
     }
     const Operand la = operand_layout("bmm", "the first operand", m, k, a.stride(1), a.stride(2));
