@@ -30,6 +30,7 @@
 // running_var with the unbiased one; running = (1 - momentum) * running + momentum * batch.
 // In eval, save_mean / save_invstd receive the running statistics actually used, so
 // backward needs no access to the (mutable) running buffers.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -125,19 +126,15 @@ void batch_moments(const PlaneLayout& l, const T* x, std::vector<double>& mean, 
       return d * d;
     }));
   }
+  // Combine the planes per channel, visiting them in memory order.
   const double count = static_cast<double>(l.count()), s = static_cast<double>(S);
-  for (int64_t c = 0; c < l.c; ++c) {
-    double total = 0;
-    for (int64_t n = 0; n < l.n; ++n) total += plane_sum[n * l.c + c];
-    const double m = total / count;
-    double q = 0;
-    for (int64_t n = 0; n < l.n; ++n) {
-      const int64_t p = n * l.c + c;
-      const double shift = plane_centre[p] - m;
-      q += plane_squares[p] + 2 * shift * (plane_sum[p] - s * plane_centre[p]) + s * shift * shift;
-    }
-    mean[c] = m;
-    squares[c] = q;
+  std::fill(mean.begin(), mean.end(), 0.0);
+  std::fill(squares.begin(), squares.end(), 0.0);
+  for (int64_t p = 0; p < l.planes(); ++p) mean[p % l.c] += plane_sum[p];
+  for (double& m : mean) m /= count;
+  for (int64_t p = 0; p < l.planes(); ++p) {
+    const double shift = plane_centre[p] - mean[p % l.c];
+    squares[p % l.c] += plane_squares[p] + 2 * shift * (plane_sum[p] - s * plane_centre[p]) + s * shift * shift;
   }
 }
 
