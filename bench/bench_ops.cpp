@@ -3,6 +3,7 @@
 //
 //   build/bench/bench_ops                      # sgemm, then conv2d fwd+bwd per ResNet18 shape
 //   build/bench/bench_ops --torch              # ... and the same convolutions in PyTorch
+//   build/bench/bench_ops --torch-keep-memory  # ... with glibc told to keep freed memory
 //   build/bench/bench_ops --layouts            # conv2d in every layout (Note [Conv2d memory layout])
 //   OMP_NUM_THREADS=1 build/bench/bench_ops --runs=3 --batch=32
 //
@@ -11,6 +12,13 @@
 // Convolution FLOPs are counted as three direct convolutions (forward, input gradient,
 // weight gradient), each 2 * N * Cout * Hout * Wout * Cin * kH * kW.
 // Every number is the median of --runs timed runs after one warm-up run.
+//
+// Note [PyTorch and page faults]
+// PyTorch's CPU allocator frees every tensor to glibc, which unmaps blocks this large, so
+// each PyTorch convolution page-faults its output and oneDNN's reorder buffers back in.
+// loom's caching allocator (Note [Caching allocator]) does not. On a busy VM that alone
+// made PyTorch 2-3x slower on the 32x32 shape; --torch-keep-memory raises glibc's mmap and
+// trim thresholds for the PyTorch run, which compares the convolutions themselves.
 #include <cblas.h>  // defines: cblas_sgemm, the yardstick
 #include <omp.h>    // defines: omp_get_max_threads, the thread count reported
 
@@ -33,6 +41,7 @@ struct Options {
   int runs = 5;
   int64_t batch = 128;
   bool torch = false;
+  bool torch_keep_memory = false;  // Note [PyTorch and page faults]
   std::string python = "python3";
   bool layouts = false;
 };
@@ -46,11 +55,12 @@ Options parse(int argc, char** argv) {
     else if (arg.rfind("--batch=", 0) == 0) options.batch = std::max(1, std::atoi(arg.c_str() + 8));
     else if (arg == "--torch") options.torch = true;
     else if (arg.rfind("--torch=", 0) == 0) options.torch = true, options.python = arg.substr(8);
+    else if (arg == "--torch-keep-memory") options.torch = options.torch_keep_memory = true;
     else if (arg == "--layouts") options.layouts = true;
     else {
       std::fprintf(stderr,
                    "bench_ops: unknown argument '%s'\n"
-                   "usage: bench_ops [--runs=N] [--batch=N] [--torch[=PYTHON]] [--layouts]\n"
+                   "usage: bench_ops [--runs=N] [--batch=N] [--torch[=PYTHON]] [--torch-keep-memory] [--layouts]\n"
                    "  --torch runs bench/bench_conv_torch.py with PYTHON (default $LOOM_PYTHON or python3)\n",
                    arg.c_str());
       std::exit(2);
@@ -111,7 +121,10 @@ ConvTiming time_conv(const ConvShape& s, int64_t batch, int runs) {
 // PyTorch's (forward ms, backward ms) for one shape from bench_conv_torch.py, run right
 // before loom's own measurement of that shape so both see the same machine load.
 std::optional<std::pair<double, double>> run_torch(const Options& options, const ConvShape& s) {
-  std::string command = options.python + " " LOOM_BENCH_DIR "/bench_conv_torch.py --batch=" +
+  std::string env = options.torch_keep_memory
+                        ? "MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=68719476736 "
+                        : "";
+  std::string command = env + options.python + " " LOOM_BENCH_DIR "/bench_conv_torch.py --batch=" +
                         std::to_string(options.batch) + " --runs=" + std::to_string(options.runs) +
                         " --threads=" + std::to_string(omp_get_max_threads()) +
                         " --channels=" + std::to_string(s.channels) + " --size=" + std::to_string(s.size);
