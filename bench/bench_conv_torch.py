@@ -2,7 +2,8 @@
 
     python3 bench/bench_conv_torch.py --batch=128 --runs=5 --threads=2
 
-Prints one line per shape, `conv C HW fwd_ms bwd_ms`, which bench_ops --torch parses.
+Prints one line per shape, `conv C HW fwd_ms bwd_ms`, which bench_ops --torch parses
+(it asks for one shape at a time with --channels/--size).
 Same protocol as bench_ops: 3x3 kernel, stride 1, padding 1, in = out channels, no bias;
 forward is F.conv2d, backward computes the input and weight gradients; each number is
 the median of --runs timed runs after one warm-up.
@@ -30,6 +31,8 @@ def main():
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--threads", type=int, default=0, help="0: PyTorch's default")
+    parser.add_argument("--channels", type=int, default=0, help="only this shape (with --size)")
+    parser.add_argument("--size", type=int, default=0)
     args = parser.parse_args()
     try:
         import torch
@@ -43,7 +46,8 @@ def main():
     print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"mkldnn {torch.backends.mkldnn.is_available()}", file=sys.stderr)
 
-    for channels, size in SHAPES:
+    shapes = [(args.channels, args.size)] if args.channels > 0 else SHAPES
+    for channels, size in shapes:
         x = torch.randn(args.batch, channels, size, size, requires_grad=True)
         w = torch.randn(channels, channels, 3, 3, requires_grad=True)
         with torch.no_grad():

@@ -28,6 +28,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <unordered_map>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,7 @@ const dnnl::engine& cpu_engine() {
 // bias (gradient) takes part, and the geometry. The cache is a mutex-guarded map of
 // immutable shared plans: lookups are rare next to the convolutions themselves, and a
 // plan may be used by any number of threads once built (Note [oneDNN scratchpad]).
+// It never evicts: a network has a handful of conv shapes (plus a smaller last batch).
 struct PlanKey {
   Pass pass;
   Layout layout;
