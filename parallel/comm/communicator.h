@@ -9,7 +9,9 @@
 // Semantics follow torch.distributed: all_reduce / broadcast work in place;
 // all_gather fills a list of world-size tensors; reduce_scatter reduces a list of
 // world-size tensors and keeps this rank's share; send/recv move one tensor between two
-// ranks, matched by (peer, tag) in call order. Every call returns at once with a Work
+// ranks, matched by (peer, tag) in call order. A send completes once the receiver has
+// posted its recv (as MPI's synchronous send): when two ranks exchange, both post send
+// and recv before waiting on either. Every call returns at once with a Work
 // (see work.h); operations of one communicator run in the order they were called.
 // Tensor is a handle, so tensors are taken by const& and their data is what changes.
 //

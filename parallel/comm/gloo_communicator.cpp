@@ -20,6 +20,18 @@ namespace loom::distributed {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
+// Note [Leave the rendezvous together]
+// connectFullMesh returns on a rank once *its* pairs are connected, while a peer may
+// still be completing its side. A rank that then exits at once (or destroys the group)
+// closes a connection the peer is still setting up, and the peer's rendezvous fails.
+// So every rank checks in on a store counter and leaves only when all have, as
+// PyTorch's store-based barrier after init_process_group.
+static void wait_until_all_connected(TCPStore& store, const std::string& prefix, int size, milliseconds timeout) {
+  const std::string all_in = prefix + "/all_connected";
+  if (store.add(prefix + "/connected", 1) == size) store.set(all_in, "1");
+  store.wait({all_in}, timeout);
+}
+
 GlooCommunicator::GlooCommunicator(std::shared_ptr<TCPStore> store, const std::string& prefix, int rank, int size,
                                    GlooOptions options)
     : Communicator(rank, size, options.timeout), store_(std::move(store)), prefix_(prefix) {
@@ -35,6 +47,7 @@ GlooCommunicator::GlooCommunicator(std::shared_ptr<TCPStore> store, const std::s
     gloo::rendezvous::PrefixStore prefixed(prefix, adapter);
     context->connectFullMesh(prefixed, device);
     context_ = std::move(context);
+    wait_until_all_connected(*store_, prefix, size, options.timeout);
   } catch (const std::exception& e) {
     LOOM_FAIL("gloo rendezvous of group '", prefix, "' failed on rank ", rank, " of ", size, ": ", e.what(),
               ". Every rank must create this group (same name, same world size) within the timeout (",
@@ -87,9 +100,9 @@ void GlooCommunicator::fail(const Op& op, const std::exception& gloo_error) {
   std::string what = gloo_error.what();
   std::string hint;
   if (what.find("imed out") != std::string::npos || what.find("imeout") != std::string::npos)
-    hint = detail::str("Another rank did not reach this operation within the timeout (", timeout().count(),
-                       " ms): it may have crashed, be stuck or slower than the timeout, or be calling "
-                       "operations in a different order. Check the other ranks' output");
+    hint = detail::str("timed out after ", timeout().count(), " ms. Another rank did not reach this operation in "
+                       "time: it may have crashed, be stuck or slower than the timeout, or be calling operations "
+                       "in a different order. Check the other ranks' output");
   else if (what.find("losed") != std::string::npos || what.find("reset") != std::string::npos)
     hint = "A peer closed its connection: its process probably exited or crashed. Check the other ranks' output";
   else

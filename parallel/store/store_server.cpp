@@ -45,6 +45,21 @@ struct Waiter {
   Clock::time_point deadline;
 };
 
+// Values are bytes; a message quoting one shows the printable ones and \xNN for the rest.
+std::string printable(const std::string& bytes) {
+  std::string out;
+  for (unsigned char ch : bytes) {
+    if (ch >= 0x20 && ch < 0x7f) {
+      out.push_back(static_cast<char>(ch));
+    } else {
+      char hex[5];
+      std::snprintf(hex, sizeof(hex), "\\x%02x", ch);
+      out += hex;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 struct StoreServer::Loop {
@@ -223,7 +238,7 @@ void StoreServer::Loop::handle(Connection& c, const std::string& payload) {
           if (used != value.size()) throw std::invalid_argument(value);
         } catch (const std::exception&) {
           w.u8(static_cast<uint8_t>(Status::Error))
-              .str("add('" + key + "'): the key holds '" + value.substr(0, 32) + "', which is not an integer");
+              .str("the key holds '" + printable(value.substr(0, 32)) + "', which is not an integer");
           break;
         }
       }
