@@ -48,7 +48,8 @@ TEST_CASE("fingerprints: agreement, and a disagreement message that groups ranks
 
 // Runs body(comm) on `n` ranks, one thread each; returns each rank's error ("" if none).
 static std::vector<std::string> run_ranks(int n, const std::function<void(Communicator&)>& body,
-                                          std::chrono::milliseconds timeout = 10s, int groups = 1) {
+                                          std::chrono::milliseconds timeout = 10s, int groups = 1,
+                                          bool verify_collectives = true) {
   auto server = std::make_shared<TCPStore>("127.0.0.1", 0, /*is_server=*/true, 20s);
   std::vector<std::string> errors(n);
   std::vector<std::thread> threads;
@@ -58,6 +59,7 @@ static std::vector<std::string> run_ranks(int n, const std::function<void(Commun
         auto store = r == 0 ? server : std::make_shared<TCPStore>("127.0.0.1", server->port(), false, 20s);
         GlooOptions options;
         options.timeout = timeout;
+        options.verify_collectives = verify_collectives;
         for (int g = 0; g < groups; ++g) {
           GlooCommunicator comm(store, "group" + std::to_string(g), r, n, options);
           body(comm);
@@ -169,6 +171,29 @@ TEST_CASE("send and recv: a ring where everyone sends first, and in-order messag
   }));
   for (int r = 0; r < n; ++r) CHECK(from_left[r] == std::vector<float>(3, float((r + n - 1) % n)));
   CHECK(ordered[1] == std::vector<float>{1, 2});
+}
+
+TEST_CASE("point-to-point runs while collectives are in flight, with and without the fingerprint check") {
+  for (bool verify : {true, false}) {
+    CAPTURE(verify);
+    std::vector<float> sums(2), received(2);
+    require_no_errors(run_ranks(2, [&](Communicator& comm) {
+      const int r = comm.rank(), peer = 1 - r;
+      Tensor big = full({100000}, r + 1), mine = full({7}, 10 * r), theirs = zeros({7});
+      auto reduce = comm.all_reduce(big);
+      auto sent = comm.send(mine, peer, 1);
+      auto got = comm.recv(theirs, peer, 1);
+      auto barrier = comm.barrier();
+      sent->wait();
+      got->wait();
+      reduce->wait();
+      barrier->wait();
+      sums[r] = big.tolist<float>()[99999];
+      received[r] = theirs.tolist<float>()[6];
+    }, 10s, 1, verify));
+    CHECK(sums == std::vector<float>{3, 3});
+    CHECK(received == std::vector<float>{10, 0});
+  }
 }
 
 TEST_CASE("barrier waits for the slowest rank") {

@@ -40,6 +40,10 @@ struct GlooOptions {
   // GLOO_SOCKET_IFNAME).
   std::string hostname = "127.0.0.1";
   std::string iface;
+  // The fingerprint check before every collective (Note [Why a fingerprint before every
+  // collective] in op.h). Turning it off saves one small message round per collective;
+  // a shape mismatch may then abort a process or hang until the timeout.
+  bool verify_collectives = true;
 };
 
 class GlooCommunicator final : public Communicator {
@@ -73,6 +77,7 @@ class GlooCommunicator final : public Communicator {
 
   std::shared_ptr<TCPStore> store_;
   std::string prefix_;
+  bool verify_collectives_;
   std::shared_ptr<gloo::Context> context_;
 
   mutable std::mutex broken_mutex_;

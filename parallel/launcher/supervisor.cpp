@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -66,6 +67,7 @@ class Supervisor {
   void kill_group(const Worker& w, int signal);
   void pump(Stream& s, int worker_rank);
   bool any_running() const;
+  void reap_descendants();
 
   const LaunchOptions& o_;
   std::vector<Worker> workers_;
@@ -215,6 +217,26 @@ void Supervisor::pump(Stream& s, int worker_rank) {
   write_fully(s.target, s.prefixer->feed(buffer, static_cast<size_t>(n)));
 }
 
+// After the workers: anything still alive below loomrun is a descendant that left its
+// worker's process group (setsid) and was re-parented here. Kill and reap it.
+void Supervisor::reap_descendants() {
+  const auto until = Clock::now() + std::chrono::seconds(2);
+  while (true) {
+    int status;
+    pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid < 0 && errno == EINTR) continue;
+    if (pid < 0) return;  // ECHILD: nobody left
+    if (pid > 0) continue;
+    std::ifstream children("/proc/self/task/" + std::to_string(::getpid()) + "/children");
+    for (pid_t child; children >> child;) ::kill(child, SIGKILL);
+    if (Clock::now() >= until) {
+      say("some processes started by the workers could not be reaped");
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
 bool Supervisor::any_running() const {
   for (const auto& w : workers_)
     if (w.running) return true;
@@ -229,6 +251,9 @@ int Supervisor::run() {
   signal_fd_ = ::signalfd(-1, &handled, SFD_CLOEXEC);
   LOOM_CHECK_ERRNO(signal_fd_ >= 0, "signalfd()");
   ::signal(SIGPIPE, SIG_IGN);  // a closed stdout must not kill loomrun and orphan the workers
+  // Orphaned descendants of the workers become loomrun's children, not init's, so that
+  // loomrun can kill and reap them too. See Note [How loomrun stops a job].
+  LOOM_CHECK_ERRNO(::prctl(PR_SET_CHILD_SUBREAPER, 1) == 0, "prctl(PR_SET_CHILD_SUBREAPER)");
 
   workers_.resize(o_.nproc_per_node);
   try {
@@ -295,6 +320,7 @@ int Supervisor::run() {
     }
   }
   ::close(signal_fd_);
+  reap_descendants();
 
   if (failed_index_ == -2) return 1;  // could not start a worker; already said why
   if (failed_index_ >= 0) {

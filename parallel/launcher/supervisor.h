@@ -12,7 +12,9 @@
 //  - every worker that exits has its process group killed, so nothing it started
 //    outlives it; workers die with loomrun (PR_SET_PDEATHSIG) even if loomrun is
 //    killed with SIGKILL.
-// Every child is reaped before loomrun returns: no process, not even a zombie, is left.
+// loomrun is a child subreaper: descendants orphaned by a dying worker are re-parented
+// to it rather than to init, so it kills and reaps them as well. Every one is reaped
+// before loomrun returns: no process, not even a zombie, is left.
 #pragma once
 
 #include "parallel/launcher/options.h"
