@@ -45,6 +45,8 @@ TEST_CASE("fingerprints: agreement, and a disagreement message that groups ranks
 
 #ifdef LOOM_WITH_GLOO
 #include "parallel/comm/gloo_communicator.h"
+#include "parallel/comm/process_group.h"
+#include "parallel/store/socket.h"
 
 // Runs body(comm) on `n` ranks, one thread each; returns each rank's error ("" if none).
 static std::vector<std::string> run_ranks(int n, const std::function<void(Communicator&)>& body,
@@ -370,5 +372,29 @@ TEST_CASE("a world of one, and arguments checked before anything moves") {
     CHECK_THROWS_WITH_AS(comm.send(t, 0), doctest::Contains("with itself"), Error);
     CHECK_THROWS_WITH_AS(comm.recv(t, 3), doctest::Contains("source rank in [0, 1)"), Error);
   }, 5s));
+}
+TEST_CASE("the default process group: a world of one through tcp://, and teaching errors") {
+  CHECK_FALSE(is_initialized());
+  CHECK(is_main_process());  // no group: a single-process run is its own main process
+  CHECK_THROWS_WITH_AS(get_rank(), doctest::Contains("call loom::distributed::init_process_group() first"), Error);
+  const std::string where = "tcp://127.0.0.1:" + std::to_string(net::find_free_port());
+  CHECK_THROWS_WITH_AS(init_process_group("nccl", where, 5s, 0, 1), doctest::Contains("Use backend \"gloo\""), Error);
+  CHECK_THROWS_WITH_AS(init_process_group("mpi", where, 5s, 0, 1), doctest::Contains("unknown backend"), Error);
+  CHECK_THROWS_WITH_AS(init_process_group("gloo", "file:///tmp/x", 5s, 0, 1), doctest::Contains("env://"), Error);
+  CHECK_THROWS_WITH_AS(init_process_group("gloo", where, 5s, 2, 1), doctest::Contains("RANK=2"), Error);
+  init_process_group("gloo", where, 5s, /*rank=*/0, /*world_size=*/1);
+  CHECK(is_initialized());
+  CHECK(get_rank() == 0);
+  CHECK(get_world_size() == 1);
+  CHECK(is_main_process());
+  CHECK(std::string(default_group()->backend()) == "gloo");
+  Tensor t = full({2}, 3);
+  all_reduce(t, ReduceOp::Max);
+  broadcast(t, 0);
+  barrier();
+  CHECK(t.tolist<float>() == std::vector<float>{3, 3});
+  CHECK_THROWS_WITH_AS(init_process_group("gloo", where, 5s, 0, 1), doctest::Contains("already initialized"), Error);
+  destroy_process_group();
+  CHECK_FALSE(is_initialized());
 }
 #endif  // LOOM_WITH_GLOO

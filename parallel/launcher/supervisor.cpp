@@ -65,7 +65,7 @@ class Supervisor {
   void reap();
   void stop_all(int signal, const std::string& why);
   void kill_group(const Worker& w, int signal);
-  void pump(Stream& s, int worker_rank);
+  void pump(Stream& s);
   bool any_running() const;
   void reap_descendants();
 
@@ -203,7 +203,7 @@ void Supervisor::reap() {
   }
 }
 
-void Supervisor::pump(Stream& s, int worker_rank) {
+void Supervisor::pump(Stream& s) {
   char buffer[64 * 1024];
   ssize_t n = ::read(s.fd, buffer, sizeof(buffer));
   if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
@@ -213,7 +213,6 @@ void Supervisor::pump(Stream& s, int worker_rank) {
     s.fd = -1;
     return;
   }
-  (void)worker_rank;
   write_fully(s.target, s.prefixer->feed(buffer, static_cast<size_t>(n)));
 }
 
@@ -311,7 +310,7 @@ int Supervisor::run() {
       reap();  // SIGCHLD, or any signal: reaping is cheap and never blocks
     }
     for (size_t i = 1; i < fds.size(); ++i)
-      if (fds[i].revents) pump(*streams[i - 1], 0);
+      if (fds[i].revents) pump(*streams[i - 1]);
     if (stopping_ && !killed_ && any_running() && Clock::now() >= kill_at_) {
       killed_ = true;
       say("workers still running after the grace period; sending SIGKILL");

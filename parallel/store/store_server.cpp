@@ -248,7 +248,9 @@ void StoreServer::Loop::handle(Connection& c, const std::string& payload) {
     }
     case Command::Wait: {
       Waiter waiter{c.id, r.strings(), {}};
-      waiter.deadline = Clock::now() + std::chrono::milliseconds(r.i64());
+      // Clamped so that a huge timeout cannot overflow the clock arithmetic.
+      const int64_t timeout_ms = std::clamp<int64_t>(r.i64(), 0, int64_t(365) * 24 * 3600 * 1000);
+      waiter.deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
       waiters.push_back(std::move(waiter));  // answered by settle_waiters, maybe at once
       return;
     }
