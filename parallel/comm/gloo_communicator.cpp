@@ -75,12 +75,12 @@ static bool supported_dtype(DType dtype) {
 }
 
 std::shared_ptr<Work> GlooCommunicator::launch(Op op) {
-  for (const Tensor* t : {&op.tensor}) {
-    if (!t->defined()) continue;
-    LOOM_CHECK(t->device().is_cpu(), op.describe(), ": the gloo backend moves CPU tensors, got one on ", t->device(),
+  // op.list was checked to match op.tensor's dtype and device (communicator.cpp).
+  if (const Tensor& t = op.tensor; t.defined()) {
+    LOOM_CHECK(t.device().is_cpu(), op.describe(), ": the gloo backend moves CPU tensors, got one on ", t.device(),
                ". Use the nccl backend for CUDA tensors, or move the tensor with .to(\"cpu\")");
-    LOOM_CHECK(supported_dtype(t->dtype()), op.describe(), ": the gloo backend supports float32, float64, int32 and "
-               "int64 tensors, got ", dtype_name(t->dtype()), "; convert with .to(kFloat32)");
+    LOOM_CHECK(supported_dtype(t.dtype()), op.describe(), ": the gloo backend supports float32, float64, int32 and "
+               "int64 tensors, got ", dtype_name(t.dtype()), "; convert with .to(kFloat32)");
   }
   auto work = std::make_shared<Work>(op.describe());
   if (is_point_to_point(op.kind)) return launch_point_to_point(std::move(op), std::move(work));
