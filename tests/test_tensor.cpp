@@ -1,2 +1,115 @@
-// PLACEHOLDER: replaced by this module's tests.
+// core/: devices, dtypes, shapes, storage, factories, the caching allocator, RNG.
 #include <doctest/doctest.h>
+
+#include <algorithm>
+#include <limits>
+#include <sstream>
+
+#include "autograd/ops.h"
+#include "core/allocator.h"
+
+using namespace loom;
+
+TEST_CASE("devices parse and print like torch.device") {
+  CHECK(Device("cpu") == Device(DeviceType::CPU, 0));
+  CHECK(Device("cpu:3").index == 3);
+  CHECK(Device("cuda:1").is_cuda());
+  CHECK(Device("cuda:1").str() == "cuda:1");
+  CHECK_THROWS_WITH_AS(Device("gpu:0"), doctest::Contains("expected 'cpu', 'cpu:N', 'cuda' or 'cuda:N'"), Error);
+  CHECK_THROWS_WITH_AS(Device("cpu:x"), doctest::Contains("bad device index"), Error);
+  CHECK_THROWS_AS(Device("cpu:-1"), Error);
+}
+
+TEST_CASE("dtypes: sizes, names, 16-bit conversions") {
+  CHECK(element_size(kFloat32) == 4);
+  CHECK(element_size(kInt64) == 8);
+  CHECK(element_size(kBFloat16) == 2);
+  CHECK(std::string(dtype_name(kFloat64)) == "float64");
+  for (float v : {0.0f, 1.0f, -2.5f, 65504.0f, 1e-5f, 3.14159f}) {
+    CHECK(static_cast<float>(Half(v)) == doctest::Approx(v).epsilon(1e-3));
+    CHECK(static_cast<float>(BFloat16(v)) == doctest::Approx(v).epsilon(1e-2));
+  }
+  CHECK(static_cast<float>(Half(1e6f)) == std::numeric_limits<float>::infinity());
+}
+
+TEST_CASE("shapes: strides, broadcasting, dim wrapping") {
+  CHECK(contiguous_strides({2, 3, 4}) == Shape{12, 4, 1});
+  CHECK(broadcast_shapes({2, 1, 4}, {3, 1}) == Shape{2, 3, 4});
+  CHECK(broadcast_shapes({}, {5}) == Shape{5});
+  CHECK_THROWS_WITH_AS(broadcast_shapes({2, 3}, {4, 3}), doctest::Contains("[2, 3] and [4, 3]"), Error);
+  CHECK(wrap_dim(-1, 3) == 2);
+  CHECK_THROWS_WITH_AS(wrap_dim(3, 3), doctest::Contains("expected in [-3, 2], got 3"), Error);
+}
+
+TEST_CASE("factories") {
+  CHECK(zeros({2, 2}).tolist<float>() == std::vector<float>{0, 0, 0, 0});
+  CHECK(ones({3}, kInt64).tolist<int64_t>() == std::vector<int64_t>{1, 1, 1});
+  CHECK(full({2}, 2.5, kFloat64).tolist<double>() == std::vector<double>{2.5, 2.5});
+  CHECK(arange(5).tolist<int64_t>() == std::vector<int64_t>{0, 1, 2, 3, 4});
+  CHECK(arange(1, 2, 0.25, kFloat32).tolist<float>() == std::vector<float>{1, 1.25f, 1.5f, 1.75f});
+  CHECK(from_vector<int32_t>({1, 2, 3, 4}, {2, 2}).shape() == Shape{2, 2});
+  CHECK_THROWS_WITH_AS(from_vector<float>({1, 2, 3}, {2, 2}), doctest::Contains("3 values cannot fill shape [2, 2]"), Error);
+  CHECK(scalar_tensor(4).item<float>() == 4);
+  CHECK(empty({2, 3}, TensorOptions(kFloat64).device("cpu:2")).device() == Device("cpu:2"));
+  CHECK(zeros({2}, TensorOptions().requires_grad()).requires_grad());
+  CHECK_THROWS_AS(empty({-1}), Error);
+  CHECK_THROWS_WITH_AS(ones({2}).item<float>(), doctest::Contains("one element"), Error);
+  CHECK_THROWS_WITH_AS(ones({2}).data_ptr<double>(), doctest::Contains("float32"), Error);
+}
+
+TEST_CASE("random tensors are reproducible per seed and independent of thread count") {
+  Generator g1(42), g2(42), g3(43);
+  Tensor a = randn({1000}, {}, &g1), b = randn({1000}, {}, &g2), c = randn({1000}, {}, &g3);
+  CHECK(a.tolist<float>() == b.tolist<float>());
+  CHECK(a.tolist<float>() != c.tolist<float>());
+  // Successive draws differ; the generator's state is (seed, offset).
+  Tensor a2 = randn({1000}, {}, &g1);
+  CHECK(a2.tolist<float>() != a.tolist<float>());
+  CHECK(g1.offset() == 2000);
+  // Moments of a large draw.
+  Generator g(7);
+  Tensor n = randn({200000}, kFloat64, &g);
+  CHECK(n.mean().item<double>() == doctest::Approx(0).epsilon(0.02).scale(1));
+  CHECK(n.var({0}).item<double>() == doctest::Approx(1).epsilon(0.02));
+  Tensor u = rand({200000}, kFloat64, &g);
+  CHECK(u.min().item<double>() >= 0);
+  CHECK(u.max().item<double>() < 1);
+  CHECK(u.mean().item<double>() == doctest::Approx(0.5).epsilon(0.01));
+  Tensor r = randint(3, 7, {10000}, kInt64, &g);
+  CHECK(r.min().item<int64_t>() == 3);
+  CHECK(r.max().item<int64_t>() == 6);
+  auto perm = randperm(100, &g).tolist<int64_t>();
+  std::sort(perm.begin(), perm.end());
+  for (int64_t i = 0; i < 100; ++i) CHECK(perm[static_cast<size_t>(i)] == i);
+  manual_seed(5);
+  auto first = rand({4}).tolist<float>();
+  manual_seed(5);
+  CHECK(rand({4}).tolist<float>() == first);
+}
+
+TEST_CASE("the caching allocator reuses freed blocks") {
+  Device cpu;
+  empty_cache(DeviceType::CPU);
+  AllocatorStats before = memory_stats(cpu);
+  { Tensor t = empty({1 << 20}); }
+  AllocatorStats mid = memory_stats(cpu);
+  CHECK(mid.system_allocations == before.system_allocations + 1);
+  for (int i = 0; i < 10; ++i) { Tensor t = empty({1 << 20}); }
+  AllocatorStats after = memory_stats(cpu);
+  CHECK(after.system_allocations == mid.system_allocations);  // served from the cache
+  CHECK(after.allocated_bytes == before.allocated_bytes);
+  CHECK(after.peak_allocated_bytes >= before.allocated_bytes + (4 << 20));
+  empty_cache(DeviceType::CPU);
+  CHECK(memory_stats(cpu).reserved_bytes == memory_stats(cpu).allocated_bytes);
+  CHECK_THROWS_WITH_AS(empty({2}, Device("cuda:0")), doctest::Contains("cuda"), Error);
+}
+
+TEST_CASE("printing") {
+  Tensor t = from_vector<float>({1, 2}, {2});
+  CHECK(t.str() == "Tensor[float32, [2], cpu:0]");
+  std::ostringstream out;
+  out << t;
+  CHECK(out.str().find("{1, 2}") != std::string::npos);
+  CHECK(Tensor().str() == "Tensor[undefined]");
+  CHECK_THROWS_WITH_AS(Tensor().shape(), doctest::Contains("undefined"), Error);
+}

@@ -46,7 +46,7 @@ Shape infer_shape(const Shape& requested, int64_t total, const Tensor& x) {
 // Groups of old dims that are contiguous with each other can be re-split freely.
 std::optional<Shape> view_strides(const Shape& old_shape, const Shape& old_strides, const Shape& shape) {
   Shape strides(shape.size());
-  if (numel(old_shape) == 0) return contiguous_strides(shape);
+  if (numel(old_shape) == 0 || old_shape.empty()) return contiguous_strides(shape);
   int64_t view_d = static_cast<int64_t>(shape.size()) - 1;
   int64_t chunk_base_stride = old_strides.empty() ? 1 : old_strides.back();
   int64_t tensor_numel = 1;
