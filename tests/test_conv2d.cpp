@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <thread>
 
@@ -185,6 +186,41 @@ TEST_CASE("conv2d float32 gradients (oneDNN) match the float64 reference in ever
       if (cfg.bias) CHECK(relative_error(b.grad(), ops.bias.grad()) < 1e-5);
     }
   }
+}
+
+// Note [Conv2d algorithm]: 3x3 stride-1 convolutions run as Winograd where oneDNN has it;
+// its float32 results are a little less exact than the direct algorithm's.
+TEST_CASE("conv2d float32 with the Winograd and the direct algorithm, against float64") {
+  const std::vector<Config> configs = {
+      {"32->32 3x3 on 8x8", {4, 32, 8, 8}, {32, 32, 3, 3}, {1}, {1}, {1}, 1, false},
+      {"16->48 3x3 on 6x5, bias", {3, 16, 6, 5}, {48, 16, 3, 3}, {1}, {1}, {1}, 1, true},
+      {"3->16 stem", {2, 3, 8, 8}, {16, 3, 3, 3}, {1}, {1}, {1}, 1, false},
+  };
+  for (const char* algorithm : {"winograd", "direct"}) {
+    setenv("LOOM_CONV2D_ALGO", algorithm, 1);
+    for (const Config& cfg : configs) {
+      const std::string config = std::string(cfg.name) + " (" + algorithm + ")";
+      CAPTURE(config);
+      Operands ops = make_operands(cfg, 61);
+      Tensor out64 = run(cfg, ops.input, ops.weight, ops.bias);
+      Tensor grad = randn(out64.shape(), TensorOptions(kFloat64));
+      out64.backward(grad);
+      Tensor x = ops.input.detach().to(kFloat32).requires_grad_(true);
+      Tensor w = ops.weight.detach().to(kFloat32).requires_grad_(true);
+      Tensor b = cfg.bias ? ops.bias.detach().to(kFloat32).requires_grad_(true) : Tensor();
+      Tensor out32 = run(cfg, x, w, b);
+      out32.backward(grad.to(kFloat32));
+      const double tolerance = std::strcmp(algorithm, "winograd") == 0 ? 2e-5 : 1e-5;
+      CHECK(relative_error(out32, out64) < tolerance);
+      CHECK(relative_error(x.grad(), ops.input.grad()) < tolerance);
+      CHECK(relative_error(w.grad(), ops.weight.grad()) < tolerance);
+      if (cfg.bias) CHECK(relative_error(b.grad(), ops.bias.grad()) < tolerance);
+    }
+  }
+  setenv("LOOM_CONV2D_ALGO", "fast", 1);
+  CHECK_THROWS_WITH_AS(conv2d(zeros({1, 1, 3, 3}), zeros({1, 1, 3, 3}), Tensor(), {1}, {1}),
+                       doctest::Contains("LOOM_CONV2D_ALGO: expected 'winograd' or 'direct', got 'fast'"), Error);
+  unsetenv("LOOM_CONV2D_ALGO");
 }
 
 TEST_CASE("conv2d takes non-contiguous inputs") {
