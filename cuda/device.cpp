@@ -140,9 +140,9 @@ bool Stream::query() const {
 
 Stream current_stream(int device) {
   device = resolve(device);
+  DeviceStreams& streams = streams_of(device);  // validates `device` first
   cudaStream_t selected = t_current_stream[static_cast<size_t>(device)];
-  if (selected) return Stream{selected, device};
-  return Stream{streams_of(device).default_stream, device};
+  return Stream{selected ? selected : streams.default_stream, device};
 }
 
 Stream default_stream(int device) {
@@ -158,9 +158,9 @@ Stream stream_from_pool(int device) {
 }
 
 StreamGuard::StreamGuard(Stream stream)
-    : previous_stream_(t_current_stream[static_cast<size_t>(stream.device)]),
-      device_(stream.device),
-      device_guard_(stream.device) {
+    : device_guard_(stream.device),
+      previous_stream_(t_current_stream[static_cast<size_t>(stream.device)]),
+      device_(stream.device) {
   t_current_stream[static_cast<size_t>(device_)] = stream.handle;
 }
 

@@ -92,9 +92,9 @@ class StreamGuard {
   StreamGuard& operator=(const StreamGuard&) = delete;
 
  private:
+  DeviceGuard device_guard_;  // first: it validates the device before the others use it
   CUstream_st* previous_stream_;
   int device_;
-  DeviceGuard device_guard_;
 };
 
 // A marker in a stream's work, as torch.cuda.Event. Created lazily, on the device of the

@@ -62,7 +62,7 @@ bool Stream::query() const { not_compiled("cuda::Stream::query"); }
 Stream current_stream(int) { not_compiled("cuda::current_stream"); }
 Stream default_stream(int) { not_compiled("cuda::default_stream"); }
 Stream stream_from_pool(int) { not_compiled("cuda::stream_from_pool"); }
-StreamGuard::StreamGuard(Stream stream) : previous_stream_(nullptr), device_(stream.device), device_guard_(stream.device) {}
+StreamGuard::StreamGuard(Stream stream) : device_guard_(stream.device), previous_stream_(nullptr), device_(stream.device) {}
 StreamGuard::~StreamGuard() = default;
 
 Event::~Event() = default;

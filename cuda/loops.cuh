@@ -25,8 +25,10 @@
 #include <cuda_fp16.h>  // defines: __half
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
+#include <string>
 #include <type_traits>
 #include <utility>
 

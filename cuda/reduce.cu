@@ -104,8 +104,6 @@ __global__ void __launch_bounds__(kBlockSize)
   }
 }
 
-template <typename T> struct Accumulate { using type = compute_t<T>; };
-
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // How many chunks to split R into so that about `target` blocks run (1: single pass).
@@ -116,7 +114,7 @@ int64_t choose_splits(int64_t blocks, int64_t R, int64_t min_chunk, int64_t targ
 
 template <typename T>
 void reduce_rows(ReduceOp op, const T* in, int64_t K, int64_t R, T* out, int device, Stream stream) {
-  using Acc = typename Accumulate<T>::type;
+  using Acc = compute_t<T>;  // see "Accumulation" above
   const Reducer<Acc> red{op};
   const int64_t target = 4 * multiprocessor_count(device);
   const auto row_blocks = static_cast<unsigned>(std::min<int64_t>(K, 65535 * 64));
@@ -139,7 +137,7 @@ void reduce_rows(ReduceOp op, const T* in, int64_t K, int64_t R, T* out, int dev
 
 template <typename T>
 void reduce_columns(ReduceOp op, const T* in, int64_t K, int64_t R, T* out, int device, Stream stream) {
-  using Acc = typename Accumulate<T>::type;
+  using Acc = compute_t<T>;  // see "Accumulation" above
   const Reducer<Acc> red{op};
   const int64_t target = 4 * multiprocessor_count(device);
   const int64_t column_blocks = std::min<int64_t>(ceil_div(K, kBlockSize), 65535 * 64);
