@@ -49,7 +49,7 @@ inline std::string cuda_error_string(cudaError_t error) {
       (void)cudaGetLastError(); /* clear a non-sticky error so the next call does not report it again */ \
       ::loom::cuda::detail::throw_library_error("CUDA",                                                     \
                                                 ::loom::cuda::detail::cuda_error_string(loom_cuda_error_).c_str(), \
-                                                #call, ::loom::detail::str(__VA_ARGS__), __FILE__, __LINE__); \
+                                                #call, std::string(__VA_OPT__(::loom::detail::str(__VA_ARGS__))), __FILE__, __LINE__); \
     }                                                                                                       \
   } while (0)
 
@@ -62,7 +62,7 @@ inline std::string cuda_error_string(cudaError_t error) {
     const cublasStatus_t loom_cublas_status_ = (call);                                                      \
     if (loom_cublas_status_ != CUBLAS_STATUS_SUCCESS) [[unlikely]]                                          \
       ::loom::cuda::detail::throw_library_error("cuBLAS", cublasGetStatusString(loom_cublas_status_), #call, \
-                                                ::loom::detail::str(__VA_ARGS__), __FILE__, __LINE__);      \
+                                                std::string(__VA_OPT__(::loom::detail::str(__VA_ARGS__))), __FILE__, __LINE__);      \
   } while (0)
 
 #define LOOM_CUDNN_CHECK(call, ...)                                                                         \
@@ -70,5 +70,5 @@ inline std::string cuda_error_string(cudaError_t error) {
     const cudnnStatus_t loom_cudnn_status_ = (call);                                                        \
     if (loom_cudnn_status_ != CUDNN_STATUS_SUCCESS) [[unlikely]]                                            \
       ::loom::cuda::detail::throw_library_error("cuDNN", cudnnGetErrorString(loom_cudnn_status_), #call,    \
-                                                ::loom::detail::str(__VA_ARGS__), __FILE__, __LINE__);      \
+                                                std::string(__VA_OPT__(::loom::detail::str(__VA_ARGS__))), __FILE__, __LINE__);      \
   } while (0)

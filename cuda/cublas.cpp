@@ -10,69 +10,33 @@
 //
 // One call serves every case: cublasGemmStridedBatchedEx with batch 1 for mm, the
 // batch dim's stride otherwise; float32 accumulates in float32 (or TF32 when allowed:
-// see cuda/cublas.h), float64 in float64, float16/bfloat16 in float32.
-#include "cuda/cublas.h"
+// see cuda/backends.h), float64 in float64, float16/bfloat16 in float32.
+#include "cuda/backends.h"  // declares: set_allow_tf32
 
 #include <cublas_v2.h>  // defines: cublasGemmStridedBatchedEx, cublasSetMathMode, cublasGetStatusString
 
 #include <atomic>
 #include <climits>
-#include <mutex>
-#include <vector>
 
 #include "core/kernels.h"
 #include "cuda/check.h"   // defines: LOOM_CUBLAS_CHECK
 #include "cuda/copy.h"    // defines: contiguous_on_device, copy_on_device
 #include "cuda/device.h"  // defines: DeviceGuard, current_stream
+#include "cuda/handle_pool.h"  // defines: HandlePool, HandleLease
 
 namespace loom::cuda {
 namespace {
 
 std::atomic<bool> g_allow_tf32{false};
 
-// cuBLAS handles are bound to a device and must not be used by two threads at once.
-// DP replicas and pipeline stages call matmul from several threads, so each call
-// borrows a handle of its device for its duration. Handles live until the process exits.
-class HandlePool {
- public:
-  cublasHandle_t acquire(int device) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      auto& free = free_[static_cast<size_t>(device)];
-      if (!free.empty()) {
-        cublasHandle_t handle = free.back();
-        free.pop_back();
-        return handle;
-      }
-    }
-    DeviceGuard guard(device);
+HandlePool<cublasHandle_t>& cublas_handles() {
+  static auto* pool = new HandlePool<cublasHandle_t>([](int device) {  // leaked: see cuda/handle_pool.h
     cublasHandle_t handle = nullptr;
     LOOM_CUBLAS_CHECK(cublasCreate(&handle), "creating a cuBLAS handle on cuda:", device);
     return handle;
-  }
-  void release(int device, cublasHandle_t handle) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    free_[static_cast<size_t>(device)].push_back(handle);
-  }
-
- private:
-  std::mutex mutex_;
-  std::vector<cublasHandle_t> free_[kMaxDevices];
-};
-
-HandlePool& handle_pool() {
-  static auto* pool = new HandlePool();  // leaked: handles outlive static destructors
+  });
   return *pool;
 }
-
-struct HandleLease {
-  int device;
-  cublasHandle_t handle;
-  explicit HandleLease(int d) : device(d), handle(handle_pool().acquire(d)) {}
-  ~HandleLease() { handle_pool().release(device, handle); }
-  HandleLease(const HandleLease&) = delete;
-  HandleLease& operator=(const HandleLease&) = delete;
-};
 
 // The last two dims of a [batch, r, c] tensor as cuBLAS sees them: see Note [Row-major
 // matmul on column-major cuBLAS]. `op` applied to the column-major matrix at `ptr`
@@ -139,7 +103,7 @@ void gemm(const Tensor& a, const Tensor& b, double beta, Tensor& out) {
   const void* alpha = dtype == kFloat64 ? static_cast<const void*>(&alpha64) : &alpha32;
   const void* beta_ptr = dtype == kFloat64 ? static_cast<const void*>(&beta64) : &beta32;
 
-  HandleLease lease(device);
+  HandleLease<cublasHandle_t> lease(cublas_handles(), device);
   LOOM_CUBLAS_CHECK(cublasSetStream(lease.handle, current_stream(device).handle), "binding cuBLAS to loom's stream");
   LOOM_CUBLAS_CHECK(cublasSetMathMode(lease.handle, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
                     "setting cuBLAS's math mode");

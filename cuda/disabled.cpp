@@ -8,7 +8,7 @@
 #include "core/allocator.h"
 #include "core/error.h"
 #include "cuda/caching_allocator.h"
-#include "cuda/cublas.h"
+#include "cuda/backends.h"
 #include "cuda/device.h"
 #include "cuda/host_allocator.h"
 #include "cuda/random.h"
@@ -88,6 +88,8 @@ void record_pinned_use(const void*, Stream) {}
 
 void set_allow_tf32(bool) {}
 bool allow_tf32() { return false; }
+void set_cudnn_allow_tf32(bool) {}
+bool cudnn_allow_tf32() { return true; }
 
 uint64_t device_random_bits_on_host(uint64_t, uint64_t) { not_compiled("cuda::device_random_bits_on_host"); }
 double device_random_uniform_on_host(uint64_t, uint64_t) { not_compiled("cuda::device_random_uniform_on_host"); }

@@ -18,7 +18,7 @@
 #include "core/factory.h"
 #include "core/kernels.h"
 #include "cuda/caching_allocator.h"  // defines: record_stream
-#include "cuda/cublas.h"             // defines: set_allow_tf32
+#include "cuda/backends.h"           // defines: set_allow_tf32, set_cudnn_allow_tf32
 #include "cuda/device.h"             // defines: is_available, Stream, Event, StreamGuard
 #include "cuda/random.h"             // defines: device_random_bits_on_host
 
@@ -351,6 +351,68 @@ TEST_CASE("mm and bmm through cuBLAS match a float64 reference, transposed views
     bmm_kernel(kCuda0)(a3, b3, out3);
     check_close(out3, expected.unsqueeze(0).expand({B, M, N}).contiguous(), 1e-5, 1e-5);
   }
+}
+
+TEST_CASE("conv2d forward and backward through cuDNN match a float64 reference" * doctest::skip(!kGpu)) {
+  cuda::set_cudnn_allow_tf32(false);
+  const int64_t N = 2, C = 4, H = 9, W = 11, O = 6, G = 2, KH = 3, KW = 3;
+  Conv2dParams p;
+  p.stride[0] = 2;
+  p.padding[0] = 1;
+  p.padding[1] = 2;
+  p.dilation[1] = 2;
+  p.groups = G;
+  const int64_t OH = (H + 2 * p.padding[0] - p.dilation[0] * (KH - 1) - 1) / p.stride[0] + 1;
+  const int64_t OW = (W + 2 * p.padding[1] - p.dilation[1] * (KW - 1) - 1) / p.stride[1] + 1;
+  const int64_t Cg = C / G, Og = O / G;
+  // Visits every (input, weight, output) index triple of the convolution.
+  auto for_each_tap = [&](auto&& visit) {
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t o = 0; o < O; ++o)
+        for (int64_t oy = 0; oy < OH; ++oy)
+          for (int64_t ox = 0; ox < OW; ++ox)
+            for (int64_t c = 0; c < Cg; ++c)
+              for (int64_t ky = 0; ky < KH; ++ky)
+                for (int64_t kx = 0; kx < KW; ++kx) {
+                  const int64_t y = oy * p.stride[0] - p.padding[0] + ky * p.dilation[0];
+                  const int64_t x = ox * p.stride[1] - p.padding[1] + kx * p.dilation[1];
+                  if (y < 0 || y >= H || x < 0 || x >= W) continue;
+                  const int64_t ci = (o / Og) * Cg + c;
+                  visit(static_cast<size_t>(((n * C + ci) * H + y) * W + x), static_cast<size_t>(((o * Cg + c) * KH + ky) * KW + kx),
+                        static_cast<size_t>(((n * O + o) * OH + oy) * OW + ox));
+                }
+  };
+  for (DType dtype : {kFloat32, kFloat64}) {
+    INFO("dtype ", dtype);
+    Tensor in = random_cpu({N, C, H, W}, dtype, -1, 1, 40), w = random_cpu({O, Cg, KH, KW}, dtype, -1, 1, 41);
+    Tensor b = random_cpu({O}, dtype, -1, 1, 42), g = random_cpu({N, O, OH, OW}, dtype, -1, 1, 43);
+    auto iv = host_values(in), wv = host_values(w), bv = host_values(b), gv = host_values(g);
+    std::vector<double> out(static_cast<size_t>(N * O * OH * OW)), gi(iv.size(), 0.0), gw(wv.size(), 0.0), gb(bv.size(), 0.0);
+    for (size_t i = 0; i < out.size(); ++i) out[i] = bv[(i / static_cast<size_t>(OH * OW)) % static_cast<size_t>(O)];
+    for (size_t i = 0; i < gv.size(); ++i) gb[(i / static_cast<size_t>(OH * OW)) % static_cast<size_t>(O)] += gv[i];
+    for_each_tap([&](size_t ii, size_t wi, size_t oi) {
+      out[oi] += iv[ii] * wv[wi];
+      gi[ii] += gv[oi] * wv[wi];
+      gw[wi] += gv[oi] * iv[ii];
+    });
+    Tensor in_gpu = to_device(in, kCuda0), w_gpu = to_device(w, kCuda0), b_gpu = to_device(b, kCuda0);
+    Tensor g_gpu = to_device(g, kCuda0);
+    for (int repeat = 0; repeat < 2; ++repeat) {  // the second run takes the cached algorithms
+      Tensor y = gpu_empty({N, O, OH, OW}, dtype);
+      conv2d_forward_kernel(kCuda0)(in_gpu, w_gpu, b_gpu, p, y);
+      check_close(y, from_vector<double>(out, {N, O, OH, OW}), 1e-5, 1e-5);
+      Tensor grad_in = gpu_empty({N, C, H, W}, dtype), grad_w = gpu_empty({O, Cg, KH, KW}, dtype), grad_b = gpu_empty({O}, dtype);
+      conv2d_backward_kernel(kCuda0)(g_gpu, in_gpu, w_gpu, p, grad_in, grad_w, grad_b);
+      check_close(grad_in, from_vector<double>(gi, {N, C, H, W}), 1e-5, 1e-5);
+      check_close(grad_w, from_vector<double>(gw, {O, Cg, KH, KW}), 1e-5, 1e-5);
+      check_close(grad_b, from_vector<double>(gb, {O}), 1e-5, 1e-5);
+    }
+    // Only the gradients asked for are written.
+    Tensor grad_w = gpu_empty({O, Cg, KH, KW}, dtype), none_in, none_b;
+    conv2d_backward_kernel(kCuda0)(g_gpu, in_gpu, w_gpu, p, none_in, grad_w, none_b);
+    check_close(grad_w, from_vector<double>(gw, {O, Cg, KH, KW}), 1e-5, 1e-5);
+  }
+  cuda::set_cudnn_allow_tf32(true);
 }
 
 TEST_CASE("random numbers on the GPU equal the CPU's for the same generator state" * doctest::skip(!kGpu)) {
