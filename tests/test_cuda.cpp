@@ -123,6 +123,29 @@ TEST_CASE("the device copy of random_bits equals core/generator.h's" * doctest::
   }
 }
 
+TEST_CASE("every kernel of the CUDA backend is registered (the static library is linked whole)" *
+          doctest::skip(!cuda::is_compiled())) {
+  auto registered = [](const auto& stub) { return stub.table[static_cast<int>(DeviceType::CUDA)] != nullptr; };
+  CHECK(registered(unary_kernel));
+  CHECK(registered(binary_kernel));
+  CHECK(registered(pow_scalar_kernel));
+  CHECK(registered(clamp_kernel));
+  CHECK(registered(where_kernel));
+  CHECK(registered(threshold_backward_kernel));
+  CHECK(registered(fill_kernel));
+  CHECK(registered(copy_kernel));
+  CHECK(registered(uniform_kernel));
+  CHECK(registered(normal_kernel));
+  CHECK(registered(randint_kernel));
+  CHECK(registered(reduce_kernel));
+  CHECK(registered(max_min_dim_kernel));
+  CHECK(registered(mm_kernel));
+  CHECK(registered(bmm_kernel));
+  CHECK(registered(conv2d_forward_kernel));
+  CHECK(registered(conv2d_backward_kernel));
+  CHECK(get_allocator(DeviceType::CUDA) == &cuda::caching_allocator());
+}
+
 // ---- with a GPU ----------------------------------------------------------------------------
 
 TEST_SUITE("cuda (needs a GPU)") {
@@ -481,6 +504,11 @@ TEST_CASE("events order work across streams" * doctest::skip(!kGpu)) {
   cuda::Stream side = cuda::stream_from_pool(0);
   CHECK(side != cuda::default_stream(0));
   cuda::record_stream(x, side);
+  // x's block may have been used by earlier work on the default stream: the side
+  // stream starts after that work (the allocator only orders reuse on one stream).
+  cuda::Event allocated;
+  allocated.record(cuda::default_stream(0));
+  allocated.wait(side);
   cuda::Event start(/*enable_timing=*/true), done(/*enable_timing=*/true);
   {
     cuda::StreamGuard guard(side);
