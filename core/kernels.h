@@ -98,7 +98,9 @@ LOOM_DECLARE_KERNEL(adaptive_avg_pool2d_backward_kernel, void (*)(const Tensor& 
 
 // Training: normalise with batch statistics, write save_mean / save_invstd (per channel)
 // and, if running_mean is defined, update running stats (unbiased variance), in place.
-// Eval: normalise with running stats. weight/bias may be undefined (affine=false).
+// Eval: normalise with running stats, and write the statistics used into save_mean /
+// save_invstd so that the backward never reads the running buffers (every backend must).
+// weight/bias may be undefined (affine=false).
 LOOM_DECLARE_KERNEL(batch_norm_forward_kernel,
                     void (*)(const Tensor& in, const Tensor& weight, const Tensor& bias, Tensor& running_mean,
                              Tensor& running_var, bool training, double momentum, double eps, Tensor& out,

@@ -1,5 +1,102 @@
-// PLACEHOLDER (owner: conv2d helper): replace with the real implementation.
+// conv2d (torch.nn.functional.conv2d): validation, forward, and its gradient.
+//
+// The math lives in the device kernels (core/kernels.h: conv2d_forward_kernel,
+// conv2d_backward_kernel); this file owns the contract users see: PyTorch's argument
+// forms (an int or a pair for stride/padding/dilation), the shape rules with errors that
+// say what was expected, and the backward node that asks the kernel for exactly the
+// gradients the graph needs.
 #include "autograd/ops.h"
+#include "autograd/ops/common.h"
+
 namespace loom {
-Tensor conv2d(const Tensor&, const Tensor&, const Tensor&, std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>, int64_t) { LOOM_FAIL("conv2d: not implemented yet"); }
+namespace {
+
+// PyTorch accepts `stride=2` or `stride=(2, 1)`; both arrive here as a vector.
+void expand_pair(const char* name, const std::vector<int64_t>& values, int64_t min_value, int64_t out[2]) {
+  LOOM_CHECK(values.size() == 1 || values.size() == 2, "conv2d: expected ", name,
+             " to have 1 or 2 values (one for both spatial dims, or [height, width]), got ", values.size(),
+             " values ", Shape(values));
+  out[0] = values[0];
+  out[1] = values.size() == 2 ? values[1] : values[0];
+  LOOM_CHECK(out[0] >= min_value && out[1] >= min_value, "conv2d: expected every ", name, " value to be >= ",
+             min_value, ", got ", Shape(values));
+}
+
+void check_shapes(const Tensor& input, const Tensor& weight, const Tensor& bias, int64_t groups) {
+  LOOM_CHECK(input.dim() == 4, "conv2d: expected a 4-D input [N, C, H, W], got a ", input.dim(),
+             "-D tensor of shape ", input.shape(),
+             input.dim() == 3 ? "; for a single image add the batch dimension with input.unsqueeze(0)" : "");
+  LOOM_CHECK(weight.dim() == 4, "conv2d: expected a 4-D weight [out_channels, in_channels / groups, kH, kW], got a ",
+             weight.dim(), "-D tensor of shape ", weight.shape());
+  LOOM_CHECK(groups >= 1, "conv2d: expected groups >= 1, got ", groups);
+  const int64_t channels = input.size(1), out_channels = weight.size(0);
+  LOOM_CHECK(channels % groups == 0 && out_channels % groups == 0, "conv2d: input ", input.shape(), " has ",
+             channels, " channels and weight ", weight.shape(), " has ", out_channels,
+             " output channels; both must be divisible by groups = ", groups);
+  LOOM_CHECK(weight.size(1) * groups == channels, "conv2d: weight ", weight.shape(), " expects ",
+             weight.size(1) * groups, " input channels (weight.size(1) * groups = ", weight.size(1), " * ", groups,
+             ") but input ", input.shape(), " has ", channels);
+  if (bias.defined()) {
+    ops::check_same_device_dtype("conv2d (bias)", input, bias);
+    LOOM_CHECK(bias.dim() == 1 && bias.size(0) == out_channels, "conv2d: expected bias of shape [", out_channels,
+               "] (one per output channel of weight ", weight.shape(), "), got ", bias.shape());
+  }
+}
+
+// Output extent along one axis; a loom::Error when the (dilated) kernel does not fit.
+int64_t output_extent(const Tensor& input, const Tensor& weight, const Conv2dParams& p, int axis) {
+  const int64_t in = input.size(2 + axis), kernel = weight.size(2 + axis);
+  const int64_t span = p.dilation[axis] * (kernel - 1) + 1;
+  const int64_t padded = in + 2 * p.padding[axis];
+  LOOM_CHECK(padded >= span, "conv2d: input ", input.shape(), " padded to ", padded, " along ",
+             axis == 0 ? "height" : "width", " is smaller than the kernel's extent ", span, " (weight ",
+             weight.shape(), ", dilation ", p.dilation[axis], "), so the output would be empty; "
+             "use more padding, a smaller kernel or dilation, or a larger input");
+  return (padded - span) / p.stride[axis] + 1;
+}
+
+}  // namespace
+
+Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, std::vector<int64_t> stride,
+              std::vector<int64_t> padding, std::vector<int64_t> dilation, int64_t groups) {
+  ops::check_same_device_dtype("conv2d", input, weight);
+  ops::check_floating("conv2d", input);
+  check_shapes(input, weight, bias, groups);
+  Conv2dParams params;
+  params.groups = groups;
+  expand_pair("stride", stride, 1, params.stride);
+  expand_pair("padding", padding, 0, params.padding);
+  expand_pair("dilation", dilation, 1, params.dilation);
+  const Shape out_shape = {input.size(0), weight.size(0), output_extent(input, weight, params, 0),
+                           output_extent(input, weight, params, 1)};
+
+  // Kernels take contiguous NCHW / OIHW; detached so making them contiguous records nothing.
+  Tensor x = input.detach().contiguous();
+  Tensor w = weight.detach().contiguous();
+  Tensor b = bias.defined() ? bias.detach().contiguous() : Tensor();
+  Tensor out = empty(out_shape, TensorOptions(input.dtype()).device(input.device()));
+  conv2d_forward_kernel(input.device())(x, w, b, params, out);
+
+  if (any_requires_grad({input, weight, bias})) {
+    // Both are saved whatever is needed, as PyTorch does: the kernel derives every size
+    // from them, and in a network the input is usually kept alive by the previous op.
+    record("Conv2dBackward", {input, weight, bias}, {out},
+           [x_ = SavedTensor(x, "Conv2dBackward"), w_ = SavedTensor(w, "Conv2dBackward"), params,
+            need_input = input.requires_grad(), need_weight = weight.requires_grad(),
+            need_bias = bias.defined() && bias.requires_grad()](const std::vector<Tensor>& grads) {
+             const Tensor& xs = x_.get();
+             const Tensor& ws = w_.get();
+             // Gradients may arrive as broadcast views (the gradient of sum() is an expanded one).
+             Tensor grad_out = grads[0].contiguous();
+             Tensor grad_input = need_input ? empty_like(xs) : Tensor();
+             Tensor grad_weight = need_weight ? empty_like(ws) : Tensor();
+             Tensor grad_bias = need_bias ? empty({ws.size(0)}, TensorOptions(ws.dtype()).device(ws.device()))
+                                          : Tensor();
+             conv2d_backward_kernel(xs.device())(grad_out, xs, ws, params, grad_input, grad_weight, grad_bias);
+             return std::vector<Tensor>{grad_input, grad_weight, grad_bias};
+           });
+  }
+  return out;
+}
+
 }  // namespace loom

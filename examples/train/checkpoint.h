@@ -1,0 +1,42 @@
+// Checkpoint: the whole training state in one safetensors file, so that a resumed run
+// continues exactly as an uninterrupted one would.
+//
+// Note [What a checkpoint holds]
+// Exact resumption needs every piece of state the next step reads:
+//   model.*      parameters and buffers (BatchNorm running stats, num_batches_tracked)
+//   optimizer.*  momentum buffers and hyperparameters (optim's Note [Flat optimizer state])
+//   scheduler.*  the LR schedule's position
+//   metadata     epoch and step within it (the data order of an epoch is a pure function
+//                of (seed, epoch), so skipping the consumed batches restores the sampler
+//                position), the global step, the default generator's (seed, offset),
+//                and the epoch's running metrics so its summary line is unchanged.
+// Saved atomically (temp file + rename): a crash mid-save leaves the previous one intact.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "examples/train/progress.h"
+#include "nn/module.h"
+#include "nn/optim/lr_scheduler.h"
+#include "nn/optim/optimizer.h"
+
+namespace loom::examples {
+
+struct TrainingPosition {
+  int64_t epoch = 0;          // the epoch in progress (or the next one, at an epoch boundary)
+  int64_t step_in_epoch = 0;  // optimizer steps already taken in that epoch
+  int64_t global_step = 0;
+  RunningMetrics metrics;     // of the epoch in progress
+};
+
+std::string checkpoint_path(const std::string& dir);
+
+void save_checkpoint(const std::string& dir, const nn::Module& model, const optim::Optimizer& optimizer,
+                     const optim::LRScheduler* scheduler, const TrainingPosition& position);
+
+// Restores model, optimizer, scheduler and the default generator; returns the position.
+TrainingPosition load_checkpoint(const std::string& dir, nn::Module& model, optim::Optimizer& optimizer,
+                                 optim::LRScheduler* scheduler);
+
+}  // namespace loom::examples

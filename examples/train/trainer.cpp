@@ -1,0 +1,221 @@
+#include "examples/train/trainer.h"
+
+#include <omp.h>  // defines: omp_set_num_threads, for --threads
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "autograd/grad_mode.h"             // defines: NoGradGuard, for evaluation
+#include "autograd/ops.h"                   // defines: argmax, eq, sum
+#include "data/cifar10.h"                   // defines: CIFAR10
+#include "data/data_root.h"                 // defines: find_cifar10_root
+#include "data/dataloader.h"                // defines: DataLoader
+#include "data/synthetic_cifar.h"           // defines: SyntheticCIFAR
+#include "data/transforms.h"                // defines: Compose, RandomCrop, ...
+#include "examples/train/checkpoint.h"      // defines: save_checkpoint, load_checkpoint
+#include "examples/train/progress.h"        // defines: ProgressBar, RunningMetrics
+#include "nn/loss.h"                        // defines: CrossEntropyLoss
+#include "nn/optim/lr_scheduler.h"          // defines: CosineAnnealingLR, OneCycleLR
+#include "nn/optim/sgd.h"                   // defines: SGD
+#include "nn/resnet.h"                      // defines: resnet18, resnet_tiny
+#include "nn/safetensors.h"                 // defines: nn::save, nn::load
+
+namespace loom::examples {
+namespace {
+
+namespace T = data::transforms;
+using Clock = std::chrono::steady_clock;
+
+// The seed's normalisation constants (train_ddp.py), for training and test alike.
+const std::vector<double> kMean = {0.4914, 0.4822, 0.4465};
+const std::vector<double> kStd = {0.2023, 0.1994, 0.2010};
+
+std::shared_ptr<data::Dataset> make_dataset(const TrainConfig& config, bool train) {
+  T::TransformPtr transform =
+      train && config.augment
+          ? std::make_shared<T::Compose>(T::RandomCrop(32, 4), T::RandomHorizontalFlip(), T::ToTensor(),
+                                         T::Normalize(kMean, kStd))
+          : std::make_shared<T::Compose>(T::ToTensor(), T::Normalize(kMean, kStd));
+  if (config.synthetic) {
+    return std::make_shared<data::SyntheticCIFAR>(train ? config.synthetic_size : 10000, config.seed + (train ? 0 : 1),
+                                                  transform);
+  }
+  return std::make_shared<data::CIFAR10>(data::find_cifar10_root(config.data), train, transform);
+}
+
+std::shared_ptr<nn::Module> make_model(const TrainConfig& config) {
+  if (config.model == "resnet18") return nn::resnet18(10);
+  if (config.model == "tiny") return nn::resnet_tiny(10);
+  LOOM_FAIL("--model: expected resnet18 or tiny, got '", config.model, "'");
+}
+
+std::unique_ptr<optim::LRScheduler> make_scheduler(const TrainConfig& config, optim::Optimizer& optimizer,
+                                                   int64_t total_steps) {
+  if (config.schedule == "none") return nullptr;
+  if (config.schedule == "cosine") return std::make_unique<optim::CosineAnnealingLR>(optimizer, total_steps);
+  if (config.schedule == "onecycle") return std::make_unique<optim::OneCycleLR>(optimizer, config.lr, total_steps);
+  LOOM_FAIL("--schedule: expected none, cosine or onecycle, got '", config.schedule, "'");
+}
+
+int64_t count_correct(const Tensor& logits, const Tensor& labels) {
+  return sum(eq(argmax(logits, 1), labels).to(kInt64)).item<int64_t>();
+}
+
+RunningMetrics evaluate(nn::Module& model, nn::CrossEntropyLoss& criterion, data::DataLoader& loader, Device device,
+                        int64_t limit) {
+  NoGradGuard no_grad;
+  model.eval();
+  RunningMetrics metrics;
+  for (data::Batch& batch : loader) {
+    if (limit >= 0 && metrics.examples >= static_cast<double>(limit)) break;
+    Tensor images = batch.data.to(device), labels = batch.target.to(device);
+    Tensor logits = model(images);
+    metrics.add(criterion(logits, labels).item<float>(), count_correct(logits, labels), batch.size());
+  }
+  model.train();
+  return metrics;
+}
+
+}  // namespace
+
+TrainResult train_cifar10(const TrainConfig& config) {
+  if (config.threads > 0) omp_set_num_threads(static_cast<int>(config.threads));
+  manual_seed(config.seed);
+  const Device device(config.device);
+
+  auto train_set = make_dataset(config, /*train=*/true);
+  auto test_set = make_dataset(config, /*train=*/false);
+  data::DataLoader train_loader(train_set, {.batch_size = config.batch_size, .shuffle = config.shuffle,
+                                            .num_workers = config.workers, .persistent_workers = config.workers > 0,
+                                            .seed = config.seed});
+  data::DataLoader test_loader(test_set, {.batch_size = 256, .num_workers = config.workers,
+                                          .persistent_workers = config.workers > 0});
+
+  auto model = make_model(config);
+  model->to(device);
+  if (!config.init.empty()) nn::load(*model, config.init);
+  nn::CrossEntropyLoss criterion(Tensor(), Reduction::Mean, -100, config.label_smoothing);
+  optim::SGD optimizer(model->parameters(), {.lr = config.lr, .momentum = config.momentum,
+                                             .weight_decay = config.weight_decay, .nesterov = config.nesterov});
+  const int64_t steps_per_epoch = train_loader.size();
+  int64_t total_steps = steps_per_epoch * config.epochs;
+  if (config.max_steps >= 0) total_steps = std::min(total_steps, config.max_steps);
+  auto scheduler = make_scheduler(config, optimizer, std::max<int64_t>(total_steps, 1));
+
+  TrainingPosition position;
+  if (config.resume) {
+    LOOM_CHECK(!config.checkpoint_dir.empty(), "--resume needs --checkpoint-dir DIR");
+    position = load_checkpoint(config.checkpoint_dir, *model, optimizer, scheduler.get());
+    if (config.progress)
+      std::fprintf(stderr, "resumed from %s at epoch %lld, step %lld\n", checkpoint_path(config.checkpoint_dir).c_str(),
+                   static_cast<long long>(position.epoch + 1), static_cast<long long>(position.global_step));
+  }
+
+  TrainResult result;
+  if (config.eval_only) {
+    RunningMetrics test = evaluate(*model, criterion, test_loader, device, config.eval_limit);
+    result.test_loss = test.loss();
+    result.test_acc = test.accuracy();
+    std::printf("eval: test loss %.4f  test acc %.2f%% (%lld images)\n", test.loss(), 100 * test.accuracy(),
+                static_cast<long long>(test.examples));
+    return result;
+  }
+
+  model->train();
+  double timed_images = 0, timed_seconds = 0;
+  bool out_of_steps = false;
+  for (int64_t epoch = position.epoch; epoch < config.epochs && !out_of_steps; ++epoch) {
+    train_loader.set_epoch(epoch);  // the order and augmentation of an epoch depend on (seed, epoch) only
+    RunningMetrics metrics = epoch == position.epoch ? position.metrics : RunningMetrics{};
+    const int64_t skip = epoch == position.epoch ? position.step_in_epoch : 0;
+    ProgressBar bar("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(config.epochs), steps_per_epoch,
+                    config.progress);
+    auto epoch_start = Clock::now();
+    double epoch_images = 0;
+    int64_t step_in_epoch = 0;
+    for (data::Batch& batch : train_loader) {
+      if (step_in_epoch < skip) {  // resuming mid-epoch: these batches were trained on already
+        ++step_in_epoch;
+        continue;
+      }
+      if (config.max_steps >= 0 && position.global_step >= config.max_steps) {
+        out_of_steps = true;
+        break;
+      }
+      auto step_start = Clock::now();
+      Tensor images = batch.data.to(device), labels = batch.target.to(device);
+      Tensor logits = (*model)(images);
+      Tensor loss = criterion(logits, labels);
+      optimizer.zero_grad();
+      loss.backward();
+      optimizer.step();
+      if (scheduler) scheduler->step();
+      metrics.add(loss.item<float>(), count_correct(logits.detach(), labels), batch.size());
+      ++step_in_epoch;
+      ++position.global_step;
+
+      double seconds = std::chrono::duration<double>(Clock::now() - step_start).count();
+      epoch_images += static_cast<double>(batch.size());
+      if (position.global_step > 1) {  // the first step warms caches and the allocator
+        timed_images += static_cast<double>(batch.size());
+        timed_seconds += seconds;
+      }
+      double elapsed = std::chrono::duration<double>(Clock::now() - epoch_start).count();
+      bar.update(step_in_epoch, metrics, epoch_images / std::max(elapsed, 1e-9));
+      if (!config.checkpoint_dir.empty() && config.checkpoint_every > 0 &&
+          position.global_step % config.checkpoint_every == 0) {
+        save_checkpoint(config.checkpoint_dir, *model, optimizer, scheduler.get(),
+                        {epoch, step_in_epoch, position.global_step, metrics});
+      }
+    }
+    bar.finish();
+    double epoch_seconds = std::chrono::duration<double>(Clock::now() - epoch_start).count();
+    RunningMetrics test = evaluate(*model, criterion, test_loader, device, config.eval_limit);
+    result.train_loss = metrics.loss();
+    result.train_acc = metrics.accuracy();
+    result.test_loss = test.loss();
+    result.test_acc = test.accuracy();
+    if (!out_of_steps || step_in_epoch == steps_per_epoch) result.epochs = epoch + 1;
+    std::printf("epoch %lld/%lld  train loss %.4f  train acc %.2f%%  test loss %.4f  test acc %.2f%%  "
+                "time %.1fs  %.1f img/s\n",
+                static_cast<long long>(epoch + 1), static_cast<long long>(config.epochs), metrics.loss(),
+                100 * metrics.accuracy(), test.loss(), 100 * test.accuracy(), epoch_seconds,
+                epoch_images / std::max(epoch_seconds, 1e-9));
+    std::fflush(stdout);
+    if (!config.checkpoint_dir.empty()) {
+      bool finished_epoch = step_in_epoch == steps_per_epoch;
+      save_checkpoint(config.checkpoint_dir, *model, optimizer, scheduler.get(),
+                      finished_epoch ? TrainingPosition{epoch + 1, 0, position.global_step, {}}
+                                     : TrainingPosition{epoch, step_in_epoch, position.global_step, metrics});
+    }
+  }
+  result.steps = position.global_step;
+  result.img_per_s = timed_seconds > 0 ? timed_images / timed_seconds : 0;
+  if (!config.save.empty()) {
+    nn::save(*model, config.save);
+    std::printf("saved weights to %s\n", config.save.c_str());
+  }
+  if (!config.metrics_json.empty()) write_metrics_json(result, config.metrics_json);
+  return result;
+}
+
+void write_metrics_json(const TrainResult& r, const std::string& path) {
+  char json[512];
+  std::snprintf(json, sizeof(json),
+                "{\"train_loss\": %.6f, \"train_acc\": %.6f, \"test_loss\": %.6f, \"test_acc\": %.6f, "
+                "\"img_per_s\": %.3f, \"steps\": %lld, \"epochs\": %lld}\n",
+                r.train_loss, r.train_acc, r.test_loss, r.test_acc, r.img_per_s, static_cast<long long>(r.steps),
+                static_cast<long long>(r.epochs));
+  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    LOOM_CHECK(out, "--metrics-json: cannot write ", tmp);
+    out << json;
+    LOOM_CHECK(out.good(), "--metrics-json: write to ", tmp, " failed");
+  }
+  std::filesystem::rename(tmp, path);  // atomic: readers never see half a file
+}
+
+}  // namespace loom::examples

@@ -1,0 +1,58 @@
+// The CIFAR-10 training loop behind examples/train_cifar10, as a function so that tests
+// can run it (resume equivalence) and the parallel modes can share it.
+//
+// One step is the loop every PyTorch user knows:
+//   output = model(images); loss = criterion(output, labels);
+//   optimizer.zero_grad(); loss.backward(); optimizer.step(); scheduler.step()
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace loom::examples {
+
+struct TrainConfig {
+  std::optional<std::string> data;  // CIFAR-10 root; see data::find_cifar10_root
+  std::string model = "resnet18";   // resnet18 | tiny (a narrow ResNet for tests and demos)
+  int64_t epochs = 3;
+  int64_t max_steps = -1;  // stop after this many optimizer steps (all epochs); -1: no limit
+  int64_t batch_size = 128;
+  double lr = 0.1;
+  double momentum = 0.9;
+  double weight_decay = 5e-4;
+  bool nesterov = false;
+  double label_smoothing = 0.0;
+  std::string schedule = "none";  // none | cosine | onecycle (stepped every optimizer step)
+  int64_t workers = 2;
+  int64_t threads = 0;  // OpenMP threads for compute; 0 = the runtime's default
+  uint64_t seed = 0;
+  std::string device = "cpu";
+  bool augment = true;
+  bool shuffle = true;
+  std::string init;            // safetensors weights to start from
+  std::string save;            // write final weights here (safetensors)
+  std::string checkpoint_dir;  // full training state, written every checkpoint_every steps and each epoch
+  int64_t checkpoint_every = 0;
+  bool resume = false;
+  bool eval_only = false;
+  bool synthetic = false;      // random CIFAR-shaped data: throughput without I/O
+  int64_t synthetic_size = 50000;
+  int64_t eval_limit = -1;     // evaluate on at most this many test images; -1: all
+  std::string metrics_json;
+  bool progress = true;
+};
+
+struct TrainResult {
+  double train_loss = 0, train_acc = 0, test_loss = 0, test_acc = 0;
+  double img_per_s = 0;  // training images per second over the timed steps
+  int64_t steps = 0;     // optimizer steps taken in total (including before a resume)
+  int64_t epochs = 0;    // epochs completed
+};
+
+TrainResult train_cifar10(const TrainConfig& config);
+
+// {"train_loss": ..., ...} written atomically.
+void write_metrics_json(const TrainResult& result, const std::string& path);
+
+}  // namespace loom::examples

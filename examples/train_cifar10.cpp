@@ -1,0 +1,84 @@
+// train_cifar10: trains ResNet18 on CIFAR-10 — loom's main job.
+//
+//   build/examples/train_cifar10 --epochs 1
+//   build/examples/train_cifar10 --synthetic --max-steps 50     # throughput, no I/O
+//   build/examples/train_cifar10 --checkpoint-dir ckpt --resume # continue exactly
+//
+// This file turns flags into a TrainConfig; the loop itself is examples/train/trainer.cpp.
+#include <cstdio>
+
+#include "core/error.h"                  // defines: loom::Error, reported as one line
+#include "examples/train/flags.h"        // defines: Flags (--help is generated)
+#include "examples/train/trainer.h"      // defines: TrainConfig, train_cifar10
+
+using namespace loom;
+using namespace loom::examples;
+
+int main(int argc, char** argv) {
+  try {
+    TrainConfig c;
+    Flags flags("train_cifar10", "Trains ResNet18 (CIFAR variant) on CIFAR-10, as the seed's train_ddp.py does with PyTorch.");
+    std::string& data = flags.add<std::string>("data", "", "CIFAR-10 binary folder (else $LOOM_DATA, else data/, else ../shared/data/)");
+    auto& model = flags.add<std::string>("model", c.model, "resnet18 | tiny");
+    auto& epochs = flags.add<int64_t>("epochs", c.epochs, "passes over the training set");
+    auto& max_steps = flags.add<int64_t>("max-steps", c.max_steps, "stop after this many optimizer steps (-1: no limit)");
+    auto& batch_size = flags.add<int64_t>("batch-size", c.batch_size, "images per step (per process)");
+    auto& lr = flags.add<double>("lr", c.lr, "learning rate");
+    auto& momentum = flags.add<double>("momentum", c.momentum, "SGD momentum");
+    auto& weight_decay = flags.add<double>("weight-decay", c.weight_decay, "L2 penalty");
+    auto& nesterov = flags.add<bool>("nesterov", c.nesterov, "Nesterov momentum");
+    auto& smoothing = flags.add<double>("label-smoothing", c.label_smoothing, "cross-entropy label smoothing");
+    auto& schedule = flags.add<std::string>("schedule", c.schedule, "LR schedule: none | cosine | onecycle");
+    auto& workers = flags.add<int64_t>("workers", c.workers, "DataLoader worker threads");
+    auto& threads = flags.add<int64_t>("threads", c.threads, "compute threads (0: OpenMP's default)");
+    auto& seed = flags.add<int64_t>("seed", static_cast<int64_t>(c.seed), "seed for init, shuffling, augmentation");
+    auto& device = flags.add<std::string>("device", c.device, "cpu | cpu:N | cuda | cuda:N");
+    auto& no_augment = flags.add<bool>("no-augment", false, "no random crop/flip");
+    auto& no_shuffle = flags.add<bool>("no-shuffle", false, "sequential training order");
+    auto& init = flags.add<std::string>("init", "", "load weights (safetensors) before training");
+    auto& save = flags.add<std::string>("save", "", "write final weights (safetensors)");
+    auto& checkpoint_dir = flags.add<std::string>("checkpoint-dir", "", "write full training state here");
+    auto& checkpoint_every = flags.add<int64_t>("checkpoint-every", 100, "steps between checkpoints (also at each epoch end)");
+    auto& resume = flags.add<bool>("resume", false, "continue from --checkpoint-dir exactly");
+    auto& eval_only = flags.add<bool>("eval-only", false, "evaluate --init on the test set and exit");
+    auto& synthetic = flags.add<bool>("synthetic", false, "random CIFAR-shaped data (throughput without I/O)");
+    auto& eval_limit = flags.add<int64_t>("eval-limit", -1, "evaluate on at most N test images (-1: all)");
+    auto& metrics_json = flags.add<std::string>("metrics-json", "", "write final metrics as JSON");
+    auto& quiet = flags.add<bool>("quiet", false, "no progress bar");
+    flags.parse(argc, argv);
+
+    if (!data.empty()) c.data = data;
+    c.model = model;
+    c.epochs = epochs;
+    c.max_steps = max_steps;
+    c.batch_size = batch_size;
+    c.lr = lr;
+    c.momentum = momentum;
+    c.weight_decay = weight_decay;
+    c.nesterov = nesterov;
+    c.label_smoothing = smoothing;
+    c.schedule = schedule;
+    c.workers = workers;
+    c.threads = threads;
+    c.seed = static_cast<uint64_t>(seed);
+    c.device = device;
+    c.augment = !no_augment;
+    c.shuffle = !no_shuffle;
+    c.init = init;
+    c.save = save;
+    c.checkpoint_dir = checkpoint_dir;
+    c.checkpoint_every = checkpoint_every;
+    c.resume = resume;
+    c.eval_only = eval_only;
+    c.synthetic = synthetic;
+    c.eval_limit = eval_limit;
+    c.metrics_json = metrics_json;
+    c.progress = !quiet;
+    LOOM_CHECK(!c.eval_only || !c.init.empty() || c.resume, "--eval-only needs --init PATH (or --resume)");
+    train_cifar10(c);
+    return 0;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "train_cifar10: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,17 @@
+#include "nn/activation.h"
+
+#include "autograd/ops.h"
+
+namespace loom::nn {
+
+Tensor ReLU::forward(const Tensor& input) { return relu(input); }
+
+Dropout::Dropout(double p_, Generator* gen) : Cloneable("Dropout"), p(p_), generator(gen) {
+  LOOM_CHECK(p >= 0 && p <= 1, "Dropout: probability has to be between 0 and 1, but got ", p);
+}
+
+Tensor Dropout::forward(const Tensor& input) { return dropout(input, p, is_training(), generator); }
+
+std::string Dropout::extra_repr() const { return detail::str("p=", p); }
+
+}  // namespace loom::nn

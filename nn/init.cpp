@@ -1,0 +1,127 @@
+#include "nn/init.h"
+
+#include <cmath>
+
+#include "autograd/grad_mode.h"
+#include "core/copy.h"
+#include "core/kernels.h"
+
+namespace loom::nn::init {
+namespace {
+
+thread_local bool skip_init = false;
+
+// Fills `tensor` through a kernel that needs contiguous memory; a strided view is filled
+// through a contiguous scratch tensor and copied back.
+template <typename Fill>
+const Tensor& fill_in_place(const char* name, const Tensor& tensor, Fill fill) {
+  LOOM_CHECK(tensor.defined(), "nn::init::", name, ": the tensor is undefined (a layer built with bias=false has "
+             "no bias to initialise)");
+  if (skip_init || tensor.numel() == 0) return tensor;  // See Note [Skipping initialisation]
+  NoGradGuard no_grad;
+  Tensor target = tensor.detach();
+  if (target.is_contiguous()) {
+    fill(target);
+  } else {
+    Tensor scratch = empty(target.shape(), TensorOptions(target.dtype()).device(target.device()));
+    fill(scratch);
+    copy_into(target, scratch);
+  }
+  tensor.bump_version();
+  return tensor;
+}
+
+int64_t fan_for_mode(const Tensor& tensor, const std::string& mode) {
+  auto [fan_in, fan_out] = calculate_fan_in_and_fan_out(tensor);
+  if (mode == "fan_in") return fan_in;
+  if (mode == "fan_out") return fan_out;
+  LOOM_FAIL("nn::init: mode must be \"fan_in\" or \"fan_out\", got \"", mode, "\"");
+}
+
+double kaiming_std(const Tensor& tensor, double a, const std::string& mode, const std::string& nonlinearity) {
+  const int64_t fan = fan_for_mode(tensor, mode);
+  LOOM_CHECK(fan > 0, "nn::init::kaiming: cannot initialise a tensor with zero elements (shape ", tensor.shape(), ")");
+  return calculate_gain(nonlinearity, a) / std::sqrt(static_cast<double>(fan));
+}
+
+double xavier_std(const Tensor& tensor, double gain) {
+  auto [fan_in, fan_out] = calculate_fan_in_and_fan_out(tensor);
+  return gain * std::sqrt(2.0 / static_cast<double>(fan_in + fan_out));
+}
+
+}  // namespace
+
+NoInitGuard::NoInitGuard() : previous_(skip_init) { skip_init = true; }
+NoInitGuard::~NoInitGuard() { skip_init = previous_; }
+bool NoInitGuard::active() { return skip_init; }
+
+double calculate_gain(const std::string& nonlinearity, double param) {
+  if (nonlinearity == "linear" || nonlinearity == "conv2d" || nonlinearity == "sigmoid" ||
+      nonlinearity == "conv1d" || nonlinearity == "conv3d")
+    return 1.0;
+  if (nonlinearity == "tanh") return 5.0 / 3.0;
+  if (nonlinearity == "relu") return std::sqrt(2.0);
+  if (nonlinearity == "leaky_relu") return std::sqrt(2.0 / (1.0 + param * param));
+  if (nonlinearity == "selu") return 3.0 / 4.0;
+  LOOM_FAIL("nn::init::calculate_gain: unsupported nonlinearity \"", nonlinearity,
+            "\"; expected one of linear, conv2d, sigmoid, tanh, relu, leaky_relu, selu");
+}
+
+std::pair<int64_t, int64_t> calculate_fan_in_and_fan_out(const Tensor& tensor) {
+  LOOM_CHECK(tensor.dim() >= 2, "nn::init: fan in and fan out can not be computed for a tensor with fewer than 2 "
+             "dimensions, got shape ", tensor.shape());
+  int64_t receptive_field = 1;
+  for (int64_t d = 2; d < tensor.dim(); ++d) receptive_field *= tensor.size(d);
+  return {tensor.size(1) * receptive_field, tensor.size(0) * receptive_field};
+}
+
+const Tensor& uniform_(const Tensor& tensor, double a, double b, Generator* gen) {
+  LOOM_CHECK(a <= b, "nn::init::uniform_: expected a <= b, got a=", a, " b=", b);
+  return fill_in_place("uniform_", tensor, [&](Tensor& t) {
+    uniform_kernel(t.device())(t, a, b, gen ? *gen : default_generator());
+  });
+}
+
+const Tensor& normal_(const Tensor& tensor, double mean, double std, Generator* gen) {
+  LOOM_CHECK(std >= 0, "nn::init::normal_: std must be non-negative, got ", std);
+  return fill_in_place("normal_", tensor, [&](Tensor& t) {
+    normal_kernel(t.device())(t, mean, std, gen ? *gen : default_generator());
+  });
+}
+
+const Tensor& constant_(const Tensor& tensor, double value) {
+  return fill_in_place("constant_", tensor, [&](Tensor& t) { fill_kernel(t.device())(t, value); });
+}
+const Tensor& zeros_(const Tensor& tensor) { return constant_(tensor, 0.0); }
+const Tensor& ones_(const Tensor& tensor) { return constant_(tensor, 1.0); }
+
+const Tensor& kaiming_uniform_(const Tensor& tensor, double a, const std::string& mode,
+                               const std::string& nonlinearity, Generator* gen) {
+  const double bound = std::sqrt(3.0) * kaiming_std(tensor, a, mode, nonlinearity);
+  return uniform_(tensor, -bound, bound, gen);
+}
+
+const Tensor& kaiming_normal_(const Tensor& tensor, double a, const std::string& mode,
+                              const std::string& nonlinearity, Generator* gen) {
+  return normal_(tensor, 0.0, kaiming_std(tensor, a, mode, nonlinearity), gen);
+}
+
+const Tensor& xavier_uniform_(const Tensor& tensor, double gain, Generator* gen) {
+  const double bound = std::sqrt(3.0) * xavier_std(tensor, gain);
+  return uniform_(tensor, -bound, bound, gen);
+}
+
+const Tensor& xavier_normal_(const Tensor& tensor, double gain, Generator* gen) {
+  return normal_(tensor, 0.0, xavier_std(tensor, gain), gen);
+}
+
+void default_layer_init_(const Tensor& weight, const Tensor& bias) {
+  kaiming_uniform_(weight, std::sqrt(5.0));
+  if (bias.defined()) {
+    const int64_t fan_in = calculate_fan_in_and_fan_out(weight).first;
+    const double bound = fan_in > 0 ? 1.0 / std::sqrt(static_cast<double>(fan_in)) : 0.0;
+    uniform_(bias, -bound, bound);
+  }
+}
+
+}  // namespace loom::nn::init

@@ -1,0 +1,36 @@
+// loom's nn in one include: modules, layers, losses, init, ResNet, checkpoints, optim.
+//
+// Folder map (one concept per file):
+//   module.h         Module, Parameter, Cloneable (registries, to(), train(), clone())
+//   state_dict.cpp   Module::state_dict / load_state_dict
+//   container.h      Sequential
+//   conv.h           Conv2d              batchnorm.h   BatchNorm2d
+//   linear.h         Linear, Flatten, Identity
+//   pooling.h        MaxPool2d, AvgPool2d, AdaptiveAvgPool2d
+//   activation.h     ReLU, Dropout       loss.h        CrossEntropyLoss
+//   init.h           nn::init (kaiming_uniform_, ...)
+//   resnet.h         BasicBlock, ResNet, resnet18 (CIFAR), resnet_tiny (tests)
+//   json.h           the JSON subset safetensors needs
+//   safetensors.h    save_file / load_file, nn::save / nn::load
+//   optim/optimizer.h     Optimizer, ParamGroup
+//   optim/sgd.h           SGD and its fused update kernel
+//   optim/lr_scheduler.h  StepLR, MultiStepLR, CosineAnnealingLR, LinearLR, SequentialLR,
+//                         OneCycleLR, scale_lr_linear
+#pragma once
+
+#include "autograd/grad_mode.h"  // NoGradGuard, for evaluation loops
+#include "autograd/ops.h"        // the differentiable functions layers are built from
+#include "nn/activation.h"
+#include "nn/batchnorm.h"
+#include "nn/container.h"
+#include "nn/conv.h"
+#include "nn/init.h"
+#include "nn/linear.h"
+#include "nn/loss.h"
+#include "nn/module.h"
+#include "nn/optim/lr_scheduler.h"
+#include "nn/optim/optimizer.h"
+#include "nn/optim/sgd.h"
+#include "nn/pooling.h"
+#include "nn/resnet.h"
+#include "nn/safetensors.h"

@@ -1,0 +1,87 @@
+// Communicator: a fixed group of ranks that exchange tensors, one backend per kind of
+// device (Gloo for CPU tensors, NCCL for CUDA tensors).
+//
+//   std::shared_ptr<Communicator> comm = ...;       // usually via init_process_group
+//   auto work = comm->all_reduce(grad, ReduceOp::Avg);
+//   ...                                              // compute overlaps the transfer
+//   work->wait();                                    // grad holds the average now
+//
+// Semantics follow torch.distributed: all_reduce / broadcast work in place;
+// all_gather fills a list of world-size tensors; reduce_scatter reduces a list of
+// world-size tensors and keeps this rank's share; send/recv move one tensor between two
+// ranks, matched by (peer, tag) in call order. A send completes once the receiver has
+// posted its recv (as MPI's synchronous send): when two ranks exchange, both post send
+// and recv before waiting on either. Every call returns at once with a Work
+// (see work.h); operations of one communicator run in the order they were called.
+// Tensor is a handle, so tensors are taken by const& and their data is what changes.
+//
+// Note [Nothing hangs forever]
+// Every operation has a deadline: timeout() after it starts (300 s by default, as
+// PyTorch). When it passes, the operation fails with an error that names the operation,
+// its number, the tensor and this rank, and the communicator becomes unusable (its
+// connections may hold half-sent data); later operations fail at once, naming the
+// first failure. Recreate the group on every rank to go on. Because each operation
+// ends by its deadline, Work::wait() needs no timeout of its own.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "parallel/comm/op.h"    // defines: ReduceOp, Op, OpKind
+#include "parallel/comm/work.h"  // defines: Work
+
+namespace loom::distributed {
+
+constexpr std::chrono::milliseconds kDefaultCommTimeout = std::chrono::seconds(300);
+
+class Communicator {
+ public:
+  Communicator(int rank, int size, std::chrono::milliseconds timeout);
+  virtual ~Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  virtual const char* backend() const = 0;  // "gloo", "nccl"
+
+  // tensor <- op over every rank's tensor.
+  std::shared_ptr<Work> all_reduce(const Tensor& tensor, ReduceOp op = ReduceOp::Sum);
+  // tensor <- root's tensor.
+  std::shared_ptr<Work> broadcast(const Tensor& tensor, int root);
+  // out[r] <- rank r's `in`. An empty `out` is filled with new tensors shaped like `in`;
+  // otherwise it must hold size() contiguous tensors of in's dtype and shape.
+  std::shared_ptr<Work> all_gather(std::vector<Tensor>& out, const Tensor& in);
+  // out <- op over ranks r of r's in[rank()]. `in` holds size() tensors shaped like out.
+  std::shared_ptr<Work> reduce_scatter(const Tensor& out, const std::vector<Tensor>& in,
+                                       ReduceOp op = ReduceOp::Sum);
+  // Point-to-point. The receiver's tensor must match the sender's dtype and shape.
+  std::shared_ptr<Work> send(const Tensor& tensor, int dst, int tag = 0);
+  std::shared_ptr<Work> recv(const Tensor& tensor, int src, int tag = 0);
+  // Completes once every rank has called it.
+  std::shared_ptr<Work> barrier();
+
+ protected:
+  // The backend's half: `op` has been checked against everything that does not depend
+  // on the backend (ranks, list lengths, shapes, contiguity) and numbered; launch
+  // starts it and returns its Work. Called in issue order, under a lock, so a backend
+  // that queues ops keeps the numbering order.
+  virtual std::shared_ptr<Work> launch(Op op) = 0;
+
+ private:
+  std::shared_ptr<Work> issue(Op op);
+
+  const int rank_;
+  const int size_;
+  const std::chrono::milliseconds timeout_;
+  std::mutex issue_mutex_;  // numbering and launching are one step
+  uint64_t collective_seq_ = 0;
+  uint64_t p2p_seq_ = 0;
+};
+
+}  // namespace loom::distributed

@@ -1,0 +1,246 @@
+#include "parallel/comm/gloo_communicator.h"
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <cstring>
+
+#include "core/error.h"
+#include "parallel/comm/gloo_store.h"
+
+namespace loom::distributed {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// Note [Leave the rendezvous together]
+// connectFullMesh returns on a rank once *its* pairs are connected, while a peer may
+// still be completing its side. A rank that then exits at once (or destroys the group)
+// closes a connection the peer is still setting up, and the peer's rendezvous fails.
+// So every rank checks in on a store counter and leaves only when all have, as
+// PyTorch's store-based barrier after init_process_group.
+static void wait_until_all_connected(TCPStore& store, const std::string& prefix, int size, milliseconds timeout) {
+  const std::string all_in = prefix + "/all_connected";
+  if (store.add(prefix + "/connected", 1) == size) store.set(all_in, "1");
+  store.wait({all_in}, timeout);
+}
+
+GlooCommunicator::GlooCommunicator(std::shared_ptr<TCPStore> store, const std::string& prefix, int rank, int size,
+                                   GlooOptions options)
+    : Communicator(rank, size, options.timeout),
+      store_(std::move(store)),
+      prefix_(prefix),
+      verify_collectives_(options.verify_collectives) {
+  LOOM_CHECK(store_ != nullptr, "GlooCommunicator: the store is null; create a TCPStore first");
+  try {
+    gloo::transport::tcp::attr attr;
+    if (!options.iface.empty()) attr.iface = options.iface;
+    else attr.hostname = options.hostname;
+    auto device = gloo::transport::tcp::CreateDevice(attr);
+    auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    context->setTimeout(options.timeout);
+    GlooStore adapter(*store_, options.timeout);
+    gloo::rendezvous::PrefixStore prefixed(prefix, adapter);
+    context->connectFullMesh(prefixed, device);
+    context_ = std::move(context);
+    wait_until_all_connected(*store_, prefix, size, options.timeout);
+  } catch (const std::exception& e) {
+    LOOM_FAIL("gloo rendezvous of group '", prefix, "' failed on rank ", rank, " of ", size, ": ", e.what(),
+              ". Every rank must create this group (same name, same world size) within the timeout (",
+              options.timeout.count(), " ms). Across machines, each rank's address (GlooOptions::hostname = '",
+              options.hostname, "', iface = '", options.iface, "') must be reachable from the others");
+  }
+}
+
+// Note [Destroying a communicator with work in flight]
+// Normally every Work has been waited for and destruction just closes the connections.
+// If not (an exception unwound past the waits), queued collectives fail without
+// running, posted point-to-point ops are aborted, and the one collective that may be
+// running is left to finish or reach its deadline: interrupting Gloo mid-collective
+// from another thread is not something its API supports.
+GlooCommunicator::~GlooCommunicator() {
+  queue_.close("the communicator was destroyed before this operation started");
+  reap_finished_peer_ops(/*all=*/true);
+}
+
+static bool supported_dtype(DType dtype) {
+  return dtype == kFloat32 || dtype == kFloat64 || dtype == kInt32 || dtype == kInt64;
+}
+
+std::shared_ptr<Work> GlooCommunicator::launch(Op op) {
+  // op.list was checked to match op.tensor's dtype and device (communicator.cpp).
+  if (const Tensor& t = op.tensor; t.defined()) {
+    LOOM_CHECK(t.device().is_cpu(), op.describe(), ": the gloo backend moves CPU tensors, got one on ", t.device(),
+               ". Use the nccl backend for CUDA tensors, or move the tensor with .to(\"cpu\")");
+    LOOM_CHECK(supported_dtype(t.dtype()), op.describe(), ": the gloo backend supports float32, float64, int32 and "
+               "int64 tensors, got ", dtype_name(t.dtype()), "; convert with .to(kFloat32)");
+  }
+  auto work = std::make_shared<Work>(op.describe());
+  if (is_point_to_point(op.kind)) return launch_point_to_point(std::move(op), std::move(work));
+  queue_.push(work, [this, op = std::move(op)] { run_collective(op); });
+  return work;
+}
+
+void GlooCommunicator::mark_broken(const std::string& why) {
+  std::lock_guard<std::mutex> lock(broken_mutex_);
+  if (broken_.empty()) broken_ = why;
+}
+
+void GlooCommunicator::throw_if_broken(const Op& op) const {
+  std::lock_guard<std::mutex> lock(broken_mutex_);
+  LOOM_CHECK(broken_.empty(), op.describe(), " was not run: this communicator failed earlier and cannot be used "
+             "any more. Destroy it and create a new group on every rank. The first failure was: ", broken_);
+}
+
+void GlooCommunicator::fail(const Op& op, const std::exception& gloo_error) {
+  std::string what = gloo_error.what();
+  std::string hint;
+  if (what.find("imed out") != std::string::npos || what.find("imeout") != std::string::npos)
+    hint = detail::str("timed out after ", timeout().count(), " ms. Another rank did not reach this operation in "
+                       "time: it may have crashed, be stuck or slower than the timeout, or be calling operations "
+                       "in a different order. Check the other ranks' output");
+  else if (what.find("losed") != std::string::npos || what.find("reset") != std::string::npos)
+    hint = "A peer closed its connection: its process probably exited or crashed. Check the other ranks' output";
+  else
+    hint = "Check the other ranks' output for the first error";
+  std::string message = detail::str(op.describe(), " failed: ", hint, ". [gloo: ", what, "]");
+  mark_broken(message);
+  LOOM_FAIL(message, ". This communicator cannot be used any more");
+}
+
+// ---- collectives, on the worker thread ------------------------------------------------
+
+template <typename F>
+static void dispatch_gloo_dtype(DType dtype, F&& body) {
+  switch (dtype) {
+    case kFloat32: return body.template operator()<float>();
+    case kFloat64: return body.template operator()<double>();
+    case kInt32: return body.template operator()<int32_t>();
+    case kInt64: return body.template operator()<int64_t>();
+    default: LOOM_FAIL("gloo backend: unsupported dtype ", dtype_name(dtype));  // launch() checked already
+  }
+}
+
+template <typename T>
+static gloo::AllreduceOptions::Func reduce_function(ReduceOp op) {
+  using Fn = void (*)(void*, const void*, const void*, size_t);
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg: return static_cast<Fn>(&gloo::sum<T>);
+    case ReduceOp::Max: return static_cast<Fn>(&gloo::max<T>);
+    case ReduceOp::Min: return static_cast<Fn>(&gloo::min<T>);
+  }
+  LOOM_FAIL("unknown ReduceOp ", int(op));
+}
+
+static milliseconds until(Clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+  return std::max(left, milliseconds(1));
+}
+
+void GlooCommunicator::exchange_fingerprints(const Op& op, uint32_t tag, Clock::time_point deadline) {
+  Fingerprint mine = fingerprint(op);
+  std::vector<Fingerprint> all(size());
+  try {
+    gloo::AllgatherOptions opts(context_);
+    opts.setInput(mine.words.data(), mine.words.size());
+    opts.setOutput(all[0].words.data(), all.size() * mine.words.size());
+    opts.setTag(tag);
+    opts.setTimeout(until(deadline));
+    gloo::allgather(opts);
+  } catch (const std::exception& e) {
+    fail(op, e);
+  }
+  check_same_collective(all, op);  // a clean error on every rank; see Note [Why a fingerprint ...]
+}
+
+void GlooCommunicator::run_all_reduce(const Tensor& tensor, ReduceOp reduce, uint32_t tag, milliseconds timeout) {
+  if (tensor.numel() == 0) return;
+  dispatch_gloo_dtype(tensor.dtype(), [&]<typename T>() {
+    T* data = static_cast<T*>(tensor.raw_data());
+    auto n = static_cast<size_t>(tensor.numel());
+    gloo::AllreduceOptions opts(context_);
+    opts.setOutput(data, n);
+    opts.setReduceFunction(reduce_function<T>(reduce));
+    opts.setTag(tag);
+    opts.setTimeout(timeout);
+    gloo::allreduce(opts);
+    if constexpr (std::is_floating_point_v<T>) {
+      if (reduce == ReduceOp::Avg) {
+        const T world = static_cast<T>(size());
+        for (size_t i = 0; i < n; ++i) data[i] /= world;
+      }
+    }
+  });
+}
+
+// Note [reduce_scatter as all_reduce]
+// This Gloo (2022) has no unbound-buffer reduce-scatter with a timeout, so reduce_scatter
+// all-reduces the concatenated inputs and keeps this rank's slice. It moves size()
+// times more data than a ring reduce-scatter; that is fine for CPU runs, and the NCCL
+// backend uses the real one.
+void GlooCommunicator::run_collective(const Op& op) {
+  throw_if_broken(op);
+  const auto deadline = Clock::now() + timeout();
+  const auto tag = static_cast<uint32_t>(op.seq * 2);  // fingerprint: 2n, data: 2n + 1
+  if (verify_collectives_) exchange_fingerprints(op, tag, deadline);
+  const Tensor& t = op.tensor;
+  const size_t nbytes = t.defined() ? t.nbytes() : 0;
+  try {
+    switch (op.kind) {
+      case OpKind::AllReduce: run_all_reduce(t, op.reduce, tag + 1, until(deadline)); break;
+      case OpKind::Broadcast: {
+        if (nbytes == 0) break;
+        gloo::BroadcastOptions opts(context_);
+        opts.setOutput(static_cast<uint8_t*>(t.raw_data()), nbytes);  // bytes: no arithmetic, any dtype
+        opts.setRoot(op.peer);
+        opts.setTag(tag + 1);
+        opts.setTimeout(until(deadline));
+        gloo::broadcast(opts);
+        break;
+      }
+      case OpKind::AllGather: {
+        if (nbytes == 0) break;
+        std::vector<uint8_t> gathered(nbytes * size());
+        gloo::AllgatherOptions opts(context_);
+        opts.setInput(static_cast<uint8_t*>(t.raw_data()), nbytes);
+        opts.setOutput(gathered.data(), gathered.size());
+        opts.setTag(tag + 1);
+        opts.setTimeout(until(deadline));
+        gloo::allgather(opts);
+        for (int r = 0; r < size(); ++r) std::memcpy(op.list[r].raw_data(), gathered.data() + r * nbytes, nbytes);
+        break;
+      }
+      case OpKind::ReduceScatter: {  // See Note [reduce_scatter as all_reduce]
+        if (nbytes == 0) break;
+        Tensor all = empty({t.numel() * size()}, TensorOptions(t.dtype()));
+        auto* bytes = static_cast<uint8_t*>(all.raw_data());
+        for (int r = 0; r < size(); ++r) std::memcpy(bytes + r * nbytes, op.list[r].raw_data(), nbytes);
+        run_all_reduce(all, op.reduce, tag + 1, until(deadline));
+        std::memcpy(t.raw_data(), bytes + rank() * nbytes, nbytes);
+        break;
+      }
+      case OpKind::Barrier: {
+        gloo::BarrierOptions opts(context_);
+        opts.setTag(tag + 1);
+        opts.setTimeout(until(deadline));
+        gloo::barrier(opts);
+        break;
+      }
+      default: LOOM_FAIL(op.describe(), ": not a collective");
+    }
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    fail(op, e);
+  }
+}
+
+}  // namespace loom::distributed

@@ -1,0 +1,92 @@
+// GlooCommunicator: the CPU backend, over Gloo's TCP transport.
+//
+//   auto store = std::make_shared<TCPStore>("127.0.0.1", 29500, rank == 0);
+//   GlooCommunicator comm(store, "my_group", rank, world_size);  // blocks until all ranks joined
+//   comm.all_reduce(t)->wait();
+//
+// Construction is the rendezvous: every rank publishes its Gloo address in the store
+// (under `prefix`) and connects to every other rank (a full mesh of TCP pairs).
+// Collectives run on the communicator's worker thread (see Note [One worker thread per
+// communicator] in op_queue.h), each preceded by a fingerprint check (Note [Why a
+// fingerprint before every collective] in op.h). Point-to-point ops are posted to Gloo
+// at once from the calling thread; see Note [Point-to-point in Gloo] in gloo_p2p.cpp.
+//
+// Tensors: CPU, contiguous, float32 / float64 / int32 / int64.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "parallel/comm/communicator.h"
+#include "parallel/comm/op_queue.h"
+#include "parallel/store/tcp_store.h"
+
+namespace gloo {
+class Context;
+}
+
+namespace loom::distributed {
+
+struct GlooOptions {
+  std::chrono::milliseconds timeout = kDefaultCommTimeout;
+  // The address this rank's Gloo device listens on, published to the other ranks: they
+  // must be able to reach it. 127.0.0.1 is right for one machine; across machines use
+  // this machine's hostname or IP, or name a network interface in `iface` (as PyTorch's
+  // GLOO_SOCKET_IFNAME).
+  std::string hostname = "127.0.0.1";
+  std::string iface;
+  // The fingerprint check before every collective (Note [Why a fingerprint before every
+  // collective] in op.h). Turning it off saves one small message round per collective;
+  // a shape mismatch may then abort a process or hang until the timeout.
+  bool verify_collectives = true;
+};
+
+class GlooCommunicator final : public Communicator {
+ public:
+  GlooCommunicator(std::shared_ptr<TCPStore> store, const std::string& prefix, int rank, int size,
+                   GlooOptions options = {});
+  ~GlooCommunicator() override;
+
+  const char* backend() const override { return "gloo"; }
+
+ protected:
+  std::shared_ptr<Work> launch(Op op) override;
+
+ private:
+  struct PeerOp;  // a posted send or recv; gloo_p2p.cpp
+
+  // Collectives, on the worker thread (gloo_communicator.cpp).
+  void run_collective(const Op& op);
+  void exchange_fingerprints(const Op& op, uint32_t tag, std::chrono::steady_clock::time_point deadline);
+  void run_all_reduce(const Tensor& tensor, ReduceOp reduce, uint32_t tag, std::chrono::milliseconds timeout);
+  // Point-to-point, posted from the caller (gloo_p2p.cpp).
+  std::shared_ptr<Work> launch_point_to_point(Op op, std::shared_ptr<Work> work);
+  void finish_point_to_point(PeerOp& p);
+  void reap_finished_peer_ops(bool all);
+
+  // A Gloo failure leaves the connections in an unknown state; see Note [Nothing hangs
+  // forever] in communicator.h. Records the first one; later ops fail naming it.
+  void mark_broken(const std::string& why);
+  void throw_if_broken(const Op& op) const;
+  [[noreturn]] void fail(const Op& op, const std::exception& gloo_error);
+
+  std::shared_ptr<TCPStore> store_;
+  std::string prefix_;
+  bool verify_collectives_;
+  std::shared_ptr<gloo::Context> context_;
+
+  mutable std::mutex broken_mutex_;
+  std::string broken_;  // empty while healthy
+
+  std::mutex peer_ops_mutex_;
+  std::vector<std::shared_ptr<PeerOp>> peer_ops_;  // posted and not yet reaped
+
+  OpQueue queue_;  // last member: its destructor joins the worker before the rest goes
+};
+
+}  // namespace loom::distributed

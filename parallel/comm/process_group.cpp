@@ -1,0 +1,186 @@
+#include "parallel/comm/process_group.h"
+
+#include <unistd.h>
+
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+
+#include "core/error.h"
+#ifdef LOOM_WITH_GLOO
+#include "parallel/comm/gloo_communicator.h"
+#endif
+
+namespace loom::distributed {
+
+namespace {
+
+struct DefaultGroup {
+  std::shared_ptr<TCPStore> store;
+  std::shared_ptr<Communicator> comm;
+  std::string prefix;
+  int local_rank = 0;
+};
+
+std::mutex g_mutex;
+DefaultGroup g_group;
+int g_groups_made = 0;  // names each group's keys in the store; the same count on every rank
+
+constexpr const char* kLaunchHint =
+    "Start the program with loomrun, which sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT for "
+    "each worker:\n  loomrun --nproc_per_node 2 ./your_program\nor set these variables yourself";
+
+int parse_int(const std::string& text, const std::string& name) {
+  char* end = nullptr;
+  errno = 0;
+  long value = std::strtol(text.c_str(), &end, 10);
+  LOOM_CHECK(!text.empty() && *end == '\0' && errno == 0 && value >= INT_MIN && value <= INT_MAX, name, "='", text,
+             "' is not an integer");
+  return static_cast<int>(value);
+}
+
+std::string env_or_fail(const char* name, const char* meaning) {
+  const char* value = std::getenv(name);
+  LOOM_CHECK(value != nullptr && *value != '\0', "init_process_group(init_method=\"env://\"): the environment "
+             "variable ", name, " (", meaning, ") is not set. ", kLaunchHint);
+  return value;
+}
+
+// -1 means "not given": take the environment variable, which must then exist.
+int arg_or_env(int given, const char* name, const char* meaning) {
+  return given >= 0 ? given : parse_int(env_or_fail(name, meaning), name);
+}
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+DefaultGroup& group_or_fail(const char* what) {
+  LOOM_CHECK(g_group.comm != nullptr, what, ": the default process group is not initialized; call "
+             "loom::distributed::init_process_group() first");
+  return g_group;
+}
+
+}  // namespace
+
+std::shared_ptr<Communicator> make_communicator(const std::string& backend, std::shared_ptr<TCPStore> store,
+                                                const std::string& prefix, int rank, int world_size,
+                                                std::chrono::milliseconds timeout, const std::string& master_addr) {
+  if (backend == "gloo") {
+#ifdef LOOM_WITH_GLOO
+    GlooOptions options;
+    options.timeout = timeout;
+    if (const char* iface = std::getenv("GLOO_SOCKET_IFNAME"); iface && *iface) {
+      options.iface = iface;
+    } else if (!is_loopback(master_addr)) {
+      char name[256] = {};
+      if (::gethostname(name, sizeof(name) - 1) == 0) options.hostname = name;
+    }
+    return std::make_shared<GlooCommunicator>(std::move(store), prefix, rank, world_size, options);
+#else
+    (void)store, (void)prefix, (void)rank, (void)world_size, (void)timeout, (void)master_addr;
+    LOOM_FAIL("backend \"gloo\": this loom was built without Gloo. Install libgloo-dev and reconfigure "
+              "(meson setup --reconfigure build -Dgloo=enabled)");
+#endif
+  }
+  if (backend == "nccl")
+    LOOM_FAIL("backend \"nccl\": the NCCL communicator is not part of this build yet. Use backend \"gloo\" with "
+              "CPU tensors");
+  LOOM_FAIL("unknown backend \"", backend, "\"; expected \"gloo\" (CPU tensors) or \"nccl\" (CUDA tensors)");
+}
+
+void init_process_group(const std::string& backend, const std::string& init_method, std::chrono::milliseconds timeout,
+                        int rank, int world_size) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  LOOM_CHECK(g_group.comm == nullptr, "init_process_group: the default process group is already initialized; call "
+             "destroy_process_group() first");
+  std::string host;
+  int port = 0;
+  const std::string tcp = "tcp://";
+  if (init_method == "env://") {
+    host = env_or_fail("MASTER_ADDR", "the address of rank 0, which serves the store");
+    port = parse_int(env_or_fail("MASTER_PORT", "the store's port on rank 0"), "MASTER_PORT");
+  } else if (init_method.rfind(tcp, 0) == 0) {
+    std::string rest = init_method.substr(tcp.size());
+    auto colon = rest.rfind(':');
+    LOOM_CHECK(colon != std::string::npos && colon > 0, "init_process_group: expected init_method "
+               "\"tcp://host:port\", got \"", init_method, "\"");
+    host = rest.substr(0, colon);
+    if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+    port = parse_int(rest.substr(colon + 1), "the port of init_method");
+  } else {
+    LOOM_FAIL("init_process_group: unsupported init_method \"", init_method, "\"; expected \"env://\" or "
+              "\"tcp://host:port\"");
+  }
+  rank = arg_or_env(rank, "RANK", "this process's rank, 0 ... WORLD_SIZE-1");
+  world_size = arg_or_env(world_size, "WORLD_SIZE", "the number of processes");
+  LOOM_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, "init_process_group: expected 0 <= RANK < "
+             "WORLD_SIZE, got RANK=", rank, " and WORLD_SIZE=", world_size);
+  const char* local = std::getenv("LOCAL_RANK");
+  int local_rank = local && *local ? parse_int(local, "LOCAL_RANK") : rank;
+
+  auto store = std::make_shared<TCPStore>(host, port, /*is_server=*/rank == 0, timeout);
+  std::string prefix = "default_pg/" + std::to_string(g_groups_made++);
+  auto comm = make_communicator(backend, store, prefix, rank, world_size, timeout, host);
+  g_group = DefaultGroup{std::move(store), std::move(comm), prefix, local_rank};
+}
+
+bool is_initialized() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_group.comm != nullptr;
+}
+
+void destroy_process_group() {
+  DefaultGroup group;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    group = std::move(group_or_fail("destroy_process_group"));
+    g_group = DefaultGroup{};
+  }
+  // Rank 0's process serves the store: it waits until everyone has checked out, so that
+  // no rank still talking to the store finds it gone. A rank that crashed makes this
+  // wait run out; that is reported, not thrown, since the job is ending anyway.
+  const int rank = group.comm->rank(), size = group.comm->size();
+  const auto wait_at_most = std::min(group.comm->timeout(), std::chrono::milliseconds(std::chrono::seconds(60)));
+  group.comm.reset();
+  try {
+    group.store->set(group.prefix + "/exit/" + std::to_string(rank), "1");
+    if (group.store->is_server()) {
+      std::vector<std::string> keys;
+      for (int r = 0; r < size; ++r) keys.push_back(group.prefix + "/exit/" + std::to_string(r));
+      group.store->wait(keys, wait_at_most);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "loom: rank %d: destroy_process_group did not see every rank leave: %s\n", rank, e.what());
+  }
+}
+
+std::shared_ptr<Communicator> default_group() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return group_or_fail("default_group").comm;
+}
+
+std::shared_ptr<TCPStore> default_store() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return group_or_fail("default_store").store;
+}
+
+int get_rank() { return default_group()->rank(); }
+int get_world_size() { return default_group()->size(); }
+
+int get_local_rank() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return group_or_fail("get_local_rank").local_rank;
+}
+
+bool is_main_process() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_group.comm == nullptr || g_group.comm->rank() == 0;
+}
+
+void barrier() { default_group()->barrier()->wait(); }
+void all_reduce(const Tensor& tensor, ReduceOp op) { default_group()->all_reduce(tensor, op)->wait(); }
+void broadcast(const Tensor& tensor, int root) { default_group()->broadcast(tensor, root)->wait(); }
+
+}  // namespace loom::distributed

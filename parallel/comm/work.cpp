@@ -1,0 +1,33 @@
+#include "parallel/comm/work.h"
+
+#include "core/error.h"
+
+namespace loom::distributed {
+
+bool Work::is_completed() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return done_;
+}
+
+bool Work::is_success() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return done_ && !error_;
+}
+
+void Work::wait() const {
+  std::unique_lock<std::mutex> lock(mutex_);
+  done_cv_.wait(lock, [&] { return done_; });
+  if (error_) std::rethrow_exception(error_);
+}
+
+void Work::finish(std::exception_ptr error) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    LOOM_CHECK(!done_, "Work::finish called twice for ", description_, " (a backend bug)");
+    done_ = true;
+    error_ = std::move(error);
+  }
+  done_cv_.notify_all();
+}
+
+}  // namespace loom::distributed

@@ -1,0 +1,47 @@
+// Work: the handle of one asynchronous communication operation.
+//
+//   auto work = comm.all_reduce(grad);   // returns at once; the transfer runs elsewhere
+//   compute_next_layer();                // overlaps with the transfer
+//   work->wait();                        // grad now holds the sum; throws if the op failed
+//
+// As torch.distributed's Work: wait() blocks until the operation finished and rethrows
+// its error (a timeout, a peer that crashed, ranks that disagree on shapes);
+// is_completed() asks without blocking. Until wait() returns, the tensors handed to the
+// operation belong to it: reading them gives partial results, writing them corrupts
+// the result.
+//
+// wait() itself has no timeout: the operation has one (see Note [Nothing hangs
+// forever] in communicator.h), and it finishes the Work when it expires.
+#pragma once
+
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <string>
+
+namespace loom::distributed {
+
+class Work {
+ public:
+  explicit Work(std::string description) : description_(std::move(description)) {}
+
+  bool is_completed() const;
+  // Completed without error (false while still running).
+  bool is_success() const;
+  // Blocks until the operation finished; rethrows its error, every time it is called.
+  void wait() const;
+  // "all_reduce #3 (sum) of float32 [4, 3] on rank 1 of 2": what this Work is for.
+  const std::string& description() const { return description_; }
+
+  // Backends: mark the operation finished, with its error if it failed. Exactly once.
+  void finish(std::exception_ptr error = nullptr);
+
+ private:
+  const std::string description_;
+  mutable std::mutex mutex_;
+  mutable std::condition_variable done_cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+}  // namespace loom::distributed

@@ -1,0 +1,117 @@
+#include "parallel/launcher/options.h"
+
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+
+#include "core/error.h"
+
+namespace loom::launcher {
+
+const char* launch_usage() {
+  return R"(usage: loomrun [options] PROGRAM [ARGS...]
+
+Starts nproc_per_node copies of PROGRAM on this node, as torchrun does, each with
+RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set, so
+that loom::distributed::init_process_group() finds its peers. If one worker fails,
+the others are stopped (SIGTERM, then SIGKILL after the grace period) and loomrun
+exits non-zero naming the failed rank. SIGINT/SIGTERM are forwarded to the workers.
+
+options:
+  --nproc_per_node N   workers on this node (default 1)
+  --nnodes N           number of nodes (default 1)
+  --node_rank R        this node's index, 0 ... nnodes-1 (default 0); RANK = R * nproc_per_node + LOCAL_RANK
+  --master_addr A      address of the node running rank 0, which serves the store (default 127.0.0.1)
+  --master_port P      the store's port on that node (default 29500)
+  --standalone         single node: pick a free port for the store (ignores --master_addr/--master_port)
+  --tee N              prefix each output line with "[rank N]: ": 1 stdout, 2 stderr, 3 both
+  --prefix-output      same as --tee 3
+  --grace_period S     seconds between SIGTERM and SIGKILL when stopping workers (default 5)
+  -h, --help           this text
+
+Options may be written --nproc-per-node as well, and as --option=value.
+If OMP_NUM_THREADS is unset and nproc_per_node > 1, each worker gets
+OMP_NUM_THREADS = (CPU cores / nproc_per_node), so that workers do not oversubscribe cores.
+)";
+}
+
+static int parse_int(const std::string& option, const std::string& text, int min, int max) {
+  char* end = nullptr;
+  errno = 0;
+  long value = std::strtol(text.c_str(), &end, 10);
+  LOOM_CHECK(!text.empty() && *end == '\0' && errno == 0 && value >= min && value <= max, "loomrun: ", option,
+             " expects an integer in [", min, ", ", max, "], got '", text, "'");
+  return static_cast<int>(value);
+}
+
+LaunchOptions parse_launch_options(int argc, const char* const* argv) {
+  LaunchOptions o;
+  bool master_given = false;
+  int i = 1;
+  for (; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--") {
+      ++i;
+      break;
+    }
+    if (arg.rfind("-", 0) != 0) break;  // the program
+    if (arg == "-h" || arg == "--help") {
+      o.help = true;
+      return o;
+    }
+    // --name=value or --name value; '-' and '_' are the same inside a name.
+    std::string name = arg, value;
+    bool has_value = false;
+    if (auto eq = arg.find('='); eq != std::string::npos) {
+      name = arg.substr(0, eq);
+      value = arg.substr(eq + 1);
+      has_value = true;
+    }
+    for (size_t k = 2; k < name.size(); ++k)
+      if (name[k] == '-') name[k] = '_';
+    auto take_value = [&]() -> std::string {
+      if (has_value) return value;
+      LOOM_CHECK(i + 1 < argc, "loomrun: ", name, " expects a value; see loomrun --help");
+      return argv[++i];
+    };
+    if (name == "--standalone" || name == "--prefix_output") {
+      LOOM_CHECK(!has_value, "loomrun: ", name, " takes no value, got '", value, "'");
+      if (name == "--standalone") o.standalone = true;
+      else o.prefix_streams = 3;
+    } else if (name == "--nproc_per_node") {
+      o.nproc_per_node = parse_int(name, take_value(), 1, 4096);
+    } else if (name == "--nnodes") {
+      o.nnodes = parse_int(name, take_value(), 1, 65536);
+    } else if (name == "--node_rank") {
+      o.node_rank = parse_int(name, take_value(), 0, INT_MAX);
+    } else if (name == "--master_addr") {
+      o.master_addr = take_value();
+      LOOM_CHECK(!o.master_addr.empty(), "loomrun: --master_addr expects a host name or address, got ''");
+      master_given = true;
+    } else if (name == "--master_port") {
+      o.master_port = parse_int(name, take_value(), 1, 65535);
+      master_given = true;
+    } else if (name == "--tee") {
+      o.prefix_streams = parse_int(name, take_value(), 0, 3);
+    } else if (name == "--grace_period") {
+      std::string text = take_value();
+      char* end = nullptr;
+      o.grace_period_s = std::strtod(text.c_str(), &end);
+      LOOM_CHECK(!text.empty() && *end == '\0' && o.grace_period_s >= 0, "loomrun: --grace_period expects seconds "
+                 ">= 0, got '", text, "'");
+    } else {
+      LOOM_FAIL("loomrun: unknown option '", arg, "'; see loomrun --help");
+    }
+  }
+  for (; i < argc; ++i) o.command.emplace_back(argv[i]);
+  LOOM_CHECK(!o.command.empty(), "loomrun: no program given; usage: loomrun [options] PROGRAM [ARGS...]");
+  LOOM_CHECK(o.node_rank < o.nnodes, "loomrun: --node_rank ", o.node_rank, " is out of range for --nnodes ", o.nnodes,
+             "; node ranks run from 0 to ", o.nnodes - 1);
+  LOOM_CHECK(!o.standalone || o.nnodes == 1, "loomrun: --standalone is for a single node, but --nnodes is ",
+             o.nnodes, "; drop --standalone and give every node the same --master_addr and --master_port");
+  LOOM_CHECK(!o.standalone || !master_given, "loomrun: --standalone picks the store's address and port itself; "
+             "drop --master_addr/--master_port, or drop --standalone");
+  return o;
+}
+
+}  // namespace loom::launcher

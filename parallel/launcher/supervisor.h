@@ -1,0 +1,29 @@
+// Supervisor: starts loomrun's workers and watches them until the job ends.
+//
+// Note [How loomrun stops a job]
+// Each worker runs in its own process group, so a signal sent to the group reaches the
+// worker and anything it started. loomrun blocks SIGCHLD, SIGINT, SIGTERM and SIGHUP and
+// reads them from a signalfd in the same poll() loop that copies worker output, so a
+// signal is handled between two steps, never in the middle of one. Then:
+//  - a worker exits non-zero or is killed: it is the failure; the others get SIGTERM
+//    and, after --grace_period seconds, SIGKILL; loomrun exits with that worker's code;
+//  - SIGINT/SIGTERM/SIGHUP reach loomrun: forwarded to every worker, same grace period;
+//    a second SIGINT kills at once;
+//  - every worker that exits has its process group killed, so nothing it started
+//    outlives it; workers die with loomrun (PR_SET_PDEATHSIG) even if loomrun is
+//    killed with SIGKILL.
+// loomrun is a child subreaper: descendants orphaned by a dying worker are re-parented
+// to it rather than to init, so it kills and reaps them as well. Every one is reaped
+// before loomrun returns: no process, not even a zombie, is left.
+#pragma once
+
+#include "parallel/launcher/options.h"
+
+namespace loom::launcher {
+
+// Runs the job described by `options`; returns loomrun's exit status: 0 when every
+// worker exited 0, else the failed worker's exit status (128 + signal when killed),
+// or 128 + signal when loomrun itself was interrupted.
+int run_workers(const LaunchOptions& options);
+
+}  // namespace loom::launcher

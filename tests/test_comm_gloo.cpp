@@ -1,0 +1,400 @@
+// Communicator with the Gloo backend. Each rank is a thread with its own store client
+// and communicator, talking over real TCP on 127.0.0.1, so every test is a genuine
+// multi-rank run inside one process. Timeouts are short so failure tests end quickly.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "core/factory.h"
+#include "parallel/comm/communicator.h"
+
+using namespace loom;
+using namespace loom::distributed;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+static Op op_for(OpKind kind, Tensor t, ReduceOp reduce = ReduceOp::Sum) {
+  Op op;
+  op.kind = kind;
+  op.reduce = reduce;
+  op.tensor = std::move(t);
+  op.size = 3;
+  return op;
+}
+
+TEST_CASE("fingerprints: agreement, and a disagreement message that groups ranks by call") {
+  Op a = op_for(OpKind::AllReduce, zeros({4}));
+  Op b = op_for(OpKind::AllReduce, zeros({5}));
+  CHECK(fingerprint(a).str() == "all_reduce(sum) of float32 [4]");
+  check_same_collective({fingerprint(a), fingerprint(a), fingerprint(a)}, a);
+  CHECK_FALSE(fingerprint(a).same_collective(fingerprint(op_for(OpKind::AllReduce, zeros({4}), ReduceOp::Max))));
+  CHECK(fingerprint(a).same_tensor(fingerprint(op_for(OpKind::Send, zeros({4})))));
+  CHECK_FALSE(fingerprint(a).same_tensor(fingerprint(op_for(OpKind::Send, zeros({4}, kFloat64)))));
+  try {
+    check_same_collective({fingerprint(a), fingerprint(b), fingerprint(a)}, a);
+    FAIL("expected an error");
+  } catch (const Error& e) {
+    std::string m = e.what();
+    CHECK(m.find("all_reduce(sum) of float32 [4] on ranks 0, 2") != std::string::npos);
+    CHECK(m.find("all_reduce(sum) of float32 [5] on rank 1") != std::string::npos);
+  }
+}
+
+#ifdef LOOM_WITH_GLOO
+#include "parallel/comm/gloo_communicator.h"
+#include "parallel/comm/process_group.h"
+#include "parallel/store/socket.h"
+
+// Runs body(comm) on `n` ranks, one thread each; returns each rank's error ("" if none).
+static std::vector<std::string> run_ranks(int n, const std::function<void(Communicator&)>& body,
+                                          std::chrono::milliseconds timeout = 10s, int groups = 1,
+                                          bool verify_collectives = true) {
+  auto server = std::make_shared<TCPStore>("127.0.0.1", 0, /*is_server=*/true, 20s);
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        auto store = r == 0 ? server : std::make_shared<TCPStore>("127.0.0.1", server->port(), false, 20s);
+        GlooOptions options;
+        options.timeout = timeout;
+        options.verify_collectives = verify_collectives;
+        for (int g = 0; g < groups; ++g) {
+          GlooCommunicator comm(store, "group" + std::to_string(g), r, n, options);
+          body(comm);
+        }
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+static void require_no_errors(const std::vector<std::string>& errors) {
+  for (size_t r = 0; r < errors.size(); ++r) {
+    if (!errors[r].empty()) FAIL("rank ", r, ": ", errors[r]);
+  }
+}
+
+static bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+TEST_CASE("all_reduce sum, avg, max and min on 2 and 3 ranks, in three dtypes") {
+  for (int n : {2, 3}) {
+    CAPTURE(n);
+    std::vector<std::vector<std::vector<double>>> got(n);
+    require_no_errors(run_ranks(n, [&](Communicator& comm) {
+      const double r = comm.rank();
+      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
+        Tensor t = from_vector<float>({float(r + 1), float(-10 * r), 0.5f}, {3});
+        comm.all_reduce(t, op)->wait();
+        auto v = t.tolist<float>();
+        got[comm.rank()].push_back({v.begin(), v.end()});
+      }
+      Tensor d = from_vector<double>({r / 3, 1e-12}, {2});
+      comm.all_reduce(d)->wait();
+      got[comm.rank()].push_back(d.tolist<double>());
+      Tensor i = from_vector<int64_t>({int64_t(r) << 40, 7}, {2});
+      comm.all_reduce(i, ReduceOp::Max)->wait();
+      got[comm.rank()].push_back({double(i.tolist<int64_t>()[0]), double(i.tolist<int64_t>()[1])});
+    }));
+    const double sum_r = n * (n - 1) / 2.0;
+    for (int r = 0; r < n; ++r) {
+      CAPTURE(r);
+      CHECK(got[r][0] == std::vector<double>{sum_r + n, -10 * sum_r, 0.5 * n});
+      CHECK(got[r][1][0] == doctest::Approx((sum_r + n) / n));
+      CHECK(got[r][1][1] == doctest::Approx(-10 * sum_r / n));
+      CHECK(got[r][2] == std::vector<double>{double(n), 0, 0.5});
+      CHECK(got[r][3] == std::vector<double>{1, -10.0 * (n - 1), 0.5});
+      CHECK(got[r][4][0] == doctest::Approx(sum_r / 3));
+      CHECK(got[r][4][1] == doctest::Approx(n * 1e-12));
+      CHECK(got[r][5] == std::vector<double>{double(int64_t(n - 1) << 40), 7});
+    }
+  }
+}
+
+TEST_CASE("broadcast, all_gather and reduce_scatter on 3 ranks") {
+  const int n = 3;
+  std::vector<std::vector<double>> broadcast_got(n), reduced(n);
+  std::vector<std::vector<std::vector<int64_t>>> gathered(n);
+  require_no_errors(run_ranks(n, [&](Communicator& comm) {
+    const int r = comm.rank();
+    Tensor b = r == 2 ? from_vector<double>({3.5, -1}, {2, 1}) : zeros({2, 1}, kFloat64);
+    comm.broadcast(b, /*root=*/2)->wait();
+    broadcast_got[r] = b.tolist<double>();
+
+    std::vector<Tensor> out;  // empty: all_gather allocates one tensor per rank
+    comm.all_gather(out, from_vector<int64_t>({r, 10 * r}, {2}))->wait();
+    for (auto& t : out) gathered[r].push_back(t.tolist<int64_t>());
+
+    std::vector<Tensor> in;
+    for (int dst = 0; dst < n; ++dst) in.push_back(from_vector<float>({float(100 * dst + r), 1}, {2}));
+    Tensor mine = zeros({2});
+    comm.reduce_scatter(mine, in, ReduceOp::Avg)->wait();
+    reduced[r] = {double(mine.tolist<float>()[0]), double(mine.tolist<float>()[1])};
+  }));
+  for (int r = 0; r < n; ++r) {
+    CHECK(broadcast_got[r] == std::vector<double>{3.5, -1});
+    CHECK(gathered[r] == std::vector<std::vector<int64_t>>{{0, 0}, {1, 10}, {2, 20}});
+    CHECK(reduced[r][0] == doctest::Approx((3 * 100.0 * r + 0 + 1 + 2) / 3));
+    CHECK(reduced[r][1] == doctest::Approx(1));
+  }
+}
+
+TEST_CASE("send and recv: a ring where everyone sends first, and in-order messages on one tag") {
+  const int n = 3;
+  std::vector<std::vector<float>> from_left(n), ordered(n);
+  require_no_errors(run_ranks(n, [&](Communicator& comm) {
+    const int r = comm.rank();
+    Tensor out = full({3}, r), in = zeros({3});
+    // Everyone waits for its send first: fine, because the recvs were posted already
+    // (a send completes once its receiver has posted the recv; see Note [Point-to-point
+    // in Gloo]).
+    auto sent = comm.send(out, (r + 1) % n, /*tag=*/7);
+    auto received = comm.recv(in, (r + n - 1) % n, 7);
+    sent->wait();
+    received->wait();
+    from_left[r] = in.tolist<float>();
+    if (r == 0) {
+      auto first = comm.send(full({1}, 1.0), 1, 3), second = comm.send(full({1}, 2.0), 1, 3);
+      first->wait();
+      second->wait();
+    } else if (r == 1) {
+      Tensor a = zeros({1}), b = zeros({1});
+      auto wa = comm.recv(a, 0, 3), wb = comm.recv(b, 0, 3);
+      wb->wait();
+      wa->wait();
+      ordered[r] = {a.item<float>(), b.item<float>()};
+    }
+  }));
+  for (int r = 0; r < n; ++r) CHECK(from_left[r] == std::vector<float>(3, float((r + n - 1) % n)));
+  CHECK(ordered[1] == std::vector<float>{1, 2});
+}
+
+TEST_CASE("point-to-point runs while collectives are in flight, with and without the fingerprint check") {
+  for (bool verify : {true, false}) {
+    CAPTURE(verify);
+    std::vector<float> sums(2), received(2);
+    require_no_errors(run_ranks(2, [&](Communicator& comm) {
+      const int r = comm.rank(), peer = 1 - r;
+      Tensor big = full({100000}, r + 1), mine = full({7}, 10 * r), theirs = zeros({7});
+      auto reduce = comm.all_reduce(big);
+      auto sent = comm.send(mine, peer, 1);
+      auto got = comm.recv(theirs, peer, 1);
+      auto barrier = comm.barrier();
+      sent->wait();
+      got->wait();
+      reduce->wait();
+      barrier->wait();
+      sums[r] = big.tolist<float>()[99999];
+      received[r] = theirs.tolist<float>()[6];
+    }, 10s, 1, verify));
+    CHECK(sums == std::vector<float>{3, 3});
+    CHECK(received == std::vector<float>{10, 0});
+  }
+}
+
+TEST_CASE("barrier waits for the slowest rank") {
+  std::vector<double> waited(3);
+  require_no_errors(run_ranks(3, [&](Communicator& comm) {
+    if (comm.rank() == 2) std::this_thread::sleep_for(300ms);
+    auto start = Clock::now();
+    comm.barrier()->wait();
+    waited[comm.rank()] = std::chrono::duration<double>(Clock::now() - start).count();
+  }));
+  CHECK(waited[0] >= 0.2);
+  CHECK(waited[1] >= 0.2);
+}
+
+TEST_CASE("operations are asynchronous: two outstanding all_reduces while the caller computes") {
+  double issue_seconds = 1;
+  bool completed_early = true;
+  std::vector<float> a_got, b_got;
+  require_no_errors(run_ranks(2, [&](Communicator& comm) {
+    Tensor a = full({1000}, comm.rank() + 1), b = full({10}, 10.0 * (comm.rank() + 1));
+    if (comm.rank() == 1) {
+      std::this_thread::sleep_for(300ms);  // rank 0 must not be blocked meanwhile
+      comm.all_reduce(a);
+      comm.all_reduce(b, ReduceOp::Max)->wait();
+      return;
+    }
+    auto start = Clock::now();
+    auto wa = comm.all_reduce(a), wb = comm.all_reduce(b, ReduceOp::Max);
+    issue_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    completed_early = wa->is_completed() || wb->is_completed();
+    wb->wait();  // in reverse order: still fine
+    wa->wait();
+    CHECK(wa->is_success());
+    a_got = a.tolist<float>();
+    b_got = b.tolist<float>();
+  }));
+  CHECK(issue_seconds < 0.1);
+  CHECK_FALSE(completed_early);
+  CHECK(a_got == std::vector<float>(1000, 3));
+  CHECK(b_got == std::vector<float>(10, 20));
+}
+
+TEST_CASE("mismatched shapes or ops across ranks are an error on every rank, not a hang or an abort") {
+  std::vector<std::string> messages(2);
+  std::vector<float> after(2);
+  auto errors = run_ranks(2, [&](Communicator& comm) {
+    const int r = comm.rank();
+    try {
+      comm.all_reduce(zeros({r == 0 ? 4 : 5}))->wait();
+    } catch (const Error& e) {
+      messages[r] = e.what();
+    }
+    try {
+      if (r == 0) comm.barrier()->wait();
+      else comm.broadcast(zeros({2}), 0)->wait();
+    } catch (const Error& e) {
+      messages[r] += e.what();
+    }
+    Tensor t = ones({2});
+    comm.all_reduce(t)->wait();  // the communicator is still usable
+    after[r] = t.tolist<float>()[0];
+  }, 5s);
+  require_no_errors(errors);
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(messages[r]);
+    CHECK(contains(messages[r], "all_reduce #0 (sum) of float32 [" + std::to_string(r == 0 ? 4 : 5) + "]"));
+    CHECK(contains(messages[r], "all_reduce(sum) of float32 [4] on rank 0"));
+    CHECK(contains(messages[r], "all_reduce(sum) of float32 [5] on rank 1"));
+    CHECK(contains(messages[r], "barrier on rank 0"));
+    CHECK(contains(messages[r], "broadcast(root 0) of float32 [2] on rank 1"));
+    CHECK(after[r] == 2);
+  }
+}
+
+TEST_CASE("a recv whose tensor does not match the sender's fails with both shapes; the group goes on") {
+  std::string message;
+  std::vector<float> later;
+  require_no_errors(run_ranks(2, [&](Communicator& comm) {
+    if (comm.rank() == 0) {
+      comm.send(ones({4}), 1)->wait();
+      comm.send(full({2}, 5), 1)->wait();
+    } else {
+      try {
+        comm.recv(zeros({5}), 0)->wait();
+      } catch (const Error& e) {
+        message = e.what();
+      }
+      Tensor t = zeros({2});
+      comm.recv(t, 0)->wait();
+      later = t.tolist<float>();
+    }
+  }, 5s));
+  CHECK(contains(message, "recv #0 (from rank 0, tag 0) of float32 [5] on rank 1 of 2"));
+  CHECK(contains(message, "rank 0 sent float32 [4]"));
+  CHECK(later == std::vector<float>{5, 5});
+}
+
+TEST_CASE("a rank that never arrives: timeout naming rank, op, number and shape; then the group is unusable") {
+  std::string first, second;
+  double seconds = 0;
+  auto errors = run_ranks(2, [&](Communicator& comm) {
+    if (comm.rank() == 1) {
+      std::this_thread::sleep_for(1500ms);  // never calls all_reduce
+      return;
+    }
+    auto start = Clock::now();
+    try {
+      comm.all_reduce(zeros({3, 2}))->wait();
+    } catch (const Error& e) {
+      first = e.what();
+    }
+    seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    try {
+      comm.all_reduce(zeros({1}))->wait();
+    } catch (const Error& e) {
+      second = e.what();
+    }
+  }, 700ms);
+  require_no_errors(errors);
+  CAPTURE(first);
+  CHECK(seconds < 3.0);
+  CHECK(contains(first, "all_reduce #0 (sum) of float32 [3, 2] on rank 0 of 2 failed: timed out after 700 ms"));
+  CAPTURE(second);
+  CHECK(contains(second, "all_reduce #1 (sum) of float32 [1] on rank 0 of 2 was not run"));
+  CHECK(contains(second, "failed earlier"));
+}
+
+TEST_CASE("destroying a communicator with queued work fails that work instead of hanging") {
+  std::shared_ptr<Work> running, queued;
+  require_no_errors(run_ranks(2, [&](Communicator& comm) {
+    if (comm.rank() == 1) return;  // rank 1 leaves at once: rank 0's op cannot complete
+    running = comm.all_reduce(zeros({1}));
+    queued = comm.barrier();
+  }, 600ms));
+  REQUIRE(running);
+  CHECK(running->is_completed());
+  CHECK_THROWS_AS(running->wait(), Error);
+  CHECK_THROWS_WITH_AS(queued->wait(), doctest::Contains("barrier #1"), Error);
+}
+
+TEST_CASE("several communicators share one store under different prefixes") {
+  std::vector<float> got(2);
+  require_no_errors(run_ranks(2, [&](Communicator& comm) {
+    Tensor t = ones({1});
+    comm.all_reduce(t)->wait();
+    got[comm.rank()] += t.item<float>();
+  }, 5s, /*groups=*/3));
+  CHECK(got == std::vector<float>{6, 6});
+}
+
+TEST_CASE("a world of one, and arguments checked before anything moves") {
+  require_no_errors(run_ranks(1, [&](Communicator& comm) {
+    Tensor t = from_vector<float>({1, 2}, {2});
+    comm.all_reduce(t, ReduceOp::Avg)->wait();
+    CHECK(t.tolist<float>() == std::vector<float>{1, 2});
+    std::vector<Tensor> out;
+    comm.all_gather(out, t)->wait();
+    CHECK(out.size() == 1);
+    CHECK(out[0].tolist<float>() == std::vector<float>{1, 2});
+    Tensor mine = zeros({2});
+    comm.reduce_scatter(mine, {t})->wait();
+    CHECK(mine.tolist<float>() == std::vector<float>{1, 2});
+    comm.barrier()->wait();
+
+    Tensor m = zeros({2, 3});
+    CHECK_THROWS_WITH_AS(comm.all_reduce(m.t()), doctest::Contains("not contiguous"), Error);
+    CHECK_THROWS_WITH_AS(comm.all_reduce(zeros({2}, kBool)), doctest::Contains("float32, float64"), Error);
+    CHECK_THROWS_WITH_AS(comm.all_reduce(zeros({2}, kInt64), ReduceOp::Avg), doctest::Contains("truncate"), Error);
+    CHECK_THROWS_WITH_AS(comm.broadcast(t, 1), doctest::Contains("root rank in [0, 1)"), Error);
+    std::vector<Tensor> two = {zeros({2}), zeros({2})};
+    CHECK_THROWS_WITH_AS(comm.all_gather(two, t), doctest::Contains("world size is 1"), Error);
+    std::vector<Tensor> wrong = {zeros({3})};
+    CHECK_THROWS_WITH_AS(comm.all_gather(wrong, t), doctest::Contains("must match"), Error);
+    CHECK_THROWS_WITH_AS(comm.send(t, 0), doctest::Contains("with itself"), Error);
+    CHECK_THROWS_WITH_AS(comm.recv(t, 3), doctest::Contains("source rank in [0, 1)"), Error);
+  }, 5s));
+}
+TEST_CASE("the default process group: a world of one through tcp://, and teaching errors") {
+  CHECK_FALSE(is_initialized());
+  CHECK(is_main_process());  // no group: a single-process run is its own main process
+  CHECK_THROWS_WITH_AS(get_rank(), doctest::Contains("call loom::distributed::init_process_group() first"), Error);
+  const std::string where = "tcp://127.0.0.1:" + std::to_string(net::find_free_port());
+  CHECK_THROWS_WITH_AS(init_process_group("nccl", where, 5s, 0, 1), doctest::Contains("Use backend \"gloo\""), Error);
+  CHECK_THROWS_WITH_AS(init_process_group("mpi", where, 5s, 0, 1), doctest::Contains("unknown backend"), Error);
+  CHECK_THROWS_WITH_AS(init_process_group("gloo", "file:///tmp/x", 5s, 0, 1), doctest::Contains("env://"), Error);
+  CHECK_THROWS_WITH_AS(init_process_group("gloo", where, 5s, 2, 1), doctest::Contains("RANK=2"), Error);
+  init_process_group("gloo", where, 5s, /*rank=*/0, /*world_size=*/1);
+  CHECK(is_initialized());
+  CHECK(get_rank() == 0);
+  CHECK(get_world_size() == 1);
+  CHECK(is_main_process());
+  CHECK(std::string(default_group()->backend()) == "gloo");
+  Tensor t = full({2}, 3);
+  all_reduce(t, ReduceOp::Max);
+  broadcast(t, 0);
+  barrier();
+  CHECK(t.tolist<float>() == std::vector<float>{3, 3});
+  CHECK_THROWS_WITH_AS(init_process_group("gloo", where, 5s, 0, 1), doctest::Contains("already initialized"), Error);
+  destroy_process_group();
+  CHECK_FALSE(is_initialized());
+}
+#endif  // LOOM_WITH_GLOO
