@@ -104,6 +104,7 @@ double median(std::vector<double> values) {
 TrainResult train_cifar10(const TrainConfig& config) {
   if (config.threads > 0) omp_set_num_threads(static_cast<int>(config.threads));
   Distributed dist(config);  // single mode: rank 0 of 1, no communication
+  trace::set_thread_name("train");  // this thread's row in a LOOM_TRACE picture
   manual_seed(config.seed);
   const Device device(config.device);
 

@@ -25,26 +25,26 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   register_module("module", module_);
   announcer_ = std::make_shared<Announcer>(*comm_, options_.debug.value_or(debug_level_from_env()));
 
-  std::vector<Tensor> params;
-  std::vector<std::string> names;
+  // Every parameter (frozen ones too) and buffer starts as rank 0's; only the parameters
+  // that require grad are reduced.
+  std::vector<Tensor> state, params;
+  std::vector<std::string> state_names, names;
   for (const auto& [name, p] : module_->named_parameters()) {
-    if (!p.requires_grad()) continue;  // frozen parameters are neither reduced nor broadcast
+    state.push_back(p);
+    state_names.push_back(name);
+    if (!p.requires_grad()) continue;
     params.push_back(p);
     names.push_back(name);
   }
   LOOM_CHECK(!params.empty(), "DistributedDataParallel: the module (", module_->type_name(), ") has no parameter "
              "that requires grad, so there is nothing to synchronise; DDP is not needed for it");
+  verify_same_shapes(*comm_, state, state_names, "parameter");  // Note [Check shapes before broadcasting]
   for (const auto& [name, b] : module_->named_buffers()) {
     buffers_.push_back(b);
     buffer_names_.push_back(name);
   }
-
-  // Every rank starts from rank 0's replica. See Note [Check shapes before broadcasting].
-  verify_same_shapes(*comm_, params, names, "parameter");
   verify_same_shapes(*comm_, buffers_, buffer_names_, "buffer");
-  std::vector<Tensor> state = params;
   state.insert(state.end(), buffers_.begin(), buffers_.end());
-  std::vector<std::string> state_names = names;
   state_names.insert(state_names.end(), buffer_names_.begin(), buffer_names_.end());
   broadcast_coalesced(*comm_, state, /*root=*/0, [&](const Tensor& flat) {
     return announcer_->announce(CollectiveCall{.purpose = CollectivePurpose::ParameterBroadcast}, flat);

@@ -158,22 +158,22 @@ void Reducer::on_gradient_ready(size_t index) {
       if (auto reducer = weak.lock()) reducer->finalize();
     });
     // Unused parameters get no hook: mark them now so their buckets are not held up.
-    for (size_t unused : unused_) mark_ready(unused);
+    for (size_t unused : unused_) mark_ready(unused, /*unused=*/true);
   }
   timeline_.last_gradient_us = now;
   LOOM_CHECK(!ready_[index], "DistributedDataParallel: parameter \"", names_[index], "\" received its gradient twice "
              "in one backward. If find_unused_parameters=true, the graph walk at forward time found it unused, yet "
              "a gradient arrived: was it used outside the forward of the DDP-wrapped module?");
   used_[index] = 1;
-  mark_ready(index);
+  mark_ready(index, /*unused=*/false);
 }
 
-void Reducer::mark_ready(size_t index) {
+void Reducer::mark_ready(size_t index, bool unused) {
   const auto [b, k] = slot_of_[index];
   const Tensor& view = buckets_[b].views[k];
   const Tensor grad = params_[index].grad();
   NoGradGuard no_grad;
-  if (!grad.defined()) {
+  if (unused || !grad.defined()) {
     Tensor(view).zero_();  // an unused parameter contributes zeros
   } else if (grad.storage() == view.storage() && grad.storage_offset() == view.storage_offset()) {
     copy_divided(view, grad, comm_->size());  // gradient_as_bucket_view: already in place

@@ -101,7 +101,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void start_iteration();
 
   void on_gradient_ready(size_t index);  // a parameter's post-accumulate hook
-  void mark_ready(size_t index);
+  void mark_ready(size_t index, bool unused);
   void launch_ready_buckets();
   void finalize();                       // see Note [When the reducer finalizes]
   void wait_and_write_back();

@@ -63,9 +63,9 @@ void verify_same_shapes(distributed::Communicator& comm, const std::vector<Tenso
   if (ranks_by_count.size() > 1) {
     std::string counts;
     for (const auto& [count, ranks] : ranks_by_count) counts += detail::str("\n  ", count, " on ", ranks_text(ranks));
-    LOOM_FAIL("DistributedDataParallel: the ranks' models have different numbers of ", what, "s (that require grad):",
+    LOOM_FAIL("DistributedDataParallel: the ranks' models have different numbers of ", what, "s:",
               counts, "\nEvery rank must build the same model. Check that every rank runs the same model-building "
-              "code with the same flags, and that requires_grad_ is set the same way on every rank");
+              "code with the same flags");
   }
   Tensor mine = zeros({std::max<int64_t>(longest, 1)}, TensorOptions(kInt64));
   std::copy(words.begin(), words.end(), mine.data_ptr<int64_t>());
