@@ -55,13 +55,15 @@ Tensor BatchNorm2d::forward(const Tensor& input) {
     num_batches_tracked.add_(scalar_tensor(1, TensorOptions(kInt64).device(num_batches_tracked.device())));
     if (!momentum) factor = 1.0 / static_cast<double>(num_batches_tracked.item<int64_t>());
   }
+  // See Note [Synchronised batch statistics].
+  if (sync && is_training()) return sync->batch_norm(input, running_mean, running_var, weight, bias, factor, eps);
   return batch_norm(input, running_mean, running_var, weight, bias, is_training(), factor, eps);
 }
 
 std::string BatchNorm2d::extra_repr() const {
   return detail::str(num_features, ", eps=", eps, ", momentum=", momentum ? detail::str(*momentum) : "None",
                      ", affine=", affine ? "True" : "False", ", track_running_stats=",
-                     track_running_stats ? "True" : "False");
+                     track_running_stats ? "True" : "False", sync ? ", sync=SyncBatchNorm(" + sync->describe() + ")" : "");
 }
 
 }  // namespace loom::nn
