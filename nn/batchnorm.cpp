@@ -60,18 +60,24 @@ double BatchNorm2d::prepare(const Tensor& input) {
 
 Tensor BatchNorm2d::forward(const Tensor& input) {
   const double factor = prepare(input);
+  // See Note [Synchronised batch statistics].
+  if (sync && is_training()) return sync->batch_norm(input, running_mean, running_var, weight, bias, factor, eps);
   return batch_norm(input, running_mean, running_var, weight, bias, is_training(), factor, eps);
 }
 
 Tensor BatchNorm2d::forward_relu(const Tensor& input, const Tensor& residual) {
   const double factor = prepare(input);
+  if (sync && is_training()) {  // synchronised statistics: the same epilogue, unfused
+    Tensor out = sync->batch_norm(input, running_mean, running_var, weight, bias, factor, eps);
+    return relu(residual.defined() ? out + residual : out);
+  }
   return batch_norm_relu(input, running_mean, running_var, weight, bias, is_training(), factor, eps, residual);
 }
 
 std::string BatchNorm2d::extra_repr() const {
   return detail::str(num_features, ", eps=", eps, ", momentum=", momentum ? detail::str(*momentum) : "None",
                      ", affine=", affine ? "True" : "False", ", track_running_stats=",
-                     track_running_stats ? "True" : "False");
+                     track_running_stats ? "True" : "False", sync ? ", sync=SyncBatchNorm(" + sync->describe() + ")" : "");
 }
 
 }  // namespace loom::nn

@@ -143,6 +143,26 @@ TEST_CASE("post-accumulate hooks fire once the leaf's gradient is complete, as s
                        doctest::Contains("only leaf tensors"), Error);
 }
 
+TEST_CASE("queue_callback runs after every gradient, before backward returns; outside backward it is an error") {
+  // See Note [Final callbacks]: what the DDP reducer's finalize relies on.
+  Tensor w1 = from_vector<double>({2}, {1}).requires_grad_(true);
+  Tensor w2 = from_vector<double>({3}, {1}).requires_grad_(true);
+  std::vector<std::string> order;
+  w2.register_post_accumulate_grad_hook([&](const Tensor&) {
+    order.push_back("w2");
+    autograd::queue_callback([&] {
+      order.push_back(w1.grad().defined() ? "final, w1 has its gradient" : "final, too early");
+      autograd::queue_callback([&] { order.push_back("queued by a callback"); });
+    });
+  });
+  w1.register_post_accumulate_grad_hook([&](const Tensor&) { order.push_back("w1"); });
+  ((w1 * 2.0).exp() * w2).sum().backward();  // w2's gradient is complete first, w1's last
+  CHECK(order == std::vector<std::string>{"w2", "w1", "final, w1 has its gradient", "queued by a callback"});
+  (w1 * 1.0).sum().backward();  // a later backward does not rerun old callbacks
+  CHECK(order.size() == 5);
+  CHECK_THROWS_WITH_AS(autograd::queue_callback([] {}), doctest::Contains("no backward() is running"), Error);
+}
+
 TEST_CASE("gradients flowing into a leaf are never aliased between leaves") {
   // add's backward passes the same gradient tensor to both inputs.
   Tensor a = zeros({2}, kFloat64).requires_grad_(true);
