@@ -4,4 +4,6 @@ set -euo pipefail
 cd "$(dirname "$0")"
 scripts/setup_deps.sh
 scripts/build.sh
-exec build/examples/demo_mlp "$@"
+# The main job: ResNet18 on CIFAR-10 (3 epochs, as the seed). Flags pass through,
+# e.g. ./run.sh --epochs 1, or ./run.sh --help.
+exec build/examples/train_cifar10 "$@"

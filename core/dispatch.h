@@ -26,7 +26,8 @@ struct DispatchStub {
   Fn operator()(Device device) const {
     Fn fn = table[static_cast<int>(device.type)];
     LOOM_CHECK(fn, "'", name, "' has no kernel for device ", device.str(),
-               device.is_cuda() ? ": this loom was built without CUDA (configure with -Dcuda=enabled)"
+               device.is_cuda() ? ": either this loom was built without CUDA (configure with -Dcuda=enabled) "
+                                  "or the CUDA backend does not implement this op yet; run it on the CPU"
                                 : ": no backend registered it");
     return fn;
   }

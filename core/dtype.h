@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <ostream>
 
 #include "core/error.h"
@@ -81,6 +82,17 @@ decltype(auto) dispatch_all(DType dtype, const char* op, F&& body) {
     case kUInt8: return body.template operator()<uint8_t>();
     case kBool: return body.template operator()<bool>();
     default: LOOM_FAIL(op, ": dtype ", dtype_name(dtype), " is not supported on this device");
+  }
+}
+
+// Every dtype, 16-bit floats included as their storage structs (Half, BFloat16): for
+// kernels that only move or convert values, such as copy.
+template <typename F>
+decltype(auto) dispatch_any(DType dtype, const char* op, F&& body) {
+  switch (dtype) {
+    case kFloat16: return body.template operator()<Half>();
+    case kBFloat16: return body.template operator()<BFloat16>();
+    default: return dispatch_all(dtype, op, std::forward<F>(body));
   }
 }
 

@@ -109,24 +109,6 @@ template <typename T> struct Widen { using type = T; };
 template <> struct Widen<Half> { using type = float; };
 template <> struct Widen<BFloat16> { using type = float; };
 
-template <typename Src>
-void copy_from(const Tensor& src, Tensor& dst) {
-  auto convert = [&]<typename Dst>() {
-    cpu_map_typed<Dst, Src>(
-        dst, [](Src x) { return static_cast<Dst>(static_cast<typename Widen<Src>::type>(x)); }, src);
-  };
-  switch (dst.dtype()) {
-    case kFloat32: return convert.template operator()<float>();
-    case kFloat64: return convert.template operator()<double>();
-    case kInt64: return convert.template operator()<int64_t>();
-    case kInt32: return convert.template operator()<int32_t>();
-    case kUInt8: return convert.template operator()<uint8_t>();
-    case kBool: return convert.template operator()<bool>();
-    case kFloat16: return convert.template operator()<Half>();
-    case kBFloat16: return convert.template operator()<BFloat16>();
-  }
-}
-
 void copy_cpu(const Tensor& src, Tensor& dst, bool) {
   LOOM_CHECK(src.device().is_cpu() && dst.device().is_cpu(), "CPU copy got ", src.device(), " -> ", dst.device());
   if (src.dtype() == dst.dtype() && src.is_contiguous() && dst.is_contiguous()) {
@@ -142,16 +124,12 @@ void copy_cpu(const Tensor& src, Tensor& dst, bool) {
       std::memcpy(to + c * chunk, from + c * chunk, static_cast<size_t>(std::min(chunk, bytes - c * chunk)));
     return;
   }
-  switch (src.dtype()) {
-    case kFloat32: return copy_from<float>(src, dst);
-    case kFloat64: return copy_from<double>(src, dst);
-    case kInt64: return copy_from<int64_t>(src, dst);
-    case kInt32: return copy_from<int32_t>(src, dst);
-    case kUInt8: return copy_from<uint8_t>(src, dst);
-    case kBool: return copy_from<bool>(src, dst);
-    case kFloat16: return copy_from<Half>(src, dst);
-    case kBFloat16: return copy_from<BFloat16>(src, dst);
-  }
+  dispatch_any(src.dtype(), "copy", [&]<typename Src>() {
+    dispatch_any(dst.dtype(), "copy", [&]<typename Dst>() {
+      using Wide = typename Widen<Src>::type;
+      cpu_map_typed<Dst, Src>(dst, [](Src x) { return static_cast<Dst>(static_cast<Wide>(x)); }, src);
+    });
+  });
 }
 
 }  // namespace

@@ -137,11 +137,11 @@ TrainResult train_cifar10(const TrainConfig& config) {
   optim::SGD optimizer(net->parameters(), {.lr = lr, .momentum = config.momentum,
                                            .weight_decay = config.weight_decay, .nesterov = config.nesterov});
   const int64_t steps_per_epoch = train_loader.size();
-  int64_t total_steps = steps_per_epoch * config.epochs;
-  if (config.max_steps >= 0) total_steps = std::min(total_steps, config.max_steps);
+  // The schedule spans --epochs; --max-steps only stops early, so that a run cut short
+  // (and later resumed) follows the same learning-rate curve as an uninterrupted one.
   TrainConfig scheduled = config;
-  scheduled.lr = lr;
-  auto scheduler = make_scheduler(scheduled, optimizer, std::max<int64_t>(total_steps, 1));
+  scheduled.lr = lr;  // --lr-scaling linear: the schedule peaks at the scaled rate
+  auto scheduler = make_scheduler(scheduled, optimizer, std::max<int64_t>(steps_per_epoch * config.epochs, 1));
 
   TrainingPosition position;
   if (config.resume) {

@@ -1,0 +1,543 @@
+// The CUDA backend (cuda/): every CUDA kernel against the CPU backend on random inputs,
+// the caching allocator, streams and events, transfers, and the errors a machine
+// without a GPU gives.
+//
+// Without a GPU (or in a -Dcuda=disabled build) the GPU cases are *skipped* -- they
+// show in doctest's "skipped" count, and the case "CUDA availability" prints why --
+// while the no-GPU error cases and the host-side random-number check run.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "autograd/ops.h"
+#include "core/allocator.h"
+#include "core/copy.h"
+#include "core/factory.h"
+#include "core/kernels.h"
+#include "cuda/caching_allocator.h"  // defines: record_stream
+#include "cuda/backends.h"           // defines: set_allow_tf32, set_cudnn_allow_tf32
+#include "cuda/device.h"             // defines: is_available, Stream, Event, StreamGuard
+#include "cuda/random.h"             // defines: device_random_bits_on_host
+
+using namespace loom;
+
+namespace {
+
+// Evaluated at static initialisation, before the TEST_CASEs below register (same
+// translation unit, so in order), so that the skip decorators can read it.
+const bool kGpu = cuda::is_available();
+const Device kCpu("cpu");
+const Device kCuda0("cuda:0");
+
+Tensor to_device(const Tensor& t, Device device, DType dtype) {
+  Tensor out = empty(t.shape(), TensorOptions(dtype).device(device));
+  copy_into(out, t);
+  return out;
+}
+Tensor to_device(const Tensor& t, Device device) { return to_device(t, device, t.dtype()); }
+Tensor gpu_empty(const Shape& shape, DType dtype) { return empty(shape, TensorOptions(dtype).device(kCuda0)); }
+
+std::vector<double> host_values(const Tensor& t) { return to_device(t, kCpu, kFloat64).tolist<double>(); }
+
+// Random CPU values in [low, high) (integers for int64).
+Tensor random_cpu(const Shape& shape, DType dtype, double low, double high, uint64_t seed) {
+  Generator gen(seed);
+  if (dtype == kInt64) return randint(static_cast<int64_t>(low), static_cast<int64_t>(high), shape, kInt64, &gen);
+  Tensor t = empty(shape, TensorOptions(dtype));
+  uniform_kernel(kCpu)(t, low, high, gen);
+  return t;
+}
+
+// |got - expected| <= atol + rtol * |expected| everywhere (NaN matches NaN); one CHECK,
+// naming the first mismatch.
+void check_close(const Tensor& got, const Tensor& expected, double rtol, double atol = 0.0) {
+  REQUIRE(got.shape() == expected.shape());
+  auto g = host_values(got), e = host_values(expected);
+  int64_t mismatches = 0;
+  std::string first;
+  for (size_t i = 0; i < g.size(); ++i) {
+    const bool both_nan = std::isnan(g[i]) && std::isnan(e[i]);
+    if (both_nan || std::abs(g[i] - e[i]) <= atol + rtol * std::abs(e[i])) continue;
+    if (mismatches++ == 0) first = detail::str("element ", i, ": got ", g[i], ", expected ", e[i]);
+  }
+  INFO(mismatches, " of ", g.size(), " elements differ; first: ", first);
+  CHECK(mismatches == 0);
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+}  // namespace
+
+// ---- every build, every machine ------------------------------------------------------------
+
+TEST_CASE("CUDA availability") {
+  CHECK(cuda::is_available() == (cuda::device_count() > 0));
+  if (!kGpu) {
+    CHECK(!cuda::unavailable_reason().empty());
+    MESSAGE("GPU test cases are skipped: ", cuda::unavailable_reason());
+  } else {
+    MESSAGE(cuda::device_count(), " CUDA device(s) visible");
+  }
+}
+
+TEST_CASE("without a GPU, CUDA tensors are a clear loom::Error, not a crash" * doctest::skip(kGpu)) {
+  const std::string expected = cuda::is_compiled() ? "no CUDA device is available" : "built without CUDA";
+  auto check_error = [&](const std::string& what, auto&& make) {
+    std::string message;
+    try {
+      make();
+    } catch (const loom::Error& e) {
+      message = e.what();
+    }
+    INFO(what, " threw: '", message, "'");
+    CHECK(contains(message, expected));
+  };
+  try {
+    (void)empty({2, 3}, TensorOptions().device(Device("cuda:0")));
+  } catch (const loom::Error& e) {
+    MESSAGE("empty({2, 3}, cuda:0) says: ", std::string(e.what()));
+  }
+  check_error("empty on cuda:0", [] { (void)empty({2, 3}, TensorOptions().device(Device("cuda:0"))); });
+  check_error("zeros on cuda:1", [] { (void)zeros({4}, TensorOptions().device(Device("cuda:1"))); });
+  check_error("randn on cuda", [] { (void)randn({4}, TensorOptions().device(Device("cuda"))); });
+  check_error("to(cuda)", [] { (void)ones({2}).to(Device("cuda:0")); });
+  check_error("memory_stats(cuda:0)", [] { (void)memory_stats(Device("cuda:0")); });
+  check_error("current_stream()", [] { (void)cuda::current_stream(); });
+  check_error("DeviceGuard", [] { cuda::DeviceGuard guard(0); });
+  // Nothing above may have broken the CPU.
+  CHECK(ones({3}).sum().item<float>() == 3.0f);
+}
+
+TEST_CASE("the device copy of random_bits equals core/generator.h's" * doctest::skip(!cuda::is_compiled())) {
+  // See Note [Same numbers on every device] (cuda/random.cu): this runs on the host, so
+  // it guards the copy on every machine that builds the CUDA backend.
+  for (uint64_t seed : {0ull, 1ull, 0x5eedull, 0xffffffffffffffffull, 1234567890123ull}) {
+    for (uint64_t i = 0; i < 2000; ++i) {
+      const uint64_t counter = i * 0x9E3779B97F4A7C15ull + (i & 7);
+      REQUIRE(cuda::device_random_bits_on_host(seed, counter) == random_bits(seed, counter));
+      REQUIRE(cuda::device_random_uniform_on_host(seed, counter) == random_uniform(seed, counter));
+    }
+  }
+}
+
+TEST_CASE("every kernel of the CUDA backend is registered (the static library is linked whole)" *
+          doctest::skip(!cuda::is_compiled())) {
+  auto registered = [](const auto& stub) { return stub.table[static_cast<int>(DeviceType::CUDA)] != nullptr; };
+  CHECK(registered(unary_kernel));
+  CHECK(registered(binary_kernel));
+  CHECK(registered(pow_scalar_kernel));
+  CHECK(registered(clamp_kernel));
+  CHECK(registered(where_kernel));
+  CHECK(registered(threshold_backward_kernel));
+  CHECK(registered(fill_kernel));
+  CHECK(registered(copy_kernel));
+  CHECK(registered(uniform_kernel));
+  CHECK(registered(normal_kernel));
+  CHECK(registered(randint_kernel));
+  CHECK(registered(reduce_kernel));
+  CHECK(registered(max_min_dim_kernel));
+  CHECK(registered(mm_kernel));
+  CHECK(registered(bmm_kernel));
+  CHECK(registered(conv2d_forward_kernel));
+  CHECK(registered(conv2d_backward_kernel));
+  CHECK(get_allocator(DeviceType::CUDA) == &cuda::caching_allocator());
+}
+
+// ---- with a GPU ----------------------------------------------------------------------------
+
+TEST_SUITE("cuda (needs a GPU)") {
+
+TEST_CASE("a device that does not exist is named in the error" * doctest::skip(!kGpu)) {
+  Device missing(DeviceType::CUDA, cuda::device_count());
+  bool threw = false;
+  try {
+    (void)empty({2}, TensorOptions().device(missing));
+  } catch (const loom::Error& e) {
+    threw = true;
+    CHECK(contains(e.what(), "does not exist"));
+  }
+  CHECK(threw);
+}
+
+TEST_CASE("host <-> device round trips keep every dtype, layout and conversion" * doctest::skip(!kGpu)) {
+  Tensor x = random_cpu({37, 53}, kFloat64, -100, 100, 1);
+  for (DType dtype : {kFloat32, kFloat64, kInt64, kInt32, kUInt8, kBool, kFloat16, kBFloat16}) {
+    INFO("dtype ", dtype);
+    Tensor host = to_device(x, kCpu, dtype);                 // CPU conversion is the reference
+    Tensor device = to_device(host, kCuda0);                 // H2D, same dtype
+    check_close(to_device(device, kCpu), host, 0.0);         // D2H, same dtype: exact
+    check_close(to_device(x, kCuda0, dtype), host, 0.0);     // H2D with conversion on the device
+    check_close(to_device(to_device(x, kCuda0), kCpu, dtype), host, 0.0);  // D2H with conversion
+  }
+  // Strided source and destination on both sides.
+  Tensor t = x.transpose(0, 1);
+  check_close(to_device(t, kCuda0), t, 0.0);
+  Tensor device_t = to_device(x, kCuda0).transpose(0, 1);
+  Tensor host_dst = empty({53, 37}, kFloat64).transpose(0, 1);  // non-contiguous [37, 53]
+  copy_into(host_dst, device_t.transpose(0, 1));
+  check_close(host_dst, x, 0.0);
+  // non_blocking: valid after the stream is synchronised.
+  Tensor back = empty({37, 53}, kFloat64);
+  copy_into(back, to_device(x, kCuda0), /*non_blocking=*/true);
+  cuda::current_stream(0).synchronize();
+  check_close(back, x, 0.0);
+}
+
+TEST_CASE("unary kernels match the CPU" * doctest::skip(!kGpu)) {
+  const UnaryOp ops[] = {UnaryOp::Neg, UnaryOp::Exp, UnaryOp::Log, UnaryOp::Sqrt, UnaryOp::Rsqrt,
+                         UnaryOp::Abs, UnaryOp::Relu, UnaryOp::Sigmoid, UnaryOp::Tanh};
+  for (DType dtype : {kFloat32, kFloat64}) {
+    for (UnaryOp op : ops) {
+      const bool positive = op == UnaryOp::Log || op == UnaryOp::Sqrt || op == UnaryOp::Rsqrt;
+      Tensor x = random_cpu({61, 129}, dtype, positive ? 0.01 : -4.0, 4.0, 7);
+      for (bool strided : {false, true}) {
+        INFO("dtype ", dtype, ", op ", static_cast<int>(op), strided ? ", strided" : ", contiguous");
+        Tensor in = strided ? x.transpose(0, 1) : x;
+        Tensor expected = empty(in.shape(), dtype);
+        unary_kernel(kCpu)(op, in, expected);
+        Tensor in_gpu = strided ? to_device(x, kCuda0).transpose(0, 1) : to_device(x, kCuda0);
+        Tensor got = gpu_empty(in.shape(), dtype);
+        unary_kernel(kCuda0)(op, in_gpu, got);
+        check_close(got, expected, 1e-5, 1e-30);
+      }
+    }
+  }
+}
+
+TEST_CASE("binary kernels and comparisons match the CPU, with broadcast operands" * doctest::skip(!kGpu)) {
+  const BinaryOp ops[] = {BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Maximum,
+                          BinaryOp::Minimum, BinaryOp::Eq, BinaryOp::Ne, BinaryOp::Lt, BinaryOp::Le,
+                          BinaryOp::Gt, BinaryOp::Ge};
+  for (DType dtype : {kFloat32, kFloat64, kInt64}) {
+    Tensor a = random_cpu({33, 70}, dtype, 1, 9, 3);
+    Tensor b_row = random_cpu({1, 70}, dtype, 1, 9, 4);  // broadcast along dim 0: stride 0
+    Tensor b = b_row.expand({33, 70});
+    Tensor a_gpu = to_device(a, kCuda0), b_gpu = to_device(b_row, kCuda0).expand({33, 70});
+    for (BinaryOp op : ops) {
+      for (double alpha : {1.0, 0.5}) {
+        if (alpha != 1.0 && op != BinaryOp::Add && op != BinaryOp::Sub) continue;
+        INFO("dtype ", dtype, ", op ", static_cast<int>(op), ", alpha ", alpha);
+        const DType out_dtype = op >= BinaryOp::Eq ? kBool : dtype;
+        Tensor expected = empty({33, 70}, out_dtype);
+        binary_kernel(kCpu)(op, a, b, alpha, expected);
+        Tensor got = gpu_empty({33, 70}, out_dtype);
+        binary_kernel(kCuda0)(op, a_gpu, b_gpu, alpha, got);
+        check_close(got, expected, 1e-6);
+      }
+    }
+  }
+}
+
+TEST_CASE("pow, clamp, where, threshold_backward and fill match the CPU" * doctest::skip(!kGpu)) {
+  for (DType dtype : {kFloat32, kFloat64}) {
+    INFO("dtype ", dtype);
+    Tensor x = random_cpu({45, 67}, dtype, 0.1, 3.0, 5);
+    Tensor g = random_cpu({45, 67}, dtype, -1.0, 1.0, 6);
+    Tensor x_gpu = to_device(x, kCuda0), g_gpu = to_device(g, kCuda0);
+    for (double e : {2.0, 0.5, -1.5}) {
+      Tensor expected = empty(x.shape(), dtype), got = gpu_empty(x.shape(), dtype);
+      pow_scalar_kernel(kCpu)(x, e, expected);
+      pow_scalar_kernel(kCuda0)(x_gpu, e, got);
+      check_close(got, expected, 1e-5);
+    }
+    Tensor expected = empty(x.shape(), dtype), got = gpu_empty(x.shape(), dtype);
+    clamp_kernel(kCpu)(x, 0.5, 2.0, expected);
+    clamp_kernel(kCuda0)(x_gpu, 0.5, 2.0, got);
+    check_close(got, expected, 0.0);
+    threshold_backward_kernel(kCpu)(g, x, 1.5, expected);
+    threshold_backward_kernel(kCuda0)(g_gpu, x_gpu, 1.5, got);
+    check_close(got, expected, 0.0);
+    Tensor cond = empty(x.shape(), kBool), cond_gpu = gpu_empty(x.shape(), kBool);
+    binary_kernel(kCpu)(BinaryOp::Gt, x, to_device(g, kCpu), 1.0, cond);
+    binary_kernel(kCuda0)(BinaryOp::Gt, x_gpu, g_gpu, 1.0, cond_gpu);
+    where_kernel(kCpu)(cond, x, g, expected);
+    where_kernel(kCuda0)(cond_gpu, x_gpu, g_gpu, got);
+    check_close(got, expected, 0.0);
+  }
+  for (DType dtype : {kFloat32, kFloat64, kInt64, kInt32, kUInt8, kBool, kFloat16, kBFloat16}) {
+    INFO("fill, dtype ", dtype);
+    Tensor expected = empty({9, 14}, dtype), got = gpu_empty({14, 9}, dtype).transpose(0, 1);  // strided fill
+    fill_kernel(kCpu)(expected, 3.0);
+    fill_kernel(kCuda0)(got, 3.0);
+    check_close(got, expected, 0.0);
+  }
+}
+
+TEST_CASE("16-bit floats compute in float and round like the CPU's conversion" * doctest::skip(!kGpu)) {
+  for (DType dtype : {kFloat16, kBFloat16}) {
+    INFO("dtype ", dtype);
+    const double tol = dtype == kFloat16 ? 1e-3 : 8e-3;  // one rounding of the result
+    Tensor a16 = to_device(random_cpu({40, 50}, kFloat32, 0.1, 4, 8), kCpu, dtype);
+    Tensor b16 = to_device(random_cpu({40, 50}, kFloat32, 0.1, 4, 9), kCpu, dtype);
+    Tensor a = to_device(a16, kCpu, kFloat32), b = to_device(b16, kCpu, kFloat32);  // exact widenings
+    Tensor a_gpu = to_device(a16, kCuda0), b_gpu = to_device(b16, kCuda0);
+    for (UnaryOp op : {UnaryOp::Exp, UnaryOp::Log, UnaryOp::Sigmoid, UnaryOp::Relu}) {
+      Tensor expected = empty(a.shape(), kFloat32), got = gpu_empty(a.shape(), dtype);
+      unary_kernel(kCpu)(op, a, expected);
+      unary_kernel(kCuda0)(op, a_gpu, got);
+      check_close(got, expected, tol);
+    }
+    for (BinaryOp op : {BinaryOp::Add, BinaryOp::Mul, BinaryOp::Div}) {
+      Tensor expected = empty(a.shape(), kFloat32), got = gpu_empty(a.shape(), dtype);
+      binary_kernel(kCpu)(op, a, b, 1.0, expected);
+      binary_kernel(kCuda0)(op, a_gpu, b_gpu, 1.0, got);
+      check_close(got, expected, tol);
+    }
+  }
+}
+
+TEST_CASE("reductions match the CPU for every layout path" * doctest::skip(!kGpu)) {
+  // Shapes exercise: rows (reduce the last dims), columns (reduce the first dims),
+  // packed (reduce a middle dim), and two-stage splits (few outputs, long rows/columns).
+  const std::vector<std::pair<Shape, std::vector<Shape>>> cases = {
+      {{5, 7, 300}, {{0}, {1}, {2}, {0, 1}, {0, 2}, {1, 2}, {0, 1, 2}}},
+      {{3, 200000}, {{1}, {0}, {0, 1}}},
+      {{100000, 8}, {{0}, {1}}},
+      {{1 << 20}, {{0}}},
+  };
+  for (DType dtype : {kFloat32, kFloat64, kInt64}) {
+    for (const auto& [shape, dim_sets] : cases) {
+      Tensor x = random_cpu(shape, dtype, -5, 5, 10);
+      Tensor x_gpu = to_device(x, kCuda0);
+      for (const Shape& dims : dim_sets) {
+        Shape out_shape = shape;
+        for (int64_t d : dims) out_shape[static_cast<size_t>(d)] = 1;
+        for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min}) {
+          INFO("dtype ", dtype, ", shape ", shape, ", dims ", dims, ", op ", static_cast<int>(op));
+          Tensor expected = empty(out_shape, dtype), got = gpu_empty(out_shape, dtype);
+          reduce_kernel(kCpu)(op, x, dims, expected);
+          reduce_kernel(kCuda0)(op, x_gpu, dims, got);
+          check_close(got, expected, 1e-5, 1e-5);
+        }
+      }
+    }
+  }
+  // A strided input (transposed view) goes through the packing path.
+  Tensor x = random_cpu({64, 90}, kFloat32, -1, 1, 12);
+  Tensor expected = empty({90, 1}, kFloat32), got = gpu_empty({90, 1}, kFloat32);
+  reduce_kernel(kCpu)(ReduceOp::Sum, x.transpose(0, 1), {1}, expected);
+  reduce_kernel(kCuda0)(ReduceOp::Sum, to_device(x, kCuda0).transpose(0, 1), {1}, got);
+  check_close(got, expected, 1e-5, 1e-6);
+}
+
+TEST_CASE("max/min along a dim return the first extreme, as the CPU" * doctest::skip(!kGpu)) {
+  for (DType dtype : {kFloat32, kFloat64, kInt64}) {
+    Tensor x = random_cpu({31, 17, 45}, dtype, 0, 6, 13);  // small integers: many ties
+    if (dtype != kInt64) x = to_device(to_device(x, kCpu, kInt64), kCpu, dtype);
+    Tensor x_gpu = to_device(x, kCuda0);
+    for (int64_t dim : {0, 1, 2}) {
+      for (bool is_max : {true, false}) {
+        INFO("dtype ", dtype, ", dim ", dim, is_max ? ", max" : ", min");
+        Shape out_shape = x.shape();
+        out_shape[static_cast<size_t>(dim)] = 1;
+        Tensor values = empty(out_shape, dtype), indices = empty(out_shape, kInt64);
+        Tensor values_gpu = gpu_empty(out_shape, dtype), indices_gpu = gpu_empty(out_shape, kInt64);
+        max_min_dim_kernel(kCpu)(is_max, x, dim, values, indices);
+        max_min_dim_kernel(kCuda0)(is_max, x_gpu, dim, values_gpu, indices_gpu);
+        check_close(values_gpu, values, 0.0);
+        check_close(indices_gpu, indices, 0.0);
+      }
+    }
+  }
+}
+
+TEST_CASE("mm and bmm through cuBLAS match a float64 reference, transposed views included" * doctest::skip(!kGpu)) {
+  cuda::set_allow_tf32(false);
+  const int64_t M = 37, K = 53, N = 29, B = 3;
+  for (DType dtype : {kFloat32, kFloat64}) {
+    Tensor a = random_cpu({M, K}, dtype, -1, 1, 20), b = random_cpu({K, N}, dtype, -1, 1, 21);
+    auto av = host_values(a), bv = host_values(b);
+    std::vector<double> ref(static_cast<size_t>(M * N), 0.0);
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j)
+        for (int64_t k = 0; k < K; ++k) ref[static_cast<size_t>(i * N + j)] += av[static_cast<size_t>(i * K + k)] * bv[static_cast<size_t>(k * N + j)];
+    Tensor expected = from_vector<double>(ref, {M, N});
+    // As given, and as transposed views of transposed copies (op T on both sides).
+    Tensor a_gpu = to_device(a, kCuda0), b_gpu = to_device(b, kCuda0);
+    Tensor a_t = to_device(a.transpose(0, 1), kCuda0).transpose(0, 1);  // [M, K], column-major
+    Tensor b_t = to_device(b.transpose(0, 1), kCuda0).transpose(0, 1);
+    for (auto [lhs, rhs] : {std::pair{a_gpu, b_gpu}, std::pair{a_t, b_t}, std::pair{a_gpu, b_t}}) {
+      Tensor out = gpu_empty({M, N}, dtype);
+      mm_kernel(kCuda0)(lhs, rhs, 0.0, out);
+      check_close(out, expected, 1e-5, 1e-5);
+      mm_kernel(kCuda0)(lhs, rhs, 1.0, out);  // beta = 1 accumulates: 2x
+      Tensor twice = to_device(expected, kCpu, kFloat64) * 2.0;
+      check_close(out, twice, 1e-5, 1e-5);
+    }
+    // bmm: B copies of the same product.
+    Tensor a3 = to_device(a.unsqueeze(0).expand({B, M, K}).contiguous(), kCuda0);
+    Tensor b3 = to_device(b.unsqueeze(0).expand({B, K, N}).contiguous(), kCuda0);
+    Tensor out3 = gpu_empty({B, M, N}, dtype);
+    bmm_kernel(kCuda0)(a3, b3, out3);
+    check_close(out3, expected.unsqueeze(0).expand({B, M, N}).contiguous(), 1e-5, 1e-5);
+  }
+}
+
+TEST_CASE("conv2d forward and backward through cuDNN match a float64 reference" * doctest::skip(!kGpu)) {
+  cuda::set_cudnn_allow_tf32(false);
+  const int64_t N = 2, C = 4, H = 9, W = 11, O = 6, G = 2, KH = 3, KW = 3;
+  Conv2dParams p;
+  p.stride[0] = 2;
+  p.padding[0] = 1;
+  p.padding[1] = 2;
+  p.dilation[1] = 2;
+  p.groups = G;
+  const int64_t OH = (H + 2 * p.padding[0] - p.dilation[0] * (KH - 1) - 1) / p.stride[0] + 1;
+  const int64_t OW = (W + 2 * p.padding[1] - p.dilation[1] * (KW - 1) - 1) / p.stride[1] + 1;
+  const int64_t Cg = C / G, Og = O / G;
+  // Visits every (input, weight, output) index triple of the convolution.
+  auto for_each_tap = [&](auto&& visit) {
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t o = 0; o < O; ++o)
+        for (int64_t oy = 0; oy < OH; ++oy)
+          for (int64_t ox = 0; ox < OW; ++ox)
+            for (int64_t c = 0; c < Cg; ++c)
+              for (int64_t ky = 0; ky < KH; ++ky)
+                for (int64_t kx = 0; kx < KW; ++kx) {
+                  const int64_t y = oy * p.stride[0] - p.padding[0] + ky * p.dilation[0];
+                  const int64_t x = ox * p.stride[1] - p.padding[1] + kx * p.dilation[1];
+                  if (y < 0 || y >= H || x < 0 || x >= W) continue;
+                  const int64_t ci = (o / Og) * Cg + c;
+                  visit(static_cast<size_t>(((n * C + ci) * H + y) * W + x), static_cast<size_t>(((o * Cg + c) * KH + ky) * KW + kx),
+                        static_cast<size_t>(((n * O + o) * OH + oy) * OW + ox));
+                }
+  };
+  for (DType dtype : {kFloat32, kFloat64}) {
+    INFO("dtype ", dtype);
+    Tensor in = random_cpu({N, C, H, W}, dtype, -1, 1, 40), w = random_cpu({O, Cg, KH, KW}, dtype, -1, 1, 41);
+    Tensor b = random_cpu({O}, dtype, -1, 1, 42), g = random_cpu({N, O, OH, OW}, dtype, -1, 1, 43);
+    auto iv = host_values(in), wv = host_values(w), bv = host_values(b), gv = host_values(g);
+    std::vector<double> out(static_cast<size_t>(N * O * OH * OW)), gi(iv.size(), 0.0), gw(wv.size(), 0.0), gb(bv.size(), 0.0);
+    for (size_t i = 0; i < out.size(); ++i) out[i] = bv[(i / static_cast<size_t>(OH * OW)) % static_cast<size_t>(O)];
+    for (size_t i = 0; i < gv.size(); ++i) gb[(i / static_cast<size_t>(OH * OW)) % static_cast<size_t>(O)] += gv[i];
+    for_each_tap([&](size_t ii, size_t wi, size_t oi) {
+      out[oi] += iv[ii] * wv[wi];
+      gi[ii] += gv[oi] * wv[wi];
+      gw[wi] += gv[oi] * iv[ii];
+    });
+    Tensor in_gpu = to_device(in, kCuda0), w_gpu = to_device(w, kCuda0), b_gpu = to_device(b, kCuda0);
+    Tensor g_gpu = to_device(g, kCuda0);
+    for (int repeat = 0; repeat < 2; ++repeat) {  // the second run takes the cached algorithms
+      Tensor y = gpu_empty({N, O, OH, OW}, dtype);
+      conv2d_forward_kernel(kCuda0)(in_gpu, w_gpu, b_gpu, p, y);
+      check_close(y, from_vector<double>(out, {N, O, OH, OW}), 1e-5, 1e-5);
+      Tensor grad_in = gpu_empty({N, C, H, W}, dtype), grad_w = gpu_empty({O, Cg, KH, KW}, dtype), grad_b = gpu_empty({O}, dtype);
+      conv2d_backward_kernel(kCuda0)(g_gpu, in_gpu, w_gpu, p, grad_in, grad_w, grad_b);
+      check_close(grad_in, from_vector<double>(gi, {N, C, H, W}), 1e-5, 1e-5);
+      check_close(grad_w, from_vector<double>(gw, {O, Cg, KH, KW}), 1e-5, 1e-5);
+      check_close(grad_b, from_vector<double>(gb, {O}), 1e-5, 1e-5);
+    }
+    // Only the gradients asked for are written.
+    Tensor grad_w = gpu_empty({O, Cg, KH, KW}, dtype), none_in, none_b;
+    conv2d_backward_kernel(kCuda0)(g_gpu, in_gpu, w_gpu, p, none_in, grad_w, none_b);
+    check_close(grad_w, from_vector<double>(gw, {O, Cg, KH, KW}), 1e-5, 1e-5);
+  }
+  cuda::set_cudnn_allow_tf32(true);
+}
+
+TEST_CASE("random numbers on the GPU equal the CPU's for the same generator state" * doctest::skip(!kGpu)) {
+  for (DType dtype : {kFloat32, kFloat64}) {
+    INFO("dtype ", dtype);
+    Generator cpu_gen(77), gpu_gen(77);
+    Tensor expected = empty({1000, 33}, dtype), got = gpu_empty({1000, 33}, dtype);
+    uniform_kernel(kCpu)(expected, -2.0, 3.0, cpu_gen);
+    uniform_kernel(kCuda0)(got, -2.0, 3.0, gpu_gen);
+    check_close(got, expected, 0.0);  // bit-identical
+    normal_kernel(kCpu)(expected, 0.5, 2.0, cpu_gen);
+    normal_kernel(kCuda0)(got, 0.5, 2.0, gpu_gen);
+    check_close(got, expected, 1e-12, 1e-12);  // log/cos may differ by an ulp in double
+    CHECK(cpu_gen.offset() == gpu_gen.offset());
+  }
+  Generator cpu_gen(5), gpu_gen(5);
+  Tensor expected = empty({4096}, kInt64), got = gpu_empty({4096}, kInt64);
+  randint_kernel(kCpu)(expected, -3, 1000003, cpu_gen);
+  randint_kernel(kCuda0)(got, -3, 1000003, gpu_gen);
+  check_close(got, expected, 0.0);
+}
+
+TEST_CASE("the caching allocator reuses blocks: no cudaMalloc and no growth over 1000 cycles" * doctest::skip(!kGpu)) {
+  cuda::synchronize(0);
+  empty_cache(DeviceType::CUDA);
+  const AllocatorStats before = memory_stats(kCuda0);
+  auto cycle = [] {
+    Tensor a = gpu_empty({1000}, kFloat32);         // small pool
+    Tensor b = gpu_empty({3, 1 << 20}, kFloat32);   // large pool, 12 MiB
+    Tensor c = gpu_empty({1 << 20}, kFloat32);      // large pool, 4 MiB (a 20 MiB segment)
+    fill_kernel(kCuda0)(a, 1.0);
+  };
+  cycle();
+  const AllocatorStats warm = memory_stats(kCuda0);
+  CHECK(warm.system_allocations > before.system_allocations);
+  for (int i = 0; i < 1000; ++i) cycle();
+  const AllocatorStats after = memory_stats(kCuda0);
+  CHECK(after.system_allocations == warm.system_allocations);
+  CHECK(after.reserved_bytes == warm.reserved_bytes);
+  CHECK(after.allocated_bytes == before.allocated_bytes);
+  CHECK(after.peak_allocated_bytes >= 16 * (1 << 20));
+  // Freed blocks of a segment merge back, so empty_cache returns everything cached.
+  empty_cache(DeviceType::CUDA);
+  CHECK(memory_stats(kCuda0).reserved_bytes <= before.reserved_bytes);
+}
+
+TEST_CASE("an impossible allocation is a loom::Error naming the sizes" * doctest::skip(!kGpu)) {
+  bool threw = false;
+  try {
+    (void)gpu_empty({int64_t{1} << 48}, kFloat32);  // 1 PiB
+  } catch (const loom::Error& e) {
+    threw = true;
+    INFO(e.what());
+    CHECK(contains(e.what(), "CUDA out of memory"));
+    CHECK(contains(e.what(), "tried to allocate"));
+  }
+  CHECK(threw);
+  Tensor fine = gpu_empty({16}, kFloat32);  // the allocator still works afterwards
+  fill_kernel(kCuda0)(fine, 2.0);
+  CHECK(host_values(fine)[15] == 2.0);
+}
+
+TEST_CASE("events order work across streams" * doctest::skip(!kGpu)) {
+  const int64_t n = 1 << 24;
+  Tensor x = gpu_empty({n}, kFloat32);  // allocated on the default stream, used on the side stream
+  cuda::Stream side = cuda::stream_from_pool(0);
+  CHECK(side != cuda::default_stream(0));
+  cuda::record_stream(x, side);
+  // x's block may have been used by earlier work on the default stream: the side
+  // stream starts after that work (the allocator only orders reuse on one stream).
+  cuda::Event allocated;
+  allocated.record(cuda::default_stream(0));
+  allocated.wait(side);
+  cuda::Event start(/*enable_timing=*/true), done(/*enable_timing=*/true);
+  {
+    cuda::StreamGuard guard(side);
+    CHECK(cuda::current_stream(0) == side);
+    start.record();
+    fill_kernel(kCuda0)(x, 7.0);
+    done.record();
+  }
+  CHECK(cuda::current_stream(0) == cuda::default_stream(0));
+  done.wait(cuda::current_stream(0));  // the default stream's reads come after the fill
+  Tensor sum = gpu_empty({1}, kFloat32);
+  reduce_kernel(kCuda0)(ReduceOp::Sum, x, {0}, sum);
+  CHECK(host_values(sum)[0] == doctest::Approx(7.0 * n).epsilon(1e-6));
+  done.synchronize();
+  CHECK(done.query());
+  CHECK(start.elapsed_time(done) >= 0.0f);
+}
+
+TEST_CASE("copies between two GPUs" * doctest::skip(!kGpu)) {
+  if (cuda::device_count() < 2) {
+    MESSAGE("skipped: needs two GPUs, found ", cuda::device_count());
+    return;
+  }
+  Tensor x = random_cpu({300, 200}, kFloat32, -1, 1, 30);
+  Tensor on0 = to_device(x, kCuda0);
+  Tensor on1 = to_device(on0, Device("cuda:1"));                  // contiguous peer copy
+  check_close(on1, x, 0.0);
+  Tensor strided = to_device(on0.transpose(0, 1), Device("cuda:1"), kFloat64);  // packed + converted
+  check_close(strided, x.transpose(0, 1), 0.0);
+}
+
+}  // TEST_SUITE

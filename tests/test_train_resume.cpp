@@ -1,0 +1,88 @@
+// Resume equivalence: training 2k steps equals k steps + checkpoint + resume + k steps,
+// bit for bit (Note [What a checkpoint holds] in examples/train/checkpoint.h).
+#include <doctest/doctest.h>
+
+#include <filesystem>
+
+#include "examples/train/checkpoint.h"
+#include "examples/train/trainer.h"
+#include "nn/safetensors.h"
+
+using namespace loom;
+using namespace loom::examples;
+
+namespace {
+
+std::string temp_dir(const std::string& name) {
+  auto dir = std::filesystem::temp_directory_path() / ("loom_resume_" + std::to_string(::getpid()) + "_" + name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+TrainConfig small_run() {
+  TrainConfig c;
+  c.model = "tiny";
+  c.synthetic = true;
+  c.synthetic_size = 320;  // 10 steps of 32 per epoch
+  c.batch_size = 32;
+  c.epochs = 3;
+  c.lr = 0.05;
+  c.schedule = "cosine";  // the scheduler's position must survive the resume too
+  c.workers = 1;
+  c.eval_limit = 64;
+  c.progress = false;
+  c.seed = 3;
+  return c;
+}
+
+void check_same_weights(const std::string& a, const std::string& b) {
+  auto wa = safetensors::load_file(a), wb = safetensors::load_file(b);
+  REQUIRE(wa.size() == wb.size());
+  for (const auto& [name, tensor] : wa) {
+    const Tensor* other = wb.find(name);
+    REQUIRE_MESSAGE(other, "missing ", name);
+    Tensor x = tensor.to(kFloat64), y = other->to(kFloat64);
+    CHECK_MESSAGE(x.tolist<double>() == y.tolist<double>(), name, " differs after resume");
+  }
+}
+
+}  // namespace
+
+TEST_CASE("resuming mid-epoch and at an epoch boundary continues exactly") {
+  const std::string dir = temp_dir("run");
+  TrainConfig straight = small_run();
+  straight.max_steps = 24;
+  straight.save = dir + "/straight.safetensors";
+  TrainResult uninterrupted = train_cifar10(straight);
+  CHECK(uninterrupted.steps == 24);
+
+  for (int64_t stop : {7, 10}) {  // 7: mid-epoch; 10: exactly at the end of epoch 1
+    CAPTURE(stop);
+    TrainConfig first = small_run();
+    first.max_steps = stop;
+    first.checkpoint_dir = dir + "/ckpt" + std::to_string(stop);
+    first.checkpoint_every = 1000;  // only the checkpoint written when the run stops
+    train_cifar10(first);
+    REQUIRE(std::filesystem::exists(checkpoint_path(first.checkpoint_dir)));
+
+    TrainConfig second = small_run();
+    second.max_steps = 24;
+    second.checkpoint_dir = first.checkpoint_dir;
+    second.resume = true;
+    second.save = dir + "/resumed" + std::to_string(stop) + ".safetensors";
+    TrainResult resumed = train_cifar10(second);
+    CHECK(resumed.steps == 24);
+    check_same_weights(straight.save, second.save);
+    CHECK(resumed.train_loss == doctest::Approx(uninterrupted.train_loss).epsilon(1e-12));
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("resume without a checkpoint says where it looked") {
+  TrainConfig c = small_run();
+  c.checkpoint_dir = temp_dir("empty");
+  c.resume = true;
+  CHECK_THROWS_WITH_AS(train_cifar10(c), doctest::Contains("no checkpoint at"), Error);
+  std::filesystem::remove_all(c.checkpoint_dir);
+}
