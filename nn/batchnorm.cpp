@@ -63,7 +63,8 @@ Tensor BatchNorm2d::forward(const Tensor& input) {
 std::string BatchNorm2d::extra_repr() const {
   return detail::str(num_features, ", eps=", eps, ", momentum=", momentum ? detail::str(*momentum) : "None",
                      ", affine=", affine ? "True" : "False", ", track_running_stats=",
-                     track_running_stats ? "True" : "False", sync ? ", sync=SyncBatchNorm(" + sync->describe() + ")" : "");
+                     track_running_stats ? "True" : "False",
+                     sync ? ", sync=SyncBatchNorm(" + sync->describe() + ")" : "");
 }
 
 }  // namespace loom::nn
