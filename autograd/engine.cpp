@@ -69,9 +69,22 @@ std::unordered_map<Node*, int> count_dependencies(const std::vector<Edge>& roots
   return dependencies;
 }
 
+// Sums the gradients arriving for one output of a node. The first is usually a fresh
+// tensor nobody else holds (a residual block's input gets one from the convolution and
+// one from the shortcut): it is summed into in place, as PyTorch's InputBuffer does,
+// instead of allocating a third tensor of the same size. Anything shared (the same
+// gradient delivered twice, a view, a tensor a hook kept) is added out of place.
 void accumulate(std::vector<Tensor>& buffer, uint32_t slot, const Tensor& grad) {
   if (!grad.defined()) return;
-  buffer[slot] = buffer[slot].defined() ? buffer[slot].add(grad) : grad;
+  Tensor& sum = buffer[slot];
+  if (!sum.defined()) {
+    sum = grad;
+    return;
+  }
+  const bool unshared = sum.impl_ptr().use_count() == 1 && sum.storage().use_count() == 1 && sum.is_contiguous() &&
+                        sum.storage_offset() == 0;
+  if (unshared) sum.add_(grad);
+  else sum = sum.add(grad);
 }
 
 void check_gradient(const Node& node, uint32_t slot, const Tensor& grad, const char* came_from) {

@@ -53,6 +53,9 @@ class BatchNorm2d : public Cloneable<BatchNorm2d> {
   void reset_running_stats();
   void reset_parameters();  // running stats, then weight 1 and bias 0
   Tensor forward(const Tensor& input) override;
+  // relu(forward(input) + residual), residual optional, as one fused op: what a ResNet
+  // block does after each BatchNorm (Note [Fused BatchNorm epilogue] in autograd/ops/nn.cpp).
+  Tensor forward_relu(const Tensor& input, const Tensor& residual = Tensor());
   std::string extra_repr() const override;
 
   int64_t num_features;
@@ -63,6 +66,10 @@ class BatchNorm2d : public Cloneable<BatchNorm2d> {
   Tensor running_mean, running_var, num_batches_tracked;   // undefined unless tracking
   // Null for a plain BatchNorm2d; see Note [Synchronised batch statistics]. Copied by clone().
   std::shared_ptr<BatchNormSync> sync;
+
+ private:
+  // Checks the input, counts the batch and returns the running-statistics momentum.
+  double prepare(const Tensor& input);
 };
 
 }  // namespace loom::nn

@@ -26,6 +26,30 @@ TEST_CASE("gradients accumulate into leaves across uses and across backward call
   CHECK(x.grad().tolist<double>() == std::vector<double>{2, 2, 2});
 }
 
+TEST_CASE("gradients meeting at one tensor are summed without disturbing shared ones") {
+  // The engine sums a fresh gradient in place; one that is seen elsewhere must stay intact.
+  Tensor x = from_vector<double>({1, 2, 3}, {3}).requires_grad_(true);
+  (x + x).sum().backward();  // the same gradient tensor arrives twice
+  CHECK(x.grad().tolist<double>() == std::vector<double>{2, 2, 2});
+  x.set_grad(Tensor());
+  Tensor h = x * 1.0;
+  Tensor kept;
+  h.register_hook([&](const Tensor& g) {
+    kept = g;
+    return Tensor();
+  });
+  Tensor z = h * 2.0 + h * 3.0;  // two gradients for h, then the hook sees their sum
+  Tensor seen;
+  z.register_hook([&](const Tensor& g) {
+    seen = g;  // the root gradient, held here while it flows on
+    return Tensor();
+  });
+  (z + z * 4.0).backward(ones({3}, kFloat64));
+  CHECK(seen.tolist<double>() == std::vector<double>{5, 5, 5});
+  CHECK(kept.tolist<double>() == std::vector<double>{25, 25, 25});
+  CHECK(x.grad().tolist<double>() == std::vector<double>{25, 25, 25});
+}
+
 TEST_CASE("a non-scalar root needs a gradient of its shape") {
   Tensor x = from_vector<double>({1, 2}, {2}).requires_grad_(true);
   Tensor y = x * 3.0;
