@@ -77,7 +77,8 @@ Tensor BatchNorm2d::forward_relu(const Tensor& input, const Tensor& residual) {
 std::string BatchNorm2d::extra_repr() const {
   return detail::str(num_features, ", eps=", eps, ", momentum=", momentum ? detail::str(*momentum) : "None",
                      ", affine=", affine ? "True" : "False", ", track_running_stats=",
-                     track_running_stats ? "True" : "False", sync ? ", sync=SyncBatchNorm(" + sync->describe() + ")" : "");
+                     track_running_stats ? "True" : "False",
+                     sync ? ", sync=SyncBatchNorm(" + sync->describe() + ")" : "");
 }
 
 }  // namespace loom::nn

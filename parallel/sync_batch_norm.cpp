@@ -162,9 +162,9 @@ Tensor sync_batch_norm(const Tensor& input, const Tensor& running_mean, const Te
 
 namespace nn {
 
-std::shared_ptr<BatchNorm2d> SyncBatchNorm(int64_t num_features, std::shared_ptr<distributed::Communicator> process_group,
-                                           double eps, std::optional<double> momentum, bool affine,
-                                           bool track_running_stats) {
+std::shared_ptr<BatchNorm2d> SyncBatchNorm(int64_t num_features,
+                                           std::shared_ptr<distributed::Communicator> process_group, double eps,
+                                           std::optional<double> momentum, bool affine, bool track_running_stats) {
   auto bn = std::make_shared<BatchNorm2d>(num_features, eps, momentum, affine, track_running_stats);
   bn->sync = std::make_shared<ProcessGroupSync>(std::move(process_group));
   return bn;

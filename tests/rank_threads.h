@@ -27,7 +27,8 @@ using namespace std::chrono_literals;
 
 // Runs body(comm) on n ranks, one thread each; returns each rank's error ("" if none).
 // Collectives time out after `timeout`, so a test that goes wrong fails instead of hanging.
-inline std::vector<std::string> run_ranks(int n, const std::function<void(std::shared_ptr<distributed::Communicator>)>& body,
+inline std::vector<std::string> run_ranks(int n,
+                                          const std::function<void(std::shared_ptr<distributed::Communicator>)>& body,
                                           std::chrono::milliseconds timeout = 20s) {
   auto server = std::make_shared<distributed::TCPStore>("127.0.0.1", 0, /*is_server=*/true, 20s);
   std::vector<std::string> errors(static_cast<size_t>(n));

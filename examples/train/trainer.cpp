@@ -140,7 +140,7 @@ TrainResult train_cifar10(const TrainConfig& config) {
   // The schedule spans --epochs; --max-steps only stops early, so that a run cut short
   // (and later resumed) follows the same learning-rate curve as an uninterrupted one.
   TrainConfig scheduled = config;
-  scheduled.lr = lr;
+  scheduled.lr = lr;  // --lr-scaling linear: the schedule peaks at the scaled rate
   auto scheduler = make_scheduler(scheduled, optimizer, std::max<int64_t>(steps_per_epoch * config.epochs, 1));
 
   TrainingPosition position;

@@ -53,7 +53,7 @@ struct DDPOptions {
   // saves the copy and one gradient-sized buffer.
   bool gradient_as_bucket_view = false;
   // Default: LOOM_DISTRIBUTED_DEBUG (see parallel/ddp/debug.h).
-  std::optional<DebugLevel> debug;
+  std::optional<DebugLevel> debug = std::nullopt;
 };
 
 class DistributedDataParallel : public nn::Module {

@@ -175,11 +175,12 @@ void Reducer::mark_ready(size_t index, bool unused) {
   NoGradGuard no_grad;
   if (unused || !grad.defined()) {
     Tensor(view).zero_();  // an unused parameter contributes zeros
-  } else if (grad.storage() == view.storage() && grad.storage_offset() == view.storage_offset()) {
-    copy_divided(view, grad, comm_->size());  // gradient_as_bucket_view: already in place
   } else {
-    copy_divided(view, grad, comm_->size());  // See Note [Divide on the way in].
-    if (options_.gradient_as_bucket_view) params_[index].set_grad(view);
+    // See Note [Divide on the way in]. In place when .grad() already is the slot
+    // (gradient_as_bucket_view after the first step, unless zero_grad dropped it).
+    const bool in_slot = grad.storage() == view.storage() && grad.storage_offset() == view.storage_offset();
+    copy_divided(view, grad, comm_->size());
+    if (options_.gradient_as_bucket_view && !in_slot) params_[index].set_grad(view);
   }
   ready_[index] = 1;
   if (--pending_[b] == 0) launch_ready_buckets();
