@@ -162,6 +162,8 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<TCPStore> store, const std::s
       verify_(options.verify_collectives),
       fingerprints_(store_, key_prefix_, rank, size) {
   require_gpu(rank);
+  LOOM_CHECK(device >= 0, "NcclCommunicator: expected a CUDA device index >= 0, got ", device,
+             "; NcclCommunicator::default_device(rank) picks the usual one");
   cuda::check_device(Device(DeviceType::CUDA, device));
   const Deadline deadline = Clock::now() + timeout();
   cuda::DeviceGuard guard(device_);

@@ -16,9 +16,14 @@ constexpr auto kWatchdogPeriod = std::chrono::milliseconds(10);
 void NcclCommunicator::track(std::shared_ptr<NcclWork> work) {
   {
     std::lock_guard<std::mutex> lock(works_mutex_);
-    outstanding_.push_back(std::move(work));
+    outstanding_.push_back(work);
   }
   works_cv_.notify_one();
+  // An abort between this op's enqueue and now did not see it: its kernel was cut short,
+  // so its event passing would not mean success.
+  if (std::string why = failure(); !why.empty())
+    work->fail(std::make_exception_ptr(Error(detail::str(work->description(), " failed: the NCCL communicator was "
+                                                         "aborted because ", why))));
 }
 
 // Runs until the communicator is destroyed *and* nothing is outstanding: a destructor
