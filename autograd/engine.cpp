@@ -12,6 +12,32 @@
 namespace loom::autograd {
 namespace {
 
+// The final callbacks of the backward() running on this thread (null outside backward).
+// See Note [Final callbacks].
+thread_local std::vector<std::function<void()>>* t_final_callbacks = nullptr;
+
+// Installs a fresh callback list for one backward() and restores the outer one (a hook
+// may itself call backward) however the call ends.
+class FinalCallbacksScope {
+ public:
+  FinalCallbacksScope() : outer_(t_final_callbacks) { t_final_callbacks = &callbacks_; }
+  ~FinalCallbacksScope() { t_final_callbacks = outer_; }
+  FinalCallbacksScope(const FinalCallbacksScope&) = delete;
+  FinalCallbacksScope& operator=(const FinalCallbacksScope&) = delete;
+
+  void run_all() {
+    for (size_t i = 0; i < callbacks_.size(); ++i) {
+      auto callback = std::move(callbacks_[i]);  // a callback may queue more (reallocating)
+      callback();
+    }
+    callbacks_.clear();
+  }
+
+ private:
+  std::vector<std::function<void()>> callbacks_;
+  std::vector<std::function<void()>>* outer_;
+};
+
 struct ReadyOrder {
   // See Note [AccumulateGrad runs first]: sequence numbers of AccumulateGrad are max.
   bool operator()(Node* a, Node* b) const { return a->sequence_nr() < b->sequence_nr(); }
@@ -43,9 +69,22 @@ std::unordered_map<Node*, int> count_dependencies(const std::vector<Edge>& roots
   return dependencies;
 }
 
+// Sums the gradients arriving for one output of a node. The first is usually a fresh
+// tensor nobody else holds (a residual block's input gets one from the convolution and
+// one from the shortcut): it is summed into in place, as PyTorch's InputBuffer does,
+// instead of allocating a third tensor of the same size. Anything shared (the same
+// gradient delivered twice, a view, a tensor a hook kept) is added out of place.
 void accumulate(std::vector<Tensor>& buffer, uint32_t slot, const Tensor& grad) {
   if (!grad.defined()) return;
-  buffer[slot] = buffer[slot].defined() ? buffer[slot].add(grad) : grad;
+  Tensor& sum = buffer[slot];
+  if (!sum.defined()) {
+    sum = grad;
+    return;
+  }
+  const bool unshared = sum.impl_ptr().use_count() == 1 && sum.storage().use_count() == 1 && sum.is_contiguous() &&
+                        sum.storage_offset() == 0;
+  if (unshared) sum.add_(grad);
+  else sum = sum.add(grad);
 }
 
 void check_gradient(const Node& node, uint32_t slot, const Tensor& grad, const char* came_from) {
@@ -63,6 +102,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
   LOOM_CHECK(roots.size() == grads.size(), "backward: got ", roots.size(), " roots but ", grads.size(),
              " gradients");
   NoGradGuard no_grad;  // backward formulas are not themselves recorded (no create_graph)
+  FinalCallbacksScope final_callbacks;
 
   std::vector<Edge> root_edges;
   std::vector<Tensor> root_grads;
@@ -154,6 +194,13 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     }
     keep_alive.erase(node);
   }
+  final_callbacks.run_all();
+}
+
+void queue_callback(std::function<void()> callback) {
+  LOOM_CHECK(t_final_callbacks != nullptr, "queue_callback: no backward() is running on this thread; final "
+             "callbacks can only be queued from inside backward (from a gradient hook)");
+  t_final_callbacks->push_back(std::move(callback));
 }
 
 }  // namespace loom::autograd

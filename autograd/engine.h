@@ -15,6 +15,7 @@
 // be back-propagated concurrently from different threads.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "core/tensor.h"
@@ -23,5 +24,14 @@ namespace loom::autograd {
 
 // grads[i] may be undefined for a one-element root (then 1 is used).
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph = false);
+
+// Note [Final callbacks]
+// queue_callback(fn), called from inside a backward() (from a hook), runs fn once that
+// backward has computed every gradient, just before it returns on the same thread; an
+// exception from fn leaves backward(). PyTorch's Variable._execution_engine.queue_callback.
+// The DDP reducer uses it to wait for its gradient all-reduces exactly when backward ends,
+// so that the training loop stays `loss.backward(); optimizer.step();`. Callbacks queued
+// by a callback run too, in order. Outside backward it is an error.
+void queue_callback(std::function<void()> callback);
 
 }  // namespace loom::autograd

@@ -131,6 +131,11 @@ Tensor adaptive_avg_pool2d(const Tensor& input, std::vector<int64_t> output_size
 Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var,
                   const Tensor& weight, const Tensor& bias, bool training, double momentum = 0.1,
                   double eps = 1e-5);
+// relu(batch_norm(input, ...) + residual) as one op, residual optional: the ResNet pattern
+// without the intermediate tensors (Note [Fused BatchNorm epilogue] in ops/nn.cpp).
+Tensor batch_norm_relu(const Tensor& input, const Tensor& running_mean, const Tensor& running_var,
+                       const Tensor& weight, const Tensor& bias, bool training, double momentum = 0.1,
+                       double eps = 1e-5, const Tensor& residual = Tensor());
 Tensor log_softmax(const Tensor& input, int64_t dim);
 Tensor softmax(const Tensor& input, int64_t dim);
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const Tensor& weight = Tensor(),

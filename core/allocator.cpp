@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -12,6 +13,9 @@ namespace loom {
 namespace {
 
 constexpr size_t kAlignment = 64;  // a cache line, and what AVX-512 loads like
+// A request may take a cached block up to this many times its own size class (Note
+// [Caching allocator]: which block).
+constexpr size_t kMaxOversize = 2;
 
 // Size classes: round up to 64 bytes below 4 KiB, otherwise to 1/8 of the enclosing
 // power of two. Worst-case waste is 12.5%, and tensors of nearly equal size (e.g. the
@@ -30,14 +34,19 @@ size_t round_size(size_t nbytes) {
 class CachingCpuAllocator final : public Allocator {
  public:
   void* allocate(size_t nbytes, Device) override {
-    size_t size = round_size(nbytes);
+    const size_t size = round_size(nbytes);
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      auto& bucket = free_[size];
-      if (!bucket.empty()) {
-        void* ptr = bucket.back();
-        bucket.pop_back();
-        note_allocated(size);
+      // Best fit: the smallest cached block of this size class or a larger one (up to
+      // kMaxOversize times), so that a stage's blocks serve the next, smaller stage.
+      auto it = free_.lower_bound(size);
+      if (it != free_.end() && it->first <= kMaxOversize * size) {
+        const size_t block = it->first;
+        void* ptr = it->second.back();
+        it->second.pop_back();
+        if (it->second.empty()) free_.erase(it);
+        in_use_.emplace(ptr, block);
+        note_allocated(block);
         return ptr;
       }
     }
@@ -51,14 +60,18 @@ class CachingCpuAllocator final : public Allocator {
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.reserved_bytes += static_cast<int64_t>(size);
     stats_.system_allocations += 1;
+    in_use_.emplace(ptr, size);
     note_allocated(size);
     return ptr;
   }
 
-  void deallocate(void* ptr, size_t nbytes, Device) override {
+  void deallocate(void* ptr, size_t, Device) override {
     if (!ptr) return;
-    size_t size = round_size(nbytes);
     std::lock_guard<std::mutex> lock(mutex_);
+    auto block = in_use_.find(ptr);
+    LOOM_CHECK(block != in_use_.end(), "CPU allocator: deallocate of ", ptr, ", which it did not hand out");
+    const size_t size = block->second;  // the block's own class, which may exceed the request's
+    in_use_.erase(block);
     free_[size].push_back(ptr);
     stats_.allocated_bytes -= static_cast<int64_t>(size);
   }
@@ -78,8 +91,8 @@ class CachingCpuAllocator final : public Allocator {
     for (auto& [size, bucket] : free_) {
       for (void* ptr : bucket) std::free(ptr);
       stats_.reserved_bytes -= static_cast<int64_t>(size * bucket.size());
-      bucket.clear();
     }
+    free_.clear();
   }
 
  private:
@@ -89,7 +102,8 @@ class CachingCpuAllocator final : public Allocator {
   }
 
   mutable std::mutex mutex_;
-  std::unordered_map<size_t, std::vector<void*>> free_;
+  std::map<size_t, std::vector<void*>> free_;  // size class -> cached blocks (no empty lists)
+  std::unordered_map<void*, size_t> in_use_;   // block handed out -> its size class
   AllocatorStats stats_;
 };
 

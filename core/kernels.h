@@ -101,14 +101,20 @@ LOOM_DECLARE_KERNEL(adaptive_avg_pool2d_backward_kernel, void (*)(const Tensor& 
 // Eval: normalise with running stats, and write the statistics used into save_mean /
 // save_invstd so that the backward never reads the running buffers (every backend must).
 // weight/bias may be undefined (affine=false).
+// The epilogue (Note [Fused BatchNorm epilogue] in autograd/ops/nn.cpp, cuDNN's
+// BN_ADD_ACTIVATION): out = bn(in) + residual, then max(0, .) when `relu`; residual may be
+// undefined (nothing added).
 LOOM_DECLARE_KERNEL(batch_norm_forward_kernel,
                     void (*)(const Tensor& in, const Tensor& weight, const Tensor& bias, Tensor& running_mean,
-                             Tensor& running_var, bool training, double momentum, double eps, Tensor& out,
-                             Tensor& save_mean, Tensor& save_invstd));
+                             Tensor& running_var, bool training, double momentum, double eps,
+                             const Tensor& residual, bool relu, Tensor& out, Tensor& save_mean, Tensor& save_invstd));
+// relu_out: the forward's `out` if it ran with relu (else undefined); grad_out is then the
+// gradient of that output and is first masked where relu_out <= 0, as ReLU's backward.
+// grad_residual, if defined, receives the (masked) gradient of the residual.
 LOOM_DECLARE_KERNEL(batch_norm_backward_kernel,
                     void (*)(const Tensor& grad_out, const Tensor& in, const Tensor& weight, const Tensor& save_mean,
-                             const Tensor& save_invstd, bool training, Tensor& grad_in, Tensor& grad_weight,
-                             Tensor& grad_bias));
+                             const Tensor& save_invstd, bool training, const Tensor& relu_out, Tensor& grad_in,
+                             Tensor& grad_weight, Tensor& grad_bias, Tensor& grad_residual));
 
 // Along the last dim of a contiguous [rows, classes] tensor.
 LOOM_DECLARE_KERNEL(log_softmax_forward_kernel, void (*)(const Tensor& in, Tensor& out));

@@ -3,6 +3,8 @@
 //   build/examples/train_cifar10 --epochs 1
 //   build/examples/train_cifar10 --synthetic --max-steps 50     # throughput, no I/O
 //   build/examples/train_cifar10 --checkpoint-dir ckpt --resume # continue exactly
+//   build/parallel/loomrun --nproc_per_node 2 build/examples/train_cifar10 --mode ddp [--sync-bn]
+//                                                                # one process per device
 //
 // This file turns flags into a TrainConfig; the loop itself is examples/train/trainer.cpp.
 #include <cstdio>
@@ -45,6 +47,11 @@ int main(int argc, char** argv) {
     auto& eval_limit = flags.add<int64_t>("eval-limit", -1, "evaluate on at most N test images (-1: all)");
     auto& metrics_json = flags.add<std::string>("metrics-json", "", "write final metrics as JSON");
     auto& quiet = flags.add<bool>("quiet", false, "no progress bar");
+    auto& mode = flags.add<std::string>("mode", c.mode, "single | ddp (DistributedDataParallel; start with loomrun)");
+    auto& backend = flags.add<std::string>("backend", "", "ddp: gloo | nccl (default: nccl on cuda, gloo on cpu)");
+    auto& sync_bn = flags.add<bool>("sync-bn", false, "ddp: BatchNorm statistics over every rank (SyncBatchNorm)");
+    auto& lr_scaling = flags.add<std::string>("lr-scaling", c.lr_scaling, "none | linear (lr x world size)");
+    auto& bucket_cap_mb = flags.add<double>("bucket-cap-mb", c.bucket_cap_mb, "ddp: gradient bucket size in MiB");
     flags.parse(argc, argv);
 
     if (!data.empty()) c.data = data;
@@ -74,6 +81,11 @@ int main(int argc, char** argv) {
     c.eval_limit = eval_limit;
     c.metrics_json = metrics_json;
     c.progress = !quiet;
+    c.mode = mode;
+    c.backend = backend;
+    c.sync_bn = sync_bn;
+    c.lr_scaling = lr_scaling;
+    c.bucket_cap_mb = bucket_cap_mb;
     LOOM_CHECK(!c.eval_only || !c.init.empty() || c.resume, "--eval-only needs --init PATH (or --resume)");
     train_cifar10(c);
     return 0;

@@ -43,7 +43,7 @@ void BatchNorm2d::reset_parameters() {
   init::zeros_(bias);
 }
 
-Tensor BatchNorm2d::forward(const Tensor& input) {
+double BatchNorm2d::prepare(const Tensor& input) {
   LOOM_CHECK(input.dim() == 4, "BatchNorm2d: expected 4D input [N, C, H, W], got ", input.dim(), "D input of shape ",
              input.shape());
   LOOM_CHECK(input.size(1) == num_features, "BatchNorm2d(", num_features, "): expected ", num_features,
@@ -55,13 +55,29 @@ Tensor BatchNorm2d::forward(const Tensor& input) {
     num_batches_tracked.add_(scalar_tensor(1, TensorOptions(kInt64).device(num_batches_tracked.device())));
     if (!momentum) factor = 1.0 / static_cast<double>(num_batches_tracked.item<int64_t>());
   }
+  return factor;
+}
+
+Tensor BatchNorm2d::forward(const Tensor& input) {
+  const double factor = prepare(input);
+  // See Note [Synchronised batch statistics].
+  if (sync && is_training()) return sync->batch_norm(input, running_mean, running_var, weight, bias, factor, eps);
   return batch_norm(input, running_mean, running_var, weight, bias, is_training(), factor, eps);
+}
+
+Tensor BatchNorm2d::forward_relu(const Tensor& input, const Tensor& residual) {
+  const double factor = prepare(input);
+  if (sync && is_training()) {  // synchronised statistics: the same epilogue, unfused
+    Tensor out = sync->batch_norm(input, running_mean, running_var, weight, bias, factor, eps);
+    return relu(residual.defined() ? out + residual : out);
+  }
+  return batch_norm_relu(input, running_mean, running_var, weight, bias, is_training(), factor, eps, residual);
 }
 
 std::string BatchNorm2d::extra_repr() const {
   return detail::str(num_features, ", eps=", eps, ", momentum=", momentum ? detail::str(*momentum) : "None",
                      ", affine=", affine ? "True" : "False", ", track_running_stats=",
-                     track_running_stats ? "True" : "False");
+                     track_running_stats ? "True" : "False", sync ? ", sync=SyncBatchNorm(" + sync->describe() + ")" : "");
 }
 
 }  // namespace loom::nn

@@ -23,11 +23,13 @@ void BasicBlock::reset() {
   }
 }
 
+// relu(bn(.)) and relu(bn(.) + shortcut) run as single fused ops (BatchNorm2d::
+// forward_relu, Note [Fused BatchNorm epilogue]): the same values, two fewer passes over
+// each activation. The relu module stays for the module tree and the state_dict layout.
 Tensor BasicBlock::forward(const Tensor& input) {
-  Tensor out = relu->forward(bn1->forward(conv1->forward(input)));
-  out = bn2->forward(conv2->forward(out));
+  Tensor out = conv2->forward(bn1->forward_relu(conv1->forward(input)));
   Tensor shortcut = downsample ? downsample->forward(input) : input;
-  return relu->forward(out + shortcut);
+  return bn2->forward_relu(out, shortcut);
 }
 
 ResNet::ResNet(std::vector<int64_t> blocks_, std::vector<int64_t> widths_, int64_t num_classes_,
@@ -72,7 +74,7 @@ void ResNet::reset() {
 Tensor ResNet::forward(const Tensor& input) {
   LOOM_CHECK(input.dim() == 4 && input.size(1) == in_channels, "ResNet: expected images of shape [N, ", in_channels,
              ", H, W], got ", input.shape());
-  Tensor x = relu->forward(bn1->forward(conv1->forward(input)));
+  Tensor x = bn1->forward_relu(conv1->forward(input));  // relu(bn1(conv1(input))), fused
   x = layer4->forward(layer3->forward(layer2->forward(layer1->forward(x))));
   return fc->forward(flatten(avgpool->forward(x), 1));
 }

@@ -26,6 +26,30 @@ TEST_CASE("gradients accumulate into leaves across uses and across backward call
   CHECK(x.grad().tolist<double>() == std::vector<double>{2, 2, 2});
 }
 
+TEST_CASE("gradients meeting at one tensor are summed without disturbing shared ones") {
+  // The engine sums a fresh gradient in place; one that is seen elsewhere must stay intact.
+  Tensor x = from_vector<double>({1, 2, 3}, {3}).requires_grad_(true);
+  (x + x).sum().backward();  // the same gradient tensor arrives twice
+  CHECK(x.grad().tolist<double>() == std::vector<double>{2, 2, 2});
+  x.set_grad(Tensor());
+  Tensor h = x * 1.0;
+  Tensor kept;
+  h.register_hook([&](const Tensor& g) {
+    kept = g;
+    return Tensor();
+  });
+  Tensor z = h * 2.0 + h * 3.0;  // two gradients for h, then the hook sees their sum
+  Tensor seen;
+  z.register_hook([&](const Tensor& g) {
+    seen = g;  // the root gradient, held here while it flows on
+    return Tensor();
+  });
+  (z + z * 4.0).backward(ones({3}, kFloat64));
+  CHECK(seen.tolist<double>() == std::vector<double>{5, 5, 5});
+  CHECK(kept.tolist<double>() == std::vector<double>{25, 25, 25});
+  CHECK(x.grad().tolist<double>() == std::vector<double>{25, 25, 25});
+}
+
 TEST_CASE("a non-scalar root needs a gradient of its shape") {
   Tensor x = from_vector<double>({1, 2}, {2}).requires_grad_(true);
   Tensor y = x * 3.0;
@@ -117,6 +141,26 @@ TEST_CASE("post-accumulate hooks fire once the leaf's gradient is complete, as s
   CHECK(w1_grads[0] == doctest::Approx(w1.grad().item<double>()));
   CHECK_THROWS_WITH_AS((w1 * 2.0).register_post_accumulate_grad_hook([](const Tensor&) {}),
                        doctest::Contains("only leaf tensors"), Error);
+}
+
+TEST_CASE("queue_callback runs after every gradient, before backward returns; outside backward it is an error") {
+  // See Note [Final callbacks]: what the DDP reducer's finalize relies on.
+  Tensor w1 = from_vector<double>({2}, {1}).requires_grad_(true);
+  Tensor w2 = from_vector<double>({3}, {1}).requires_grad_(true);
+  std::vector<std::string> order;
+  w2.register_post_accumulate_grad_hook([&](const Tensor&) {
+    order.push_back("w2");
+    autograd::queue_callback([&] {
+      order.push_back(w1.grad().defined() ? "final, w1 has its gradient" : "final, too early");
+      autograd::queue_callback([&] { order.push_back("queued by a callback"); });
+    });
+  });
+  w1.register_post_accumulate_grad_hook([&](const Tensor&) { order.push_back("w1"); });
+  ((w1 * 2.0).exp() * w2).sum().backward();  // w2's gradient is complete first, w1's last
+  CHECK(order == std::vector<std::string>{"w2", "w1", "final, w1 has its gradient", "queued by a callback"});
+  (w1 * 1.0).sum().backward();  // a later backward does not rerun old callbacks
+  CHECK(order.size() == 5);
+  CHECK_THROWS_WITH_AS(autograd::queue_callback([] {}), doctest::Contains("no backward() is running"), Error);
 }
 
 TEST_CASE("gradients flowing into a leaf are never aliased between leaves") {

@@ -1,6 +1,7 @@
 // batch_norm: forward against a naive double-precision reference, running-statistic
 // updates against hand computation (momentum, unbiased variance, version bump),
-// gradients in training and eval with and without affine parameters, errors, and an
+// gradients in training and eval with and without affine parameters, the fused
+// batch_norm_relu against the composition it replaces, errors, and an
 // opt-in timing of the ResNet-sized case (run with --no-skip -tc="*timing*").
 #include <doctest/doctest.h>
 
@@ -163,6 +164,59 @@ TEST_CASE("batch_norm gradients in eval mode, affine and not") {
             {x, w, b});
   gradcheck([&](const auto& in) { return batch_norm(in[0], running_mean, running_var, Tensor(), Tensor(), false); },
             {x});
+}
+
+TEST_CASE("batch_norm_relu equals relu(batch_norm(x) + residual), values and gradients, to the bit") {
+  // Note [Fused BatchNorm epilogue]: the fused op does the composition's arithmetic.
+  Generator gen(21);
+  const Tensor x0 = randn({4, 6, 5, 5}, {}, &gen), r0 = randn({4, 6, 5, 5}, {}, &gen);
+  const Tensor w0 = randn({6}, {}, &gen), b0 = randn({6}, {}, &gen), grad = randn({4, 6, 5, 5}, {}, &gen);
+  for (bool training : {true, false}) {
+    for (bool with_residual : {false, true}) {
+      CAPTURE(training);
+      CAPTURE(with_residual);
+      std::vector<std::vector<float>> results[2];
+      for (int fused = 0; fused < 2; ++fused) {
+        Tensor x = x0.clone().requires_grad_(true), r = r0.clone().requires_grad_(true);
+        Tensor w = w0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
+        Tensor rm = from_vector<float>({0.1f, -0.2f, 0.3f, 0.f, 1.f, -1.f}, {6}), rv = ones({6}) * 0.5;
+        Tensor residual = with_residual ? r : Tensor();
+        Tensor y = fused ? batch_norm_relu(x, rm, rv, w, b, training, 0.1, 1e-5, residual)
+                         : relu(with_residual ? batch_norm(x, rm, rv, w, b, training) + r
+                                              : batch_norm(x, rm, rv, w, b, training));
+        y.backward(grad);
+        results[fused] = {y.tolist<float>(), x.grad().tolist<float>(), w.grad().tolist<float>(),
+                          b.grad().tolist<float>(), rm.tolist<float>(), rv.tolist<float>()};
+        if (with_residual) results[fused].push_back(r.grad().tolist<float>());
+      }
+      CHECK(results[0] == results[1]);
+    }
+  }
+}
+
+TEST_CASE("batch_norm_relu gradients, with and without a residual") {
+  Tensor x = leaf({3, 2, 3, 3}, 31);
+  Tensor w = leaf({2}, 32);
+  Tensor b = leaf({2}, 33);
+  Tensor r = leaf({3, 2, 3, 3}, 34);
+  gradcheck([](const auto& in) { return batch_norm_relu(in[0], Tensor(), Tensor(), in[1], in[2], true); }, {x, w, b});
+  gradcheck([](const auto& in) {
+    return batch_norm_relu(in[0], Tensor(), Tensor(), in[1], in[2], true, 0.1, 1e-5, in[3]);
+  }, {x, w, b, r});
+  Tensor running_mean = from_vector<double>({0.3, -0.2}, {2});
+  Tensor running_var = from_vector<double>({1.5, 0.5}, {2});
+  gradcheck([&](const auto& in) {
+    return batch_norm_relu(in[0], running_mean, running_var, in[1], in[2], false, 0.1, 1e-5, in[3]);
+  }, {x, w, b, r});
+  // Only the residual needing a gradient still gets the masked one.
+  Tensor x_frozen = x.detach();
+  gradcheck([&](const auto& in) {
+    return batch_norm_relu(x_frozen, Tensor(), Tensor(), Tensor(), Tensor(), true, 0.1, 1e-5, in[0]);
+  }, {r});
+  CHECK_THROWS_WITH_AS(batch_norm_relu(zeros({4, 3, 2, 2}), Tensor(), Tensor(), Tensor(), Tensor(), true, 0.1, 1e-5,
+                                       zeros({4, 3, 2, 1})),
+                       doctest::Contains("expected a residual of the input's shape [4, 3, 2, 2], got [4, 3, 2, 1]"),
+                       Error);
 }
 
 TEST_CASE("batch_norm errors say what was expected and what came") {

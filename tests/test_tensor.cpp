@@ -104,6 +104,26 @@ TEST_CASE("the caching allocator reuses freed blocks") {
   CHECK_THROWS_WITH_AS(empty({2}, Device("cuda:0")), doctest::Contains("cuda"), Error);
 }
 
+TEST_CASE("the caching allocator serves a request from a cached block up to twice its size") {
+  Device cpu;
+  empty_cache(DeviceType::CPU);
+  const int64_t four_mib = 1 << 20;  // float32 elements
+  { Tensor t = empty({four_mib}); }   // one 4 MiB block, now cached
+  AllocatorStats start = memory_stats(cpu);
+  {
+    Tensor t = empty({four_mib * 5 / 8});  // 2.5 MiB: takes the cached 4 MiB block
+    CHECK(memory_stats(cpu).system_allocations == start.system_allocations);
+    CHECK(memory_stats(cpu).allocated_bytes == start.allocated_bytes + 4 * four_mib);  // whole blocks
+    Tensor small = empty({four_mib / 4});  // 1 MiB: a 4 MiB block would waste too much
+    CHECK(memory_stats(cpu).system_allocations == start.system_allocations + 1);
+  }
+  { Tensor t = empty({four_mib}); }  // the 4 MiB block went back under its own size
+  CHECK(memory_stats(cpu).system_allocations == start.system_allocations + 1);
+  CHECK(memory_stats(cpu).allocated_bytes == start.allocated_bytes);
+  empty_cache(DeviceType::CPU);
+  CHECK(memory_stats(cpu).reserved_bytes == memory_stats(cpu).allocated_bytes);
+}
+
 TEST_CASE("printing") {
   Tensor t = from_vector<float>({1, 2}, {2});
   CHECK(t.str() == "Tensor[float32, [2], cpu:0]");

@@ -160,10 +160,10 @@ void check_per_channel(const Tensor& input, const Tensor& t, const char* what) {
   LOOM_CHECK(t.is_contiguous(), "batch_norm: expected a contiguous ", what, ", got strides ", t.strides());
 }
 
-}  // namespace
-
-Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
-                  const Tensor& bias, bool training, double momentum, double eps) {
+// batch_norm(input, ...) + residual (if defined), then relu if `relu`: both public ops.
+Tensor batch_norm_fused(const Tensor& input, const Tensor& running_mean, const Tensor& running_var,
+                        const Tensor& weight, const Tensor& bias, bool training, double momentum, double eps,
+                        const Tensor& residual, bool relu) {
   ops::check_defined("batch_norm", input, "input");
   ops::check_floating("batch_norm", input);
   LOOM_CHECK(input.dim() >= 2, "batch_norm: expected an input of shape [N, C, ...] (at least 2-D), got ",
@@ -175,6 +175,11 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
   LOOM_CHECK(running_mean.defined() == running_var.defined(),
              "batch_norm: running_mean and running_var must both be given or both be undefined");
   LOOM_CHECK(eps > 0, "batch_norm: expected eps > 0, got ", eps);
+  if (residual.defined()) {
+    ops::check_same_device_dtype("batch_norm_relu (residual)", input, residual);
+    LOOM_CHECK(residual.shape() == input.shape(), "batch_norm_relu: expected a residual of the input's shape ",
+               input.shape(), ", got ", residual.shape());
+  }
   // Without running statistics there is nothing to evaluate with: batch statistics are
   // used in both modes, as nn.BatchNorm2d(track_running_stats=False) does.
   const bool batch_stats = training || !running_mean.defined();
@@ -194,27 +199,75 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
   Tensor out = empty(input.shape(), options_of(input));
   Tensor save_mean = empty({channels}, options_of(input));
   Tensor save_invstd = empty({channels}, options_of(input));
-  batch_norm_forward_kernel(input.device())(input, weight, bias, rm, rv, batch_stats, momentum, eps, out, save_mean,
-                                            save_invstd);
+  batch_norm_forward_kernel(input.device())(input, weight, bias, rm, rv, batch_stats, momentum, eps, residual, relu,
+                                            out, save_mean, save_invstd);
   if (training && rm.defined()) {
     rm.bump_version();  // See Note [Version counter]: anything that saved the old stats sees the change
     rv.bump_version();
   }
-  if (any_requires_grad({input, weight, bias})) {
+  if (!any_requires_grad({input, weight, bias, residual})) return out;
+  const bool rx = input.requires_grad(), rw = weight.defined() && weight.requires_grad(),
+             rb = bias.defined() && bias.requires_grad(), rr = residual.defined() && residual.requires_grad();
+  if (!relu && !residual.defined()) {
     record("BatchNormBackward", {input, weight, bias}, {out},
            [x_ = SavedTensor(input, "BatchNormBackward"), w_ = SavedTensor(weight, "BatchNormBackward"), save_mean,
-            save_invstd, batch_stats, rx = input.requires_grad(), rw = weight.defined() && weight.requires_grad(),
-            rb = bias.defined() && bias.requires_grad()](const Grads& g) {
+            save_invstd, batch_stats, rx, rw, rb](const Grads& g) {
              const Tensor& x = x_.get();
              Tensor grad_in = rx ? empty(x.shape(), options_of(x)) : Tensor();
              Tensor grad_weight = rw ? empty(save_mean.shape(), options_of(x)) : Tensor();
              Tensor grad_bias = rb ? empty(save_mean.shape(), options_of(x)) : Tensor();
-             batch_norm_backward_kernel(x.device())(g[0], x, w_.get(), save_mean, save_invstd, batch_stats, grad_in,
-                                                    grad_weight, grad_bias);
+             Tensor no_grad_residual;
+             batch_norm_backward_kernel(x.device())(g[0], x, w_.get(), save_mean, save_invstd, batch_stats, Tensor(),
+                                                    grad_in, grad_weight, grad_bias, no_grad_residual);
              return Grads{grad_in, grad_weight, grad_bias};
            });
+    return out;
   }
+  // See Note [Fused BatchNorm epilogue]. Without the ReLU the residual's gradient is the
+  // incoming one itself; with it, the kernel writes the masked gradient.
+  const char* name = relu ? "BatchNormReluBackward" : "BatchNormAddBackward";
+  record(name, {input, weight, bias, residual}, {out},
+         [x_ = SavedTensor(input, name), w_ = SavedTensor(weight, name),
+          y_ = SavedTensor(relu ? out : Tensor(), name), save_mean, save_invstd, batch_stats, rx, rw, rb,
+          rr](const Grads& g) {
+           const Tensor& x = x_.get();
+           Tensor grad_in = rx ? empty(x.shape(), options_of(x)) : Tensor();
+           Tensor grad_weight = rw ? empty(save_mean.shape(), options_of(x)) : Tensor();
+           Tensor grad_bias = rb ? empty(save_mean.shape(), options_of(x)) : Tensor();
+           Tensor grad_residual = rr && y_.defined() ? empty(x.shape(), options_of(x)) : Tensor();
+           batch_norm_backward_kernel(x.device())(g[0], x, w_.get(), save_mean, save_invstd, batch_stats, y_.get(),
+                                                  grad_in, grad_weight, grad_bias, grad_residual);
+           if (rr && !y_.defined()) grad_residual = g[0];
+           return Grads{grad_in, grad_weight, grad_bias, grad_residual};
+         });
   return out;
+}
+
+}  // namespace
+
+// Note [Fused BatchNorm epilogue]
+// In a ResNet every BatchNorm is followed by a ReLU, directly (relu(bn(x))) or after the
+// residual add (relu(bn(x) + shortcut)). As separate ops each is one more pass over a
+// large activation and one more buffer: the add reads two tensors and writes one, the
+// ReLU reads one and writes one, and in backward threshold_backward reads two and writes
+// one. batch_norm_relu folds them into the BatchNorm kernel's passes, as cuDNN's
+// BN_ADD_ACTIVATION mode does: the forward writes relu(bn(x) + residual) straight from
+// the normalisation pass, and the backward reads the incoming gradient through ReLU's
+// mask (out > 0) instead of materialising it, except as the residual's own gradient.
+// The arithmetic is the composition's, operation for operation, so results are the same
+// to the last bit. What backward saves is what the two ops would: x (BatchNorm's) and the
+// output (ReLU's, which the next convolution saves anyway).
+Tensor batch_norm_relu(const Tensor& input, const Tensor& running_mean, const Tensor& running_var,
+                       const Tensor& weight, const Tensor& bias, bool training, double momentum, double eps,
+                       const Tensor& residual) {
+  return batch_norm_fused(input, running_mean, running_var, weight, bias, training, momentum, eps, residual,
+                          /*relu=*/true);
+}
+
+Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                  const Tensor& bias, bool training, double momentum, double eps) {
+  return batch_norm_fused(input, running_mean, running_var, weight, bias, training, momentum, eps, Tensor(),
+                          /*relu=*/false);
 }
 
 // ---- softmax ------------------------------------------------------------------------------

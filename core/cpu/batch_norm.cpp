@@ -13,6 +13,11 @@
 //   backward            pass 1 (read dy, x):  per-plane sum(dy), sum(dy * (x - mean))
 //                       pass 2 (read dy, x, write dx)
 //
+// The fused epilogue (Note [Fused BatchNorm epilogue], autograd/ops/nn.cpp) rides along
+// in pass 2 of the forward, y = max(0, x * scale[c] + shift[c] + r), and in the backward
+// dy is read through the ReLU's mask (y > 0): pass 1 also writes the masked dy when the
+// residual needs it as its gradient, and pass 2 then reads that instead of dy and y.
+//
 // Streaming in memory order (rather than walking each channel's N planes, 4 KiB apart
 // in a ResNet activation) keeps the hardware prefetchers busy and touches each byte
 // once per pass: on a [128, 64, 32, 32] float32 tensor this is ~2x faster.
@@ -92,18 +97,37 @@ inline double* scratch(Tensor& holder, int64_t count) {
   return holder.data_ptr<double>();
 }
 
-// y = x * scale[c] + shift[c] plane by plane: the normalisation (forward pass 2).
-template <typename T>
-void scale_shift(const PlaneLayout& l, const T* x, const std::vector<T>& scale, const std::vector<T>& shift, T* y) {
+// y = x * scale[c] + shift[c] (+ r), then max(0, y) with kRelu, plane by plane: the
+// normalisation and its epilogue (forward pass 2).
+template <typename T, bool kResidual, bool kRelu>
+void normalise_planes(const PlaneLayout& l, const T* x, const std::vector<T>& scale, const std::vector<T>& shift,
+                      const T* r, T* y) {
   const int64_t S = l.s;
 #pragma omp parallel for schedule(static) if (l.planes() * S > kBatchNormGrain && l.planes() > 1)
   for (int64_t p = 0; p < l.planes(); ++p) {
     const T a = scale[static_cast<size_t>(p % l.c)], b = shift[static_cast<size_t>(p % l.c)];
     const T* xp = x + p * S;
     T* yp = y + p * S;
+    [[maybe_unused]] const T* rp = kResidual ? r + p * S : nullptr;
 #pragma omp simd
-    for (int64_t i = 0; i < S; ++i) yp[i] = xp[i] * a + b;
+    for (int64_t i = 0; i < S; ++i) {
+      T v = xp[i] * a + b;
+      if constexpr (kResidual) v += rp[i];
+      if constexpr (kRelu) v = v > T(0) ? v : T(0);  // as UnaryOp::Relu
+      yp[i] = v;
+    }
   }
+}
+
+template <typename T>
+void scale_shift(const PlaneLayout& l, const T* x, const std::vector<T>& scale, const std::vector<T>& shift,
+                 const T* residual, bool relu, T* y) {
+  if (residual != nullptr) {
+    return relu ? normalise_planes<T, true, true>(l, x, scale, shift, residual, y)
+                : normalise_planes<T, true, false>(l, x, scale, shift, residual, y);
+  }
+  return relu ? normalise_planes<T, false, true>(l, x, scale, shift, residual, y)
+              : normalise_planes<T, false, false>(l, x, scale, shift, residual, y);
 }
 
 // Per-channel (mean, biased centred sum of squares) of a training batch.
@@ -140,8 +164,8 @@ void batch_moments(const PlaneLayout& l, const T* x, std::vector<double>& mean, 
 
 template <typename T>
 void batch_norm_forward_typed(const Tensor& in, const Tensor& weight, const Tensor& bias, Tensor& running_mean,
-                              Tensor& running_var, bool training, double momentum, double eps, Tensor& out,
-                              Tensor& save_mean, Tensor& save_invstd) {
+                              Tensor& running_var, bool training, double momentum, double eps, const Tensor& residual,
+                              bool relu, Tensor& out, Tensor& save_mean, Tensor& save_invstd) {
   const PlaneLayout l = layout_of(in);
   const auto C = static_cast<size_t>(l.c);
   std::vector<double> mean(C), invstd(C);
@@ -173,50 +197,101 @@ void batch_norm_forward_typed(const Tensor& in, const Tensor& weight, const Tens
     scale[c] = static_cast<T>(invstd[c]) * w[c];
     shift[c] = b[c] - static_cast<T>(mean[c]) * scale[c];
   }
-  scale_shift<T>(l, in.data_ptr<T>(), scale, shift, out.data_ptr<T>());
+  scale_shift<T>(l, in.data_ptr<T>(), scale, shift, residual.defined() ? residual.data_ptr<T>() : nullptr, relu,
+                 out.data_ptr<T>());
 }
 
 void batch_norm_forward_cpu(const Tensor& in_any, const Tensor& weight, const Tensor& bias, Tensor& running_mean,
-                            Tensor& running_var, bool training, double momentum, double eps, Tensor& out,
-                            Tensor& save_mean, Tensor& save_invstd) {
+                            Tensor& running_var, bool training, double momentum, double eps, const Tensor& residual,
+                            bool relu, Tensor& out, Tensor& save_mean, Tensor& save_invstd) {
   check_output_dense("batch_norm", out);
   LOOM_CHECK(training || (running_mean.defined() && running_var.defined()),
              "batch_norm kernel: eval mode needs running_mean and running_var");
   const Tensor in = contiguous_input(in_any);
   dispatch_floating(in.dtype(), "batch_norm", [&]<typename T>() {
     batch_norm_forward_typed<T>(in, contiguous_input(weight), contiguous_input(bias), running_mean, running_var,
-                                training, momentum, eps, out, save_mean, save_invstd);
+                                training, momentum, eps, contiguous_input(residual), relu, out, save_mean, save_invstd);
   });
+}
+
+// The gradient reaching the normalisation, element i of a plane: dy, or with the fused
+// ReLU dy where the output y > 0 and 0 elsewhere (ReLU's backward, as threshold_backward).
+template <typename T, bool kRelu>
+struct PlaneGrad {
+  const T* dy;
+  const T* y;  // with kRelu only
+  T operator()(int64_t i) const {
+    if constexpr (kRelu) return y[i] > T(0) ? dy[i] : T(0);
+    return dy[i];
+  }
+};
+
+// Pass 1 of the backward: per-plane sum(g) and sum(g * (x - mean)). With `residual_grad`,
+// g is first written there (the residual's gradient, Note [Fused BatchNorm epilogue]), and
+// the sums read it back while the plane is still in cache.
+template <typename T, bool kRelu>
+void backward_sums(const PlaneLayout& l, const T* dy, const T* y, const T* x, const T* mean, T* residual_grad,
+                   double* plane_dy, double* plane_dot, bool parallel) {
+  const int64_t S = l.s;
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t p = 0; p < l.planes(); ++p) {
+    const T* xp = x + p * S;
+    const T m = mean[p % l.c];
+    PlaneGrad<T, kRelu> g{dy + p * S, kRelu ? y + p * S : nullptr};
+    if (residual_grad != nullptr) {
+      T* gp = residual_grad + p * S;
+#pragma omp simd
+      for (int64_t i = 0; i < S; ++i) gp[i] = g(i);
+      plane_dy[p] = static_cast<double>(sum_run<T>(S, [gp](int64_t i) { return gp[i]; }));
+      plane_dot[p] = static_cast<double>(sum_run<T>(S, [gp, xp, m](int64_t i) { return gp[i] * (xp[i] - m); }));
+    } else {
+      plane_dy[p] = static_cast<double>(sum_run<T>(S, g));
+      plane_dot[p] = static_cast<double>(sum_run<T>(S, [g, xp, m](int64_t i) { return g(i) * (xp[i] - m); }));
+    }
+  }
+}
+
+// Pass 2 of the backward: dx = a[c] * g + b[c] * x + c0[c].
+template <typename T, bool kRelu>
+void backward_dx(const PlaneLayout& l, const T* dy, const T* y, const T* x, const std::vector<T>& a,
+                 const std::vector<T>& bx, const std::vector<T>& c0, T* dx, bool parallel) {
+  const int64_t S = l.s;
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t p = 0; p < l.planes(); ++p) {
+    const auto c = static_cast<size_t>(p % l.c);
+    const T ap = a[c], bp = bx[c], cp = c0[c];
+    const T* xp = x + p * S;
+    PlaneGrad<T, kRelu> g{dy + p * S, kRelu ? y + p * S : nullptr};
+    T* dxp = dx + p * S;
+#pragma omp simd
+    for (int64_t i = 0; i < S; ++i) dxp[i] = ap * g(i) + bp * xp[i] + cp;
+  }
 }
 
 template <typename T>
 void batch_norm_backward_typed(const Tensor& grad_out, const Tensor& in, const Tensor& weight, const Tensor& save_mean,
-                               const Tensor& save_invstd, bool training, Tensor& grad_in, Tensor& grad_weight,
-                               Tensor& grad_bias) {
+                               const Tensor& save_invstd, bool training, const Tensor& relu_out, Tensor& grad_in,
+                               Tensor& grad_weight, Tensor& grad_bias, Tensor& grad_residual) {
   const PlaneLayout l = layout_of(in);
   const auto C = static_cast<size_t>(l.c);
-  const int64_t S = l.s;
   const T* x = in.data_ptr<T>();
   const T* dy = grad_out.data_ptr<T>();
+  const T* y = relu_out.defined() ? relu_out.data_ptr<T>() : nullptr;
+  T* residual_grad = grad_residual.defined() ? grad_residual.data_ptr<T>() : nullptr;
   const T* mean = save_mean.data_ptr<T>();
   const T* invstd = save_invstd.data_ptr<T>();
   const std::vector<T> w = per_channel<T>(weight, l.c, T(1));
-  const bool parallel = l.planes() * S > kBatchNormGrain && l.planes() > 1;
+  const bool parallel = l.planes() * l.s > kBatchNormGrain && l.planes() > 1;
 
-  // Pass 1: sum(dy) and sum(dy * (x - mean)) per channel. Eval-mode dx needs neither.
+  // Pass 1: sum(g) and sum(g * (x - mean)) per channel. Eval-mode dx needs neither, but
+  // the residual's gradient is written here.
   std::vector<double> sum_dy(C, 0.0), dot(C, 0.0);
-  if (grad_weight.defined() || grad_bias.defined() || (grad_in.defined() && training)) {
+  if (grad_weight.defined() || grad_bias.defined() || (grad_in.defined() && training) || residual_grad) {
     Tensor buffer;
     double* plane_dy = scratch(buffer, 2 * l.planes());
     double* plane_dot = plane_dy + l.planes();
-#pragma omp parallel for schedule(static) if (parallel)
-    for (int64_t p = 0; p < l.planes(); ++p) {
-      const T* xp = x + p * S;
-      const T* dyp = dy + p * S;
-      const T m = mean[p % l.c];
-      plane_dy[p] = static_cast<double>(sum_run<T>(S, [dyp](int64_t i) { return dyp[i]; }));
-      plane_dot[p] = static_cast<double>(sum_run<T>(S, [dyp, xp, m](int64_t i) { return dyp[i] * (xp[i] - m); }));
-    }
+    if (y) backward_sums<T, true>(l, dy, y, x, mean, residual_grad, plane_dy, plane_dot, parallel);
+    else backward_sums<T, false>(l, dy, y, x, mean, residual_grad, plane_dy, plane_dot, parallel);
     for (int64_t p = 0; p < l.planes(); ++p) {
       sum_dy[p % l.c] += plane_dy[p];
       dot[p % l.c] += plane_dot[p];
@@ -228,10 +303,10 @@ void batch_norm_backward_typed(const Tensor& grad_out, const Tensor& in, const T
   }
   if (!grad_in.defined()) return;
 
-  // Pass 2. Training: dx = (dy - mean(dy) - (x - mean) * k) * invstd * w, where
+  // Pass 2. Training: dx = (g - mean(g) - (x - mean) * k) * invstd * w, where
   // k = dot * invstd^2 / count is the batch statistics' own dependence on x; folded
-  // into dx = a*dy + b*x + c0 per channel. Eval: the statistics are constants, so
-  // dx = dy * invstd * w.
+  // into dx = a*g + b*x + c0 per channel. Eval: the statistics are constants, so
+  // dx = g * invstd * w.
   const double count = static_cast<double>(l.count());
   std::vector<T> a(C), bx(C), c0(C);
   for (size_t c = 0; c < C; ++c) {
@@ -244,27 +319,22 @@ void batch_norm_backward_typed(const Tensor& grad_out, const Tensor& in, const T
     c0[c] = static_cast<T>((static_cast<double>(mean[c]) * k - mean_dy) * wi);
   }
   T* dx = grad_in.data_ptr<T>();
-#pragma omp parallel for schedule(static) if (parallel)
-  for (int64_t p = 0; p < l.planes(); ++p) {
-    const auto c = static_cast<size_t>(p % l.c);
-    const T ap = a[c], bp = bx[c], cp = c0[c];
-    const T* xp = x + p * S;
-    const T* dyp = dy + p * S;
-    T* dxp = dx + p * S;
-#pragma omp simd
-    for (int64_t i = 0; i < S; ++i) dxp[i] = ap * dyp[i] + bp * xp[i] + cp;
-  }
+  if (residual_grad) backward_dx<T, false>(l, residual_grad, nullptr, x, a, bx, c0, dx, parallel);  // g, as written
+  else if (y) backward_dx<T, true>(l, dy, y, x, a, bx, c0, dx, parallel);
+  else backward_dx<T, false>(l, dy, nullptr, x, a, bx, c0, dx, parallel);
 }
 
 void batch_norm_backward_cpu(const Tensor& grad_out_any, const Tensor& in_any, const Tensor& weight,
-                             const Tensor& save_mean, const Tensor& save_invstd, bool training, Tensor& grad_in,
-                             Tensor& grad_weight, Tensor& grad_bias) {
+                             const Tensor& save_mean, const Tensor& save_invstd, bool training, const Tensor& relu_out,
+                             Tensor& grad_in, Tensor& grad_weight, Tensor& grad_bias, Tensor& grad_residual) {
   check_output_dense("batch_norm_backward", grad_in);
+  check_output_dense("batch_norm_backward", grad_residual);
   const Tensor in = contiguous_input(in_any);
   const Tensor grad_out = contiguous_input(grad_out_any);
   dispatch_floating(in.dtype(), "batch_norm_backward", [&]<typename T>() {
     batch_norm_backward_typed<T>(grad_out, in, contiguous_input(weight), contiguous_input(save_mean),
-                                 contiguous_input(save_invstd), training, grad_in, grad_weight, grad_bias);
+                                 contiguous_input(save_invstd), training, contiguous_input(relu_out), grad_in,
+                                 grad_weight, grad_bias, grad_residual);
   });
 }
 

@@ -2,6 +2,7 @@
 
 #include <omp.h>  // defines: omp_set_num_threads, for --threads
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -9,12 +10,14 @@
 
 #include "autograd/grad_mode.h"             // defines: NoGradGuard, for evaluation
 #include "autograd/ops.h"                   // defines: argmax, eq, sum
+#include "core/trace.h"                     // defines: trace::Span (LOOM_TRACE=path draws the steps)
 #include "data/cifar10.h"                   // defines: CIFAR10
 #include "data/data_root.h"                 // defines: find_cifar10_root
 #include "data/dataloader.h"                // defines: DataLoader
 #include "data/synthetic_cifar.h"           // defines: SyntheticCIFAR
 #include "data/transforms.h"                // defines: Compose, RandomCrop, ...
 #include "examples/train/checkpoint.h"      // defines: save_checkpoint, load_checkpoint
+#include "examples/train/distributed.h"     // defines: Distributed, what --mode ddp changes
 #include "examples/train/progress.h"        // defines: ProgressBar, RunningMetrics
 #include "nn/loss.h"                        // defines: CrossEntropyLoss
 #include "nn/optim/lr_scheduler.h"          // defines: CosineAnnealingLR, OneCycleLR
@@ -63,8 +66,12 @@ int64_t count_correct(const Tensor& logits, const Tensor& labels) {
   return sum(eq(argmax(logits, 1), labels).to(kInt64)).item<int64_t>();
 }
 
+// limit: stop once this many examples are counted (batch granularity), -1: no limit.
+// real: count only the first `real` examples, running every batch (ddp: Note [Evaluating
+// a shard without double counting]); -1: count all.
 RunningMetrics evaluate(nn::Module& model, nn::CrossEntropyLoss& criterion, data::DataLoader& loader, Device device,
-                        int64_t limit) {
+                        int64_t limit, int64_t real = -1) {
+  trace::Span span("evaluate", "train");
   NoGradGuard no_grad;
   model.eval();
   RunningMetrics metrics;
@@ -72,66 +79,102 @@ RunningMetrics evaluate(nn::Module& model, nn::CrossEntropyLoss& criterion, data
     if (limit >= 0 && metrics.examples >= static_cast<double>(limit)) break;
     Tensor images = batch.data.to(device), labels = batch.target.to(device);
     Tensor logits = model(images);
-    metrics.add(criterion(logits, labels).item<float>(), count_correct(logits, labels), batch.size());
+    int64_t n = batch.size();
+    if (real >= 0 && metrics.examples + static_cast<double>(n) > static_cast<double>(real)) {
+      n = std::max<int64_t>(real - static_cast<int64_t>(metrics.examples), 0);  // the rest is padding
+      if (n == 0) continue;
+      logits = logits.narrow(0, 0, n);
+      labels = labels.narrow(0, 0, n);
+    }
+    metrics.add(criterion(logits, labels).item<float>(), count_correct(logits, labels), n);
   }
   model.train();
   return metrics;
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t mid = values.size() / 2;
+  return values.size() % 2 ? values[mid] : (values[mid - 1] + values[mid]) / 2;
 }
 
 }  // namespace
 
 TrainResult train_cifar10(const TrainConfig& config) {
   if (config.threads > 0) omp_set_num_threads(static_cast<int>(config.threads));
+  Distributed dist(config);  // single mode: rank 0 of 1, no communication
+  trace::set_thread_name("train");  // this thread's row in a LOOM_TRACE picture
   manual_seed(config.seed);
   const Device device(config.device);
 
   auto train_set = make_dataset(config, /*train=*/true);
   auto test_set = make_dataset(config, /*train=*/false);
-  data::DataLoader train_loader(train_set, {.batch_size = config.batch_size, .shuffle = config.shuffle,
-                                            .num_workers = config.workers, .persistent_workers = config.workers > 0,
-                                            .seed = config.seed});
-  data::DataLoader test_loader(test_set, {.batch_size = 256, .num_workers = config.workers,
-                                          .persistent_workers = config.workers > 0});
+  // ddp: each rank its shard (a DistributedSampler, shuffled per epoch) instead of shuffle.
+  auto train_sampler = dist.train_sampler(train_set->size(), config);
+  data::DataLoader train_loader(train_set, {.batch_size = config.batch_size,
+                                            .shuffle = train_sampler ? false : config.shuffle,
+                                            .sampler = train_sampler, .num_workers = config.workers,
+                                            .persistent_workers = config.workers > 0, .seed = config.seed});
+  // ddp: each rank its in-order share of the first eval_count test images, padding
+  // excluded (Note [Evaluating a shard without double counting]); eval_limit is then exact.
+  const int64_t eval_count = config.eval_limit >= 0 ? std::min(config.eval_limit, test_set->size()) : test_set->size();
+  data::DataLoader test_loader(test_set, {.batch_size = 256, .sampler = dist.eval_sampler(eval_count),
+                                          .num_workers = config.workers, .persistent_workers = config.workers > 0});
+  const int64_t eval_limit = dist.enabled() ? -1 : config.eval_limit;
+  const int64_t eval_real = dist.enabled() ? dist.real_examples(eval_count) : -1;
 
   auto model = make_model(config);
   model->to(device);
   if (!config.init.empty()) nn::load(*model, config.init);
+  // The module the loop calls: the model, or DistributedDataParallel around it (which
+  // shares its parameters, so the optimizer and checkpoints use the model's own).
+  auto net = dist.wrap(model, config);
   nn::CrossEntropyLoss criterion(Tensor(), Reduction::Mean, -100, config.label_smoothing);
-  optim::SGD optimizer(model->parameters(), {.lr = config.lr, .momentum = config.momentum,
-                                             .weight_decay = config.weight_decay, .nesterov = config.nesterov});
+  LOOM_CHECK(config.lr_scaling == "none" || config.lr_scaling == "linear", "--lr-scaling: expected none or linear, "
+             "got '", config.lr_scaling, "'");
+  const double lr = config.lr_scaling == "linear" ? config.lr * dist.world_size() : config.lr;
+  optim::SGD optimizer(net->parameters(), {.lr = lr, .momentum = config.momentum,
+                                           .weight_decay = config.weight_decay, .nesterov = config.nesterov});
   const int64_t steps_per_epoch = train_loader.size();
   // The schedule spans --epochs; --max-steps only stops early, so that a run cut short
   // (and later resumed) follows the same learning-rate curve as an uninterrupted one.
-  auto scheduler = make_scheduler(config, optimizer, std::max<int64_t>(steps_per_epoch * config.epochs, 1));
+  TrainConfig scheduled = config;
+  scheduled.lr = lr;
+  auto scheduler = make_scheduler(scheduled, optimizer, std::max<int64_t>(steps_per_epoch * config.epochs, 1));
 
   TrainingPosition position;
   if (config.resume) {
     LOOM_CHECK(!config.checkpoint_dir.empty(), "--resume needs --checkpoint-dir DIR");
     position = load_checkpoint(config.checkpoint_dir, *model, optimizer, scheduler.get());
-    if (config.progress)
+    // A checkpoint's epoch metrics are every rank's sum; one rank carries them on.
+    if (!dist.is_main()) position.metrics = RunningMetrics{};
+    if (config.progress && dist.is_main())
       std::fprintf(stderr, "resumed from %s at epoch %lld, step %lld\n", checkpoint_path(config.checkpoint_dir).c_str(),
                    static_cast<long long>(position.epoch + 1), static_cast<long long>(position.global_step));
   }
 
   TrainResult result;
   if (config.eval_only) {
-    RunningMetrics test = evaluate(*model, criterion, test_loader, device, config.eval_limit);
+    RunningMetrics test = dist.sum(evaluate(*net, criterion, test_loader, device, eval_limit, eval_real));
     result.test_loss = test.loss();
     result.test_acc = test.accuracy();
-    std::printf("eval: test loss %.4f  test acc %.2f%% (%lld images)\n", test.loss(), 100 * test.accuracy(),
-                static_cast<long long>(test.examples));
+    if (dist.is_main())
+      std::printf("eval: test loss %.4f  test acc %.2f%% (%lld images)\n", test.loss(), 100 * test.accuracy(),
+                  static_cast<long long>(test.examples));
     return result;
   }
 
-  model->train();
+  net->train();
   double timed_images = 0, timed_seconds = 0;
+  std::vector<double> step_seconds;
   bool out_of_steps = false;
   for (int64_t epoch = position.epoch; epoch < config.epochs && !out_of_steps; ++epoch) {
     train_loader.set_epoch(epoch);  // the order and augmentation of an epoch depend on (seed, epoch) only
     RunningMetrics metrics = epoch == position.epoch ? position.metrics : RunningMetrics{};
     const int64_t skip = epoch == position.epoch ? position.step_in_epoch : 0;
     ProgressBar bar("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(config.epochs), steps_per_epoch,
-                    config.progress);
+                    config.progress && dist.is_main());
     auto epoch_start = Clock::now();
     double epoch_images = 0;
     int64_t step_in_epoch = 0;
@@ -145,12 +188,23 @@ TrainResult train_cifar10(const TrainConfig& config) {
         break;
       }
       auto step_start = Clock::now();
+      trace::Span step_span("step " + std::to_string(position.global_step + 1), "train");
       Tensor images = batch.data.to(device), labels = batch.target.to(device);
-      Tensor logits = (*model)(images);
-      Tensor loss = criterion(logits, labels);
+      Tensor logits, loss;
+      {
+        trace::Span span("forward", "train");
+        logits = (*net)(images);
+        loss = criterion(logits, labels);
+      }
       optimizer.zero_grad();
-      loss.backward();
-      optimizer.step();
+      {
+        trace::Span span("backward", "train");  // ddp: returns with averaged gradients
+        loss.backward();
+      }
+      {
+        trace::Span span("optimizer step", "train");
+        optimizer.step();
+      }
       if (scheduler) scheduler->step();
       metrics.add(loss.item<float>(), count_correct(logits.detach(), labels), batch.size());
       ++step_in_epoch;
@@ -161,43 +215,57 @@ TrainResult train_cifar10(const TrainConfig& config) {
       if (position.global_step > 1) {  // the first step warms caches and the allocator
         timed_images += static_cast<double>(batch.size());
         timed_seconds += seconds;
+        step_seconds.push_back(seconds);
       }
       double elapsed = std::chrono::duration<double>(Clock::now() - epoch_start).count();
-      bar.update(step_in_epoch, metrics, epoch_images / std::max(elapsed, 1e-9));
+      bar.update(step_in_epoch, metrics, dist.world_size() * epoch_images / std::max(elapsed, 1e-9));
       if (!config.checkpoint_dir.empty() && config.checkpoint_every > 0 &&
           position.global_step % config.checkpoint_every == 0) {
-        save_checkpoint(config.checkpoint_dir, *model, optimizer, scheduler.get(),
-                        {epoch, step_in_epoch, position.global_step, metrics});
+        RunningMetrics so_far = dist.sum(metrics);  // every rank's examples (a collective)
+        if (dist.is_main())
+          save_checkpoint(config.checkpoint_dir, *model, optimizer, scheduler.get(),
+                          {epoch, step_in_epoch, position.global_step, so_far});
+        dist.barrier();
       }
     }
     bar.finish();
     double epoch_seconds = std::chrono::duration<double>(Clock::now() - epoch_start).count();
-    RunningMetrics test = evaluate(*model, criterion, test_loader, device, config.eval_limit);
+    RunningMetrics test = dist.sum(evaluate(*net, criterion, test_loader, device, eval_limit, eval_real));
+    metrics = dist.sum(metrics);
+    epoch_images = dist.sum(epoch_images);
     result.train_loss = metrics.loss();
     result.train_acc = metrics.accuracy();
     result.test_loss = test.loss();
     result.test_acc = test.accuracy();
     if (!out_of_steps || step_in_epoch == steps_per_epoch) result.epochs = epoch + 1;
-    std::printf("epoch %lld/%lld  train loss %.4f  train acc %.2f%%  test loss %.4f  test acc %.2f%%  "
-                "time %.1fs  %.1f img/s\n",
-                static_cast<long long>(epoch + 1), static_cast<long long>(config.epochs), metrics.loss(),
-                100 * metrics.accuracy(), test.loss(), 100 * test.accuracy(), epoch_seconds,
-                epoch_images / std::max(epoch_seconds, 1e-9));
-    std::fflush(stdout);
+    if (dist.is_main()) {
+      std::printf("epoch %lld/%lld  train loss %.4f  train acc %.2f%%  test loss %.4f  test acc %.2f%%  "
+                  "time %.1fs  %.1f img/s\n",
+                  static_cast<long long>(epoch + 1), static_cast<long long>(config.epochs), metrics.loss(),
+                  100 * metrics.accuracy(), test.loss(), 100 * test.accuracy(), epoch_seconds,
+                  epoch_images / std::max(epoch_seconds, 1e-9));
+      std::fflush(stdout);
+    }
     if (!config.checkpoint_dir.empty()) {
       bool finished_epoch = step_in_epoch == steps_per_epoch;
-      save_checkpoint(config.checkpoint_dir, *model, optimizer, scheduler.get(),
-                      finished_epoch ? TrainingPosition{epoch + 1, 0, position.global_step, {}}
-                                     : TrainingPosition{epoch, step_in_epoch, position.global_step, metrics});
+      if (dist.is_main())
+        save_checkpoint(config.checkpoint_dir, *model, optimizer, scheduler.get(),
+                        finished_epoch ? TrainingPosition{epoch + 1, 0, position.global_step, {}}
+                                       : TrainingPosition{epoch, step_in_epoch, position.global_step, metrics});
+      dist.barrier();
     }
   }
   result.steps = position.global_step;
-  result.img_per_s = timed_seconds > 0 ? timed_images / timed_seconds : 0;
-  if (!config.save.empty()) {
-    nn::save(*model, config.save);
-    std::printf("saved weights to %s\n", config.save.c_str());
+  result.img_per_s = dist.sum(timed_seconds > 0 ? timed_images / timed_seconds : 0);
+  result.median_step_s = median(step_seconds);
+  if (dist.is_main()) {
+    if (!config.save.empty()) {
+      nn::save(*model, config.save);  // the model's own keys, without DDP's "module." prefix
+      std::printf("saved weights to %s\n", config.save.c_str());
+    }
+    if (!config.metrics_json.empty()) write_metrics_json(result, config.metrics_json);
   }
-  if (!config.metrics_json.empty()) write_metrics_json(result, config.metrics_json);
+  dist.barrier();  // nobody leaves (or reads the files) before rank 0 has written them
   return result;
 }
 
@@ -205,9 +273,9 @@ void write_metrics_json(const TrainResult& r, const std::string& path) {
   char json[512];
   std::snprintf(json, sizeof(json),
                 "{\"train_loss\": %.6f, \"train_acc\": %.6f, \"test_loss\": %.6f, \"test_acc\": %.6f, "
-                "\"img_per_s\": %.3f, \"steps\": %lld, \"epochs\": %lld}\n",
-                r.train_loss, r.train_acc, r.test_loss, r.test_acc, r.img_per_s, static_cast<long long>(r.steps),
-                static_cast<long long>(r.epochs));
+                "\"img_per_s\": %.3f, \"median_step_s\": %.6f, \"steps\": %lld, \"epochs\": %lld}\n",
+                r.train_loss, r.train_acc, r.test_loss, r.test_acc, r.img_per_s, r.median_step_s,
+                static_cast<long long>(r.steps), static_cast<long long>(r.epochs));
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
   {
     std::ofstream out(tmp, std::ios::trunc);

@@ -4,6 +4,10 @@
 // One step is the loop every PyTorch user knows:
 //   output = model(images); loss = criterion(output, labels);
 //   optimizer.zero_grad(); loss.backward(); optimizer.step(); scheduler.step()
+//
+// --mode ddp (under loomrun) runs the same loop in every process, with the model wrapped
+// in DistributedDataParallel and each process on its shard of every epoch; what changes
+// is in examples/train/distributed.h.
 #pragma once
 
 #include <cstdint>
@@ -41,11 +45,18 @@ struct TrainConfig {
   int64_t eval_limit = -1;     // evaluate on at most this many test images; -1: all
   std::string metrics_json;
   bool progress = true;
+  // Distributed data parallel (examples/train/distributed.h); the defaults are one process.
+  std::string mode = "single";       // single | ddp
+  std::string backend;               // ddp: gloo | nccl; "" = nccl on CUDA, gloo on CPU
+  bool sync_bn = false;              // ddp: BatchNorm2d statistics over every rank
+  std::string lr_scaling = "none";   // none | linear (lr x world size: the global batch grew)
+  double bucket_cap_mb = 25;         // ddp: gradient bucket size
 };
 
 struct TrainResult {
   double train_loss = 0, train_acc = 0, test_loss = 0, test_acc = 0;
-  double img_per_s = 0;  // training images per second over the timed steps
+  double img_per_s = 0;  // training images per second over the timed steps (all ranks)
+  double median_step_s = 0;  // the median time of a timed step (rank 0's, under ddp)
   int64_t steps = 0;     // optimizer steps taken in total (including before a resume)
   int64_t epochs = 0;    // epochs completed
 };

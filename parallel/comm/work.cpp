@@ -20,11 +20,17 @@ void Work::wait() const {
   if (error_) std::rethrow_exception(error_);
 }
 
+std::chrono::steady_clock::time_point Work::completed_at() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return completed_at_;
+}
+
 void Work::finish(std::exception_ptr error) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     LOOM_CHECK(!done_, "Work::finish called twice for ", description_, " (a backend bug)");
     done_ = true;
+    completed_at_ = std::chrono::steady_clock::now();
     error_ = std::move(error);
   }
   done_cv_.notify_all();

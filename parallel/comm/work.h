@@ -19,6 +19,7 @@
 // in nccl_communicator.h. For host-side backends (Gloo) the two are the same.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <mutex>
@@ -43,6 +44,9 @@ class Work {
   virtual void synchronize() const { Work::wait(); }
   // "all_reduce #3 (sum) of float32 [4, 3] on rank 1 of 2": what this Work is for.
   const std::string& description() const { return description_; }
+  // When the backend finished it (steady clock); meaningful once is_completed(). Lets a
+  // tracer draw the operation's true extent after the fact (DDP's bucket spans).
+  std::chrono::steady_clock::time_point completed_at() const;
 
   // Backends: mark the operation finished, with its error if it failed. Exactly once.
   void finish(std::exception_ptr error = nullptr);
@@ -52,6 +56,7 @@ class Work {
   mutable std::mutex mutex_;
   mutable std::condition_variable done_cv_;
   bool done_ = false;
+  std::chrono::steady_clock::time_point completed_at_{};
   std::exception_ptr error_;
 };
 

@@ -1,0 +1,133 @@
+"""DDP throughput on CPU: loom's DDP vs the same processes without communication vs PyTorch.
+
+    python3 bench/bench_ddp.py                         # resnet18, batch 32, 2 x 1 thread
+    python3 bench/bench_ddp.py --model tiny --steps 30 --repeat 3
+
+Runs, interleaved (--repeat times), each with --world-size processes of one compute
+thread on synthetic CIFAR-shaped data:
+  loom ddp         loomrun --nproc_per_node W train_cifar10 --mode ddp
+  loom independent W x train_cifar10 --mode single at the same time (same flags, no
+                   communication): the ceiling DDP is measured against
+  torch ddp        bench/ddp_torch.py: torch.nn.parallel.DistributedDataParallel, gloo
+and prints img/s (the median over repeats of world * batch / median step time) and the
+ratios. Targets: loom ddp >= 99% of loom independent, and >= torch ddp.
+
+On a shared machine the wall-clock numbers move with the neighbours' load, and DDP
+(whose ranks wait for each other every step) suffers from it more than independent
+processes do. So each run's CPU time (user + sys of every process, from getrusage) is
+reported too, per training image: a load-independent view of what DDP itself costs.
+Both include start-up, the same for every configuration.
+Needs a built loom (build/) and, for the PyTorch row, python3-torch (--torch-python).
+"""
+import argparse
+import json
+import os
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(cmd, env):
+    done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if done.returncode != 0:
+        sys.exit(f"bench_ddp.py: failed ({done.returncode}): {' '.join(cmd)}\n{done.stdout}")
+    return done.stdout
+
+
+def loom_args(args, metrics):
+    return ["--model", args.model, "--synthetic", "--batch-size", str(args.batch_size), "--max-steps", str(args.steps),
+            "--epochs", "1", "--threads", "1", "--workers", "0", "--eval-limit", "0", "--quiet",
+            "--metrics-json", metrics]
+
+
+def loom_ddp(args, env, tmp):
+    metrics = os.path.join(tmp, "ddp.json")
+    run([args.loomrun, "--standalone", "--nproc_per_node", str(args.world_size), args.train, "--mode", "ddp",
+         *loom_args(args, metrics)], env)
+    with open(metrics) as f:
+        step = json.load(f)["median_step_s"]
+    return args.world_size * args.batch_size / step
+
+
+def loom_independent(args, env, tmp):
+    procs, files = [], []
+    for i in range(args.world_size):
+        files.append(os.path.join(tmp, f"single{i}.json"))
+        procs.append(subprocess.Popen([args.train, "--mode", "single", "--seed", str(i), *loom_args(args, files[-1])],
+                                      env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
+    if any(p.wait() != 0 for p in procs):
+        sys.exit("bench_ddp.py: an independent train_cifar10 failed")
+    total = 0.0
+    for name in files:
+        with open(name) as f:
+            total += args.batch_size / json.load(f)["median_step_s"]
+    return total
+
+
+def torch_ddp(args, env, tmp):
+    out = run([args.torch_python, os.path.join(ROOT, "bench", "ddp_torch.py"), "--world-size", str(args.world_size),
+               "--model", args.model, "--batch-size", str(args.batch_size), "--steps", str(args.steps),
+               "--port", str(free_port())], env)
+    line = [l for l in out.splitlines() if l.startswith("{")][-1]
+    return json.loads(line)["img_per_s"]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="resnet18", choices=["resnet18", "tiny"])
+    parser.add_argument("--batch-size", type=int, default=32, help="per process")
+    parser.add_argument("--steps", type=int, default=11, help="optimizer steps per run; the first is not timed")
+    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=3, help="interleaved runs of each configuration")
+    parser.add_argument("--build", default=os.path.join(ROOT, "build"))
+    parser.add_argument("--torch-python", default="/usr/bin/python3", help="a python that imports torch ('' skips)")
+    args = parser.parse_args()
+    args.loomrun = os.path.join(args.build, "parallel", "loomrun")
+    args.train = os.path.join(args.build, "examples", "train_cifar10")
+    for exe in (args.loomrun, args.train):
+        if not os.access(exe, os.X_OK):
+            sys.exit(f"bench_ddp.py: {exe} not found; build loom first (meson setup build && ninja -C build)")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    configs = [("loom ddp", loom_ddp), ("loom independent", loom_independent)]
+    if args.torch_python:
+        configs.append(("torch ddp (gloo)", torch_ddp))
+    results = {name: [] for name, _ in configs}
+    cpu_ms = {name: [] for name, _ in configs}  # CPU milliseconds per training image
+    images = args.world_size * args.batch_size * args.steps
+    print(f"# {args.world_size} processes x 1 thread, {args.model}, batch {args.batch_size}/process, "
+          f"{args.steps - 1} timed steps, {args.repeat} interleaved repeats, {os.cpu_count()} cores", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.repeat):
+            for name, fn in configs:
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
+                results[name].append(fn(args, env, tmp))
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+                cpu_ms[name].append(1e3 * cpu / images)
+                print(f"#   repeat {r + 1}: {name:18s} {results[name][-1]:8.1f} img/s  "
+                      f"{cpu_ms[name][-1]:7.1f} CPU ms/img", flush=True)
+    medians = {name: statistics.median(v) for name, v in results.items()}
+    cpu = {name: statistics.median(v) for name, v in cpu_ms.items()}
+    print(f"{'configuration':20s} {'img/s (median)':>15s} {'CPU ms/img':>11s}  img/s of each run")
+    for name, v in results.items():
+        print(f"{name:20s} {medians[name]:15.1f} {cpu[name]:11.1f}  {' '.join(f'{x:.1f}' for x in v)}")
+    ddp, independent = medians["loom ddp"], medians["loom independent"]
+    print(f"loom ddp / loom independent = {ddp / independent:.3f}  (target >= 0.99); "
+          f"CPU per image: {cpu['loom ddp'] / cpu['loom independent']:.3f}x")
+    if "torch ddp (gloo)" in medians:
+        print(f"loom ddp / torch ddp        = {ddp / medians['torch ddp (gloo)']:.3f}  (target >= 1.00)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+#include "examples/train/distributed.h"
+
+#include <exception>
+#include <vector>
+
+#include "core/factory.h"                              // defines: from_vector
+#include "data/distributed_sampler.h"                  // defines: DistributedSampler
+#include "parallel/comm/process_group.h"               // defines: init_process_group, default_group
+#include "parallel/ddp/distributed_data_parallel.h"    // defines: DistributedDataParallel
+#include "parallel/sync_batch_norm.h"                  // defines: convert_sync_batchnorm
+
+namespace loom::examples {
+
+namespace dist = loom::distributed;
+
+Distributed::Distributed(const TrainConfig& config) {
+  if (config.mode == "single") {
+    LOOM_CHECK(!config.sync_bn, "--sync-bn needs --mode ddp (with one process there is nothing to synchronise)");
+    LOOM_CHECK(config.backend.empty(), "--backend needs --mode ddp");
+    return;
+  }
+  LOOM_CHECK(config.mode == "ddp", "--mode: expected single or ddp, got '", config.mode, "'");
+  const Device device(config.device);
+  const std::string backend = config.backend.empty() ? (device.is_cuda() ? "nccl" : "gloo") : config.backend;
+  LOOM_CHECK(backend != "nccl" || device.is_cuda(), "--backend nccl moves CUDA tensors, but --device is ",
+             config.device, "; use --backend gloo for CPU training");
+  LOOM_CHECK(backend != "gloo" || device.is_cpu(), "--backend gloo moves CPU tensors, but --device is ",
+             config.device, "; use --backend nccl for CUDA training");
+  // make_communicator says clearly when a backend is not built in (nccl, for now).
+  dist::init_process_group(backend);
+  comm_ = dist::default_group();
+  rank_ = comm_->rank();
+  world_ = comm_->size();
+}
+
+Distributed::~Distributed() {
+  if (!comm_ || std::uncaught_exceptions() > 0) return;
+  try {
+    comm_.reset();
+    dist::destroy_process_group();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train_cifar10: rank %d: leaving the process group: %s\n", rank_, e.what());
+  }
+}
+
+std::shared_ptr<nn::Module> Distributed::wrap(std::shared_ptr<nn::Module> model, const TrainConfig& config) const {
+  if (!comm_) return model;
+  if (config.sync_bn) nn::convert_sync_batchnorm(model, comm_);
+  ddp::DDPOptions options;
+  options.bucket_cap_mb = config.bucket_cap_mb;
+  return std::make_shared<ddp::DistributedDataParallel>(model, comm_, options);
+}
+
+std::shared_ptr<data::Sampler> Distributed::train_sampler(int64_t dataset_size, const TrainConfig& config) const {
+  if (!comm_) return nullptr;
+  return std::make_shared<data::DistributedSampler>(dataset_size, world_, rank_, config.shuffle, config.seed);
+}
+
+std::shared_ptr<data::Sampler> Distributed::eval_sampler(int64_t count) const {
+  if (!comm_) return nullptr;
+  return std::make_shared<data::DistributedSampler>(count, world_, rank_, /*shuffle=*/false);
+}
+
+int64_t Distributed::real_examples(int64_t count) const {
+  // Rank r's k-th image is image r + k * R: real while r + k * R < count.
+  return count > rank_ ? (count - rank_ + world_ - 1) / world_ : 0;
+}
+
+RunningMetrics Distributed::sum(const RunningMetrics& m) const {
+  if (!comm_) return m;
+  Tensor t = from_vector<double>({m.loss_sum, m.correct, m.examples}, {3});
+  comm_->all_reduce(t)->wait();
+  auto v = t.tolist<double>();
+  return RunningMetrics{v[0], v[1], v[2]};
+}
+
+double Distributed::sum(double value) const {
+  if (!comm_) return value;
+  Tensor t = from_vector<double>({value}, {1});
+  comm_->all_reduce(t)->wait();
+  return t.item<double>();
+}
+
+double Distributed::max(double value) const {
+  if (!comm_) return value;
+  Tensor t = from_vector<double>({value}, {1});
+  comm_->all_reduce(t, dist::ReduceOp::Max)->wait();
+  return t.item<double>();
+}
+
+void Distributed::barrier() const {
+  if (comm_) comm_->barrier()->wait();
+}
+
+}  // namespace loom::examples

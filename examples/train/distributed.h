@@ -1,0 +1,73 @@
+// What `--mode ddp` adds to the training loop (trainer.cpp), in one place, so that the
+// loop reads the same in both modes:
+//
+//   Distributed dist(config);                 // ddp: init_process_group from loomrun's env
+//   auto net = dist.wrap(model, config);      // ddp: SyncBatchNorm (--sync-bn), then DDP
+//   DataLoader train(set, {.sampler = dist.train_sampler(...)});   // each rank its shard
+//   ...
+//   RunningMetrics epoch = dist.sum(metrics); // every rank's examples, on every rank
+//   if (dist.is_main()) print(...), save(...);
+//   dist.barrier();
+//
+// In single mode every member is the identity: rank 0 of 1, no communication.
+//
+// Note [Evaluating a shard without double counting]
+// Each rank evaluates its share of the test set, in order: DistributedSampler without
+// shuffle gives rank r the images r, r + R, r + 2R, ... After the N real images it pads
+// every rank to the same count by repeating images from the start, so that every rank
+// runs the same number of batches (and so the same DDP collectives). The padding must
+// not count twice: rank r counts only its first ceil((N - r) / R) images, the real ones,
+// and the all-reduced sums then cover each test image exactly once. --eval-limit L
+// evaluates exactly the first L images this way.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "data/sampler.h"
+#include "examples/train/progress.h"
+#include "examples/train/trainer.h"
+#include "nn/module.h"
+#include "parallel/comm/communicator.h"
+
+namespace loom::examples {
+
+class Distributed {
+ public:
+  // Checks the distributed flags; in ddp mode joins the process group (a collective).
+  explicit Distributed(const TrainConfig& config);
+  // Leaves the process group, after every rank has arrived (not while unwinding an
+  // error: then the process exits and loomrun stops the others).
+  ~Distributed();
+  Distributed(const Distributed&) = delete;
+  Distributed& operator=(const Distributed&) = delete;
+
+  bool enabled() const { return comm_ != nullptr; }
+  int rank() const { return rank_; }
+  int world_size() const { return world_; }
+  bool is_main() const { return rank_ == 0; }
+
+  // The module the loop calls: `model` itself, or DistributedDataParallel around it.
+  std::shared_ptr<nn::Module> wrap(std::shared_ptr<nn::Module> model, const TrainConfig& config) const;
+  // Training order: null in single mode (the loader shuffles), else this rank's
+  // DistributedSampler (shuffled by (seed, epoch); the loader forwards set_epoch).
+  std::shared_ptr<data::Sampler> train_sampler(int64_t dataset_size, const TrainConfig& config) const;
+  // Evaluation: null in single mode, else this rank's in-order share of the first
+  // `count` images; real_examples() says how many of them to count. See Note
+  // [Evaluating a shard without double counting].
+  std::shared_ptr<data::Sampler> eval_sampler(int64_t count) const;
+  int64_t real_examples(int64_t count) const;
+
+  // Sums (or maxima) over ranks; the value itself in single mode.
+  RunningMetrics sum(const RunningMetrics& metrics) const;
+  double sum(double value) const;
+  double max(double value) const;
+  void barrier() const;
+
+ private:
+  std::shared_ptr<distributed::Communicator> comm_;
+  int rank_ = 0, world_ = 1;
+};
+
+}  // namespace loom::examples

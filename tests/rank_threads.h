@@ -1,0 +1,69 @@
+// Multi-rank tests in one process: each rank is a thread with its own TCPStore client and
+// GlooCommunicator, talking over real TCP on 127.0.0.1 (as tests/test_comm_gloo.cpp).
+//
+//   auto errors = run_ranks(2, [&](std::shared_ptr<Communicator> comm) { ... });
+//   require_no_errors(errors);
+//
+// Everything a rank needs that involves randomness (models, data) should be made on the
+// main thread before run_ranks: the default generator is shared by all threads.
+#pragma once
+
+#include <doctest/doctest.h>
+#include <omp.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "parallel/comm/gloo_communicator.h"
+#include "parallel/store/tcp_store.h"
+
+namespace loom::testing {
+
+using namespace std::chrono_literals;
+
+// Runs body(comm) on n ranks, one thread each; returns each rank's error ("" if none).
+// Collectives time out after `timeout`, so a test that goes wrong fails instead of hanging.
+inline std::vector<std::string> run_ranks(int n, const std::function<void(std::shared_ptr<distributed::Communicator>)>& body,
+                                          std::chrono::milliseconds timeout = 20s) {
+  auto server = std::make_shared<distributed::TCPStore>("127.0.0.1", 0, /*is_server=*/true, 20s);
+  std::vector<std::string> errors(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      omp_set_num_threads(1);  // n ranks share this machine's cores, as n processes would
+      try {
+        auto store = r == 0 ? server : std::make_shared<distributed::TCPStore>("127.0.0.1", server->port(), false, 20s);
+        distributed::GlooOptions options;
+        options.timeout = timeout;
+        auto comm = std::make_shared<distributed::GlooCommunicator>(store, "ranks", r, n, options);
+        body(comm);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+inline void require_no_errors(const std::vector<std::string>& errors) {
+  for (size_t r = 0; r < errors.size(); ++r)
+    if (!errors[r].empty()) FAIL("rank ", r, ": ", errors[r]);
+}
+
+inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// Largest |a - b| over two same-shaped tensors (any floating dtype).
+inline double max_abs_diff(const Tensor& a, const Tensor& b) {
+  REQUIRE(a.shape() == b.shape());
+  auto x = a.to(kFloat64).tolist<double>(), y = b.to(kFloat64).tolist<double>();
+  double m = 0;
+  for (size_t i = 0; i < x.size(); ++i) m = std::max(m, std::abs(x[i] - y[i]));
+  return m;
+}
+
+}  // namespace loom::testing
