@@ -36,11 +36,14 @@
 #include "parallel/comm/process_group.h"
 #include "parallel/comm/store_fingerprints.h"
 #include "parallel/store/socket.h"
+#include "rank_threads.h"  // defines: require_no_errors, contains
 
 using namespace loom;
 using namespace loom::distributed;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
+using loom::testing::contains;
+using loom::testing::require_no_errors;
 
 namespace {
 
@@ -52,14 +55,8 @@ constexpr bool kNcclBuilt = false;
 // Evaluated at static initialisation, before the TEST_CASEs below register.
 const int kGpus = kNcclBuilt ? cuda::device_count() : 0;
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
-void require_no_errors(const std::vector<std::string>& errors) {
-  for (size_t r = 0; r < errors.size(); ++r)
-    if (!errors[r].empty()) FAIL("rank ", r, ": ", errors[r]);
-}
-
-// Runs body(rank, store) on `n` threads, each with its own client of one store.
+// Runs body(rank, store) on `n` threads, each with its own client of one store (as
+// rank_threads.h's run_ranks, one level lower: the ranks make their own communicator).
 std::vector<std::string> run_threads(int n, const std::function<void(int, std::shared_ptr<TCPStore>)>& body) {
   auto server = std::make_shared<TCPStore>("127.0.0.1", 0, /*is_server=*/true, 20s);
   std::vector<std::string> errors(n);
