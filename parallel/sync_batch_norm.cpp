@@ -122,8 +122,8 @@ Tensor sync_batch_norm(const Tensor& input, const Tensor& running_mean, const Te
   Tensor mean = on_device_like(g.mean, x), var = on_device_like(g.biased_var, x);
   Tensor out = empty(x.shape(), options_of(x));
   Tensor save_mean = empty(mean.shape(), options_of(x)), save_invstd = empty(mean.shape(), options_of(x));
-  batch_norm_forward_kernel(x.device())(x, weight, bias, mean, var, /*training=*/false, 0.0, eps, out, save_mean,
-                                        save_invstd);
+  batch_norm_forward_kernel(x.device())(x, weight, bias, mean, var, /*training=*/false, 0.0, eps,
+                                        /*residual=*/Tensor(), /*relu=*/false, out, save_mean, save_invstd);
   if (!any_requires_grad({input, weight, bias})) return out;
 
   const double count = g.count;
@@ -141,8 +141,9 @@ Tensor sync_batch_norm(const Tensor& input, const Tensor& running_mean, const Te
            Tensor dx = empty(x.shape(), options_of(x));
            Tensor local_dot = empty(save_mean.shape(), options_of(x));
            Tensor local_sum = empty(save_mean.shape(), options_of(x));
-           batch_norm_backward_kernel(x.device())(dy, x, weight, save_mean, save_invstd, /*training=*/false, dx,
-                                                  local_dot, local_sum);
+           Tensor no_residual;
+           batch_norm_backward_kernel(x.device())(dy, x, weight, save_mean, save_invstd, /*training=*/false,
+                                                  /*relu_out=*/Tensor(), dx, local_dot, local_sum, no_residual);
            Tensor both = cat({local_sum, local_dot});
            group->all_reduce(both, distributed::ReduceOp::Sum)->wait();  // See Note [SyncBatchNorm communication].
            if (rx) {
