@@ -4,8 +4,11 @@
 //
 // Completion is discovered by polling: by the watchdog (which also fails the Work when
 // its deadline passes or the communicator is aborted), and by is_completed() and
-// synchronize() themselves, so that they never lag behind the watchdog's period. The
-// Work holds no pointer to its communicator, so it may outlive it.
+// synchronize() themselves, so that they never lag behind the watchdog's period. So
+// completed_at() and is_success() (not virtual) tell what was last noticed: ask
+// is_completed() first; completed_at() is when the host noticed, which may trail the
+// GPU by up to the watchdog's period. The Work holds no pointer to its communicator, so
+// it may outlive it.
 #pragma once
 
 #include <chrono>
