@@ -11,6 +11,9 @@
 #ifdef LOOM_WITH_GLOO
 #include "parallel/comm/gloo_communicator.h"
 #endif
+#ifdef LOOM_WITH_NCCL
+#include "parallel/comm/nccl_communicator.h"
+#endif
 
 namespace loom::distributed {
 
@@ -84,9 +87,17 @@ std::shared_ptr<Communicator> make_communicator(const std::string& backend, std:
               "(meson setup --reconfigure build -Dgloo=enabled)");
 #endif
   }
-  if (backend == "nccl")
-    LOOM_FAIL("backend \"nccl\": the NCCL communicator is not part of this build yet. Use backend \"gloo\" with "
-              "CPU tensors");
+  if (backend == "nccl") {
+#ifdef LOOM_WITH_NCCL
+    NcclOptions options;
+    options.timeout = timeout;
+    const int device = NcclCommunicator::default_device(rank);
+    return std::make_shared<NcclCommunicator>(std::move(store), prefix, rank, world_size, device, options);
+#else
+    LOOM_FAIL("backend \"nccl\": this loom was built without NCCL (it needs the CUDA backend and NCCL 2.14+; "
+              "see the 'nccl communicator' line of meson's summary). Use backend \"gloo\" with CPU tensors");
+#endif
+  }
   LOOM_FAIL("unknown backend \"", backend, "\"; expected \"gloo\" (CPU tensors) or \"nccl\" (CUDA tensors)");
 }
 

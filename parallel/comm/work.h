@@ -12,6 +12,11 @@
 //
 // wait() itself has no timeout: the operation has one (see Note [Nothing hangs
 // forever] in communicator.h), and it finishes the Work when it expires.
+//
+// Backends whose operations run on a GPU stream (NCCL) subclass Work: their wait()
+// orders the caller's current stream after the operation instead of blocking the host,
+// as PyTorch's ProcessGroupNCCL; synchronize() blocks the host. See Note [NCCL streams]
+// in nccl_communicator.h. For host-side backends (Gloo) the two are the same.
 #pragma once
 
 #include <chrono>
@@ -25,12 +30,18 @@ namespace loom::distributed {
 class Work {
  public:
   explicit Work(std::string description) : description_(std::move(description)) {}
+  virtual ~Work() = default;
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
 
-  bool is_completed() const;
+  virtual bool is_completed() const;
   // Completed without error (false while still running).
   bool is_success() const;
   // Blocks until the operation finished; rethrows its error, every time it is called.
-  void wait() const;
+  // (GPU backends: makes the current stream wait for it instead; see above.)
+  virtual void wait() const;
+  // Blocks the host until the operation finished; rethrows its error.
+  virtual void synchronize() const { Work::wait(); }
   // "all_reduce #3 (sum) of float32 [4, 3] on rank 1 of 2": what this Work is for.
   const std::string& description() const { return description_; }
   // When the backend finished it (steady clock); meaningful once is_completed(). Lets a
