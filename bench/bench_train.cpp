@@ -42,7 +42,6 @@
 #include "autograd/ops.h"          // defines: randn, randint
 #include "core/allocator.h"        // defines: memory_stats
 #include "core/kernels.h"          // defines: the dispatch stubs --profile wraps
-#include "cuda/device.h"           // defines: cuda::is_compiled, for the RSS caveat
 #include "data/synthetic_cifar.h"  // defines: SyntheticCIFAR
 #include "data/transforms.h"       // defines: Compose, RandomCrop, ...
 #include "nn/loss.h"               // defines: CrossEntropyLoss
@@ -363,11 +362,6 @@ int run_driver(const Options& o) {
               "median of %d process(es); img/s (higher is better), peak RSS in MiB\n",
               o.threads, o.warmup, o.steps, o.repeat);
   if (o.torch) std::printf("PyTorch: %s " LOOM_BENCH_DIR "/bench_train_torch.py; tuned = %s\n", o.python.c_str(), kTunedEnv);
-  if (cuda::is_compiled()) {
-    // Measured on the development machine: 281 MiB vs 131 MiB for a batch-8 eval process.
-    std::printf("note: this loom links the CUDA backend; loading cuBLASLt alone adds ~150 MiB to every loom "
-                "process's RSS, GPU or not (configure with -Dcuda=disabled to compare CPU builds)\n");
-  }
   std::printf("\n%-6s %5s %10s %8s", "mode", "batch", "loom", "RSS");
   if (o.torch) std::printf(" %10s %8s %10s %8s %10s %10s %9s", "torch", "RSS", "tuned", "RSS", "vs torch", "vs tuned",
                            "RSS ratio");

@@ -11,8 +11,10 @@
 // i.e. the library's own error string, the call, what loom was doing, file:line.
 //
 // The trailing arguments are streamed (as LOOM_CHECK's), and only evaluated on failure.
-// The cuBLAS and cuDNN macros name their libraries' functions but this header does not
+// The cuBLAS and cuDNN macros name their libraries' types but this header does not
 // include their headers: a file using LOOM_CUBLAS_CHECK includes <cublas_v2.h> itself.
+// cuBLAS is dlopen()ed (Note [Why cuBLAS is loaded lazily], cuda/cublas_loader.h), so its
+// status string comes through the loader, not a direct call.
 #pragma once
 
 #ifndef LOOM_WITH_CUDA
@@ -35,6 +37,9 @@ namespace loom::cuda::detail {
   if (!what.empty()) message += " while " + what;
   ::loom::detail::throw_error(file, line, message);
 }
+
+// cublasGetStatusString through the lazily loaded library (cuda/cublas_loader.cpp).
+const char* cublas_status_string(int status);
 
 inline std::string cuda_error_string(cudaError_t error) {
   return ::loom::detail::str(cudaGetErrorString(error), " (", cudaGetErrorName(error), ")");
@@ -61,7 +66,7 @@ inline std::string cuda_error_string(cudaError_t error) {
   do {                                                                                                      \
     const cublasStatus_t loom_cublas_status_ = (call);                                                      \
     if (loom_cublas_status_ != CUBLAS_STATUS_SUCCESS) [[unlikely]]                                          \
-      ::loom::cuda::detail::throw_library_error("cuBLAS", cublasGetStatusString(loom_cublas_status_), #call, \
+      ::loom::cuda::detail::throw_library_error("cuBLAS", ::loom::cuda::detail::cublas_status_string(loom_cublas_status_), #call, \
                                                 std::string(__VA_OPT__(::loom::detail::str(__VA_ARGS__))), __FILE__, __LINE__);      \
   } while (0)
 

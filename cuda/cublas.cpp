@@ -11,9 +11,10 @@
 // One call serves every case: cublasGemmStridedBatchedEx with batch 1 for mm, the
 // batch dim's stride otherwise; float32 accumulates in float32 (or TF32 when allowed:
 // see cuda/backends.h), float64 in float64, float16/bfloat16 in float32.
+//
+// cuBLAS is not linked: every call goes through the table of cuda/cublas_loader.h
+// (Note [Why cuBLAS is loaded lazily]), loaded by the first matmul.
 #include "cuda/backends.h"  // declares: set_allow_tf32
-
-#include <cublas_v2.h>  // defines: cublasGemmStridedBatchedEx, cublasSetMathMode, cublasGetStatusString
 
 #include <atomic>
 #include <climits>
@@ -21,6 +22,7 @@
 #include "core/kernels.h"
 #include "cuda/check.h"   // defines: LOOM_CUBLAS_CHECK
 #include "cuda/copy.h"    // defines: contiguous_on_device, copy_on_device
+#include "cuda/cublas_loader.h"  // defines: cublas() (the dlopen()ed functions)
 #include "cuda/device.h"  // defines: DeviceGuard, current_stream
 #include "cuda/handle_pool.h"  // defines: HandlePool, HandleLease
 
@@ -32,7 +34,7 @@ std::atomic<bool> g_allow_tf32{false};
 HandlePool<cublasHandle_t>& cublas_handles() {
   static auto* pool = new HandlePool<cublasHandle_t>([](int device) {  // leaked: see cuda/handle_pool.h
     cublasHandle_t handle = nullptr;
-    LOOM_CUBLAS_CHECK(cublasCreate(&handle), "creating a cuBLAS handle on cuda:", device);
+    LOOM_CUBLAS_CHECK(cublas().Create(&handle), "creating a cuBLAS handle on cuda:", device);
     return handle;
   });
   return *pool;
@@ -104,11 +106,11 @@ void gemm(const Tensor& a, const Tensor& b, double beta, Tensor& out) {
   const void* beta_ptr = dtype == kFloat64 ? static_cast<const void*>(&beta64) : &beta32;
 
   HandleLease<cublasHandle_t> lease(cublas_handles(), device);
-  LOOM_CUBLAS_CHECK(cublasSetStream(lease.handle, current_stream(device).handle), "binding cuBLAS to loom's stream");
-  LOOM_CUBLAS_CHECK(cublasSetMathMode(lease.handle, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
+  LOOM_CUBLAS_CHECK(cublas().SetStream(lease.handle, current_stream(device).handle), "binding cuBLAS to loom's stream");
+  LOOM_CUBLAS_CHECK(cublas().SetMathMode(lease.handle, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
                     "setting cuBLAS's math mode");
   // C^T = B^T A^T: B's operand first, m = N, n = M.
-  LOOM_CUBLAS_CHECK(cublasGemmStridedBatchedEx(lease.handle, B.op, A.op, to_int(N, "N"), to_int(M, "M"), to_int(K, "K"),
+  LOOM_CUBLAS_CHECK(cublas().GemmStridedBatchedEx(lease.handle, B.op, A.op, to_int(N, "N"), to_int(M, "M"), to_int(K, "K"),
                                                alpha, B.storage.raw_data(), type, to_int(B.ld, "ldb"), B.batch_stride,
                                                A.storage.raw_data(), type, to_int(A.ld, "lda"), A.batch_stride, beta_ptr,
                                                result.raw_data(), type, to_int(ldc, "ldc"), stride_c, to_int(batch, "batch"),
