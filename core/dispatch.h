@@ -9,7 +9,13 @@
 //   LOOM_DEFINE_KERNEL(relu_kernel);                                             // kernels.cpp
 //   LOOM_REGISTER_KERNEL(relu_kernel, DeviceType::CPU, relu_cpu);                // cpu/*.cpp
 //   relu_kernel(x.device())(x, out);                                             // caller
+//
+// Every stub defined with LOOM_DEFINE_KERNEL is also listed in kernel_registry(), so a
+// test can ask which kernels a backend lacks (tests/test_cuda.cpp: every kernel with a
+// CPU implementation must have a CUDA one in a CUDA build).
 #pragma once
+
+#include <vector>
 
 #include "core/device.h"
 #include "core/error.h"
@@ -32,13 +38,40 @@ struct DispatchStub {
     return fn;
   }
   void set(DeviceType type, Fn fn) { table[static_cast<int>(type)] = fn; }
+  // Whether a backend registered this kernel for `type`.
+  bool has(DeviceType type) const { return table[static_cast<int>(type)] != nullptr; }
 };
+
+// One defined stub, type-erased: its name and whether a device type has a kernel.
+struct KernelListing {
+  const char* name;
+  const void* stub;
+  bool (*has_fn)(const void* stub, DeviceType type);
+  bool has(DeviceType type) const { return has_fn(stub, type); }
+};
+
+// Every stub defined with LOOM_DEFINE_KERNEL in the loaded program, in static
+// initialisation order. (An inline function's static is one object across libloom and
+// the executables that include this header.)
+inline std::vector<KernelListing>& kernel_registry() {
+  static std::vector<KernelListing> listings;
+  return listings;
+}
 
 namespace detail {
 struct KernelRegistrar {
   template <typename Stub, typename Fn>
   KernelRegistrar(Stub& stub, DeviceType type, Fn fn) {
     stub.set(type, fn);
+  }
+};
+
+struct KernelLister {
+  template <typename Stub>
+  explicit KernelLister(const Stub& stub) {
+    kernel_registry().push_back({stub.name, &stub, [](const void* s, DeviceType type) {
+                                   return static_cast<const Stub*>(s)->has(type);
+                                 }});
   }
 };
 }  // namespace detail
@@ -51,7 +84,11 @@ struct KernelRegistrar {
 
 // constinit: the stub is filled in by registrars in other translation units during
 // static initialisation, so it must itself be initialised before any of them runs.
-#define LOOM_DEFINE_KERNEL(NAME) constinit ::loom::DispatchStub<NAME##_fn> NAME(#NAME)
+// The lister (a static initialiser in the defining file) only records the stub's address;
+// registrars elsewhere may run before or after it.
+#define LOOM_DEFINE_KERNEL(NAME)                                  \
+  constinit ::loom::DispatchStub<NAME##_fn> NAME(#NAME);          \
+  static ::loom::detail::KernelLister LOOM_CONCAT(NAME##_lister_, __COUNTER__)(NAME)
 
 #define LOOM_CONCAT_INNER(a, b) a##b
 #define LOOM_CONCAT(a, b) LOOM_CONCAT_INNER(a, b)

@@ -16,10 +16,12 @@
 // Device-to-device copies never block the host.
 #include <cuda_runtime_api.h>  // defines: cudaMemcpyAsync, cudaMemcpyPeerAsync, cudaDeviceEnablePeerAccess
 
+#include <cstring>
 #include <mutex>
 #include <set>
 #include <utility>
 
+#include "core/factory.h"  // defines: empty
 #include "core/kernels.h"
 #include "cuda/check.h"           // defines: LOOM_CUDA_CHECK
 #include "cuda/copy.h"            // defines: copy_on_device
@@ -147,5 +149,25 @@ void copy_cuda(const Tensor& src, Tensor& dst, bool non_blocking) {
 }  // namespace
 
 LOOM_REGISTER_KERNEL(copy_kernel, DeviceType::CUDA, copy_cuda);
+
+Tensor copy_to_device_async(const Tensor& src, Device device) {
+  check_device(device);
+  LOOM_CHECK(src.device().is_cpu(), "copy_to_device_async: expected a CPU tensor, got one on ", src.device());
+  const Tensor host = contiguous_on_host(src);
+  Tensor dst = empty(src.shape(), TensorOptions(src.dtype()).device(device));
+  const size_t nbytes = host.nbytes();
+  if (nbytes == 0) return dst;
+  DeviceGuard guard(device.index);
+  const Stream stream = current_stream(device.index);
+  Allocator& pinned = pinned_host_allocator();
+  void* block = pinned.allocate(nbytes, Device());
+  std::memcpy(block, host.raw_data(), nbytes);
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), block, nbytes, cudaMemcpyHostToDevice, stream.handle),
+                  "copying ", nbytes, " bytes from pinned host memory to ", device);
+  // Freed now, handed out again only after the DMA: Note [Pinned block reuse].
+  record_pinned_use(block, stream);
+  pinned.deallocate(block, nbytes, Device());
+  return dst;
+}
 
 }  // namespace loom::cuda

@@ -85,6 +85,7 @@ void record_stream(const Tensor&, Stream) { not_compiled("cuda::record_stream");
 Allocator& pinned_host_allocator() { not_compiled("pinned host memory"); }
 bool is_pinned(const void*) { return false; }
 void record_pinned_use(const void*, Stream) {}
+Tensor copy_to_device_async(const Tensor&, Device) { not_compiled("cuda::copy_to_device_async"); }
 
 void set_allow_tf32(bool) {}
 bool allow_tf32() { return false; }

@@ -14,6 +14,7 @@
 #pragma once
 
 #include "core/allocator.h"  // defines: loom::Allocator
+#include "core/tensor.h"
 #include "cuda/device.h"     // defines: loom::cuda::Stream
 
 namespace loom::cuda {
@@ -24,5 +25,13 @@ Allocator& pinned_host_allocator();
 bool is_pinned(const void* ptr);
 // See Note [Pinned block reuse]; no-op for memory that is not pinned.
 void record_pinned_use(const void* ptr, Stream stream);
+
+// `host` (a CPU tensor in ordinary, pageable memory, e.g. a DataLoader batch) copied to
+// `device` without blocking the host: its bytes are first memcpy'd into a cached pinned
+// block, which then crosses by DMA on the device's current stream -- the copy
+// DataLoader(pin_memory=true) + .to(device, non_blocking=true) makes in PyTorch. The
+// result is valid on that stream (Note [Streams in loom]); the host may reuse `host` at
+// once. Throws (saying why) without a GPU.
+Tensor copy_to_device_async(const Tensor& host, Device device);
 
 }  // namespace loom::cuda

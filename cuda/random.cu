@@ -5,10 +5,11 @@
 // Element i of a draw is f(seed, first + i) on the CPU and on the GPU alike, so
 // manual_seed(s); randn({n}, cuda) equals randn({n}, cpu).to(cuda), and a run does not
 // change its numbers when it moves to a GPU. For that:
-// - random_bits / random_uniform below are a *copy* of core/generator.h's (core/ cannot
-//   mark its functions __device__ without a CUDA header). tests/test_cuda.cpp checks
-//   the copy against the original on the host, on every build, GPU or not; change both
-//   together.
+// - random_bits / random_uniform (cuda/random_bits.cuh) are a *copy* of
+//   core/generator.h's (core/ cannot mark its functions __device__ without a CUDA
+//   header). tests/test_cuda.cpp checks the copy against the original on the host, on
+//   every build, GPU or not; change both together. Dropout (cuda/dropout.cu) draws
+//   from the same copy.
 // - The affine maps use __dmul_rn / __dadd_rn: nvcc would otherwise contract
 //   a + b * c into one fused multiply-add, which rounds differently from the CPU (g++
 //   with -std=c++20 does not contract).
@@ -21,21 +22,10 @@
 #include "core/kernels.h"
 #include "cuda/loops.cuh"   // defines: dispatch_types, grid_size, kBlockSize
 #include "cuda/random.h"
+#include "cuda/random_bits.cuh"  // defines: random_bits, random_uniform (device copies)
 
 namespace loom::cuda {
 namespace {
-
-// Copy of core/generator.h: random_bits. Keep identical; see the Note above.
-__host__ __device__ inline uint64_t random_bits(uint64_t seed, uint64_t i) {
-  uint64_t z = seed * 0x9E3779B97F4A7C15ull + i * 0xD1B54A32D192ED03ull + 0x632BE59BD9B4E019ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-// Copy of core/generator.h: random_uniform.
-__host__ __device__ inline double random_uniform(uint64_t seed, uint64_t i) {
-  return static_cast<double>(random_bits(seed, i) >> 11) * 0x1.0p-53;
-}
 
 struct UniformFn {
   double low, scale;  // scale = high - low, computed on the host as the CPU does
