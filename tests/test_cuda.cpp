@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -21,10 +22,25 @@
 #include "cuda/backends.h"           // defines: set_allow_tf32, set_cudnn_allow_tf32
 #include "cuda/device.h"             // defines: is_available, Stream, Event, StreamGuard
 #include "cuda/random.h"             // defines: device_random_bits_on_host
+#include "nn/optim/sgd.h"            // declares: sgd_update_kernel
 
 using namespace loom;
 
 namespace {
+
+// Whether a shared object whose path contains `name` is mapped into this process.
+bool library_mapped(const std::string& name) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    if (line.find(name) != std::string::npos) return true;
+  }
+  return false;
+}
+
+// Read at static initialisation, after libloom's own (its registrars have run), before
+// any test can have touched CUDA. See Note [Why cuBLAS is loaded lazily].
+const bool kCublasMappedAtLoad = library_mapped("libcublas");
 
 // Evaluated at static initialisation, before the TEST_CASEs below register (same
 // translation unit, so in order), so that the skip decorators can read it.
@@ -121,6 +137,40 @@ TEST_CASE("the device copy of random_bits equals core/generator.h's" * doctest::
       REQUIRE(cuda::device_random_uniform_on_host(seed, counter) == random_uniform(seed, counter));
     }
   }
+}
+
+TEST_CASE("loading loom maps no cuBLAS: it is dlopen()ed by the first GPU matmul" * doctest::skip(!cuda::is_compiled())) {
+  // This build links the CUDA runtime, so the check below is not vacuous.
+  REQUIRE(library_mapped("libcudart"));
+  CHECK_FALSE(kCublasMappedAtLoad);
+  CHECK_FALSE(library_mapped("libcublasLt"));
+  if (!kGpu) CHECK_FALSE(library_mapped("libcublas"));  // nothing here can have loaded it
+}
+
+TEST_CASE("every kernel with a CPU implementation has a CUDA one" * doctest::skip(!cuda::is_compiled())) {
+  // kernel_registry() lists every stub defined with LOOM_DEFINE_KERNEL (core/dispatch.h),
+  // so a kernel added to core/kernels.h with only a CPU implementation fails here.
+  const std::vector<KernelListing>& kernels = kernel_registry();
+  REQUIRE(kernels.size() >= 35);  // core/kernels.h's 34 + sgd_update_kernel, at least
+  auto missing_on_cuda = [&] {
+    std::string missing;
+    for (const KernelListing& k : kernels) {
+      if (k.has(DeviceType::CPU) && !k.has(DeviceType::CUDA)) missing += std::string(missing.empty() ? "" : ", ") + k.name;
+    }
+    return missing;
+  };
+  bool saw_sgd = false;
+  for (const KernelListing& k : kernels) saw_sgd = saw_sgd || std::string(k.name) == "sgd_update_kernel";
+  CHECK(saw_sgd);
+  const std::string missing = missing_on_cuda();
+  INFO("kernels with a CPU but no CUDA implementation: ", missing);
+  CHECK(missing.empty());
+  // The scan does see a missing kernel: take one CUDA slot away for a moment.
+  const auto dropout_cuda = dropout_kernel.table[static_cast<int>(DeviceType::CUDA)];
+  dropout_kernel.set(DeviceType::CUDA, nullptr);
+  CHECK(missing_on_cuda() == "dropout_kernel");
+  dropout_kernel.set(DeviceType::CUDA, dropout_cuda);
+  CHECK(optim::sgd_update_kernel.has(DeviceType::CUDA));
 }
 
 TEST_CASE("every kernel of the CUDA backend is registered (the static library is linked whole)" *
