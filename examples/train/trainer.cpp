@@ -17,6 +17,7 @@
 #include "data/synthetic_cifar.h"           // defines: SyntheticCIFAR
 #include "data/transforms.h"                // defines: Compose, RandomCrop, ...
 #include "examples/train/checkpoint.h"      // defines: save_checkpoint, load_checkpoint
+#include "examples/train/device.h"          // defines: training_device, to_training_device, read_loss_and_correct
 #include "examples/train/distributed.h"     // defines: Distributed, what --mode ddp changes
 #include "examples/train/progress.h"        // defines: ProgressBar, RunningMetrics
 #include "nn/loss.h"                        // defines: CrossEntropyLoss
@@ -62,10 +63,6 @@ std::unique_ptr<optim::LRScheduler> make_scheduler(const TrainConfig& config, op
   LOOM_FAIL("--schedule: expected none, cosine or onecycle, got '", config.schedule, "'");
 }
 
-int64_t count_correct(const Tensor& logits, const Tensor& labels) {
-  return sum(eq(argmax(logits, 1), labels).to(kInt64)).item<int64_t>();
-}
-
 // limit: stop once this many examples are counted (batch granularity), -1: no limit.
 // real: count only the first `real` examples, running every batch (ddp: Note [Evaluating
 // a shard without double counting]); -1: count all.
@@ -77,7 +74,7 @@ RunningMetrics evaluate(nn::Module& model, nn::CrossEntropyLoss& criterion, data
   RunningMetrics metrics;
   for (data::Batch& batch : loader) {
     if (limit >= 0 && metrics.examples >= static_cast<double>(limit)) break;
-    Tensor images = batch.data.to(device), labels = batch.target.to(device);
+    Tensor images = to_training_device(batch.data, device), labels = to_training_device(batch.target, device);
     Tensor logits = model(images);
     int64_t n = batch.size();
     if (real >= 0 && metrics.examples + static_cast<double>(n) > static_cast<double>(real)) {
@@ -86,7 +83,8 @@ RunningMetrics evaluate(nn::Module& model, nn::CrossEntropyLoss& criterion, data
       logits = logits.narrow(0, 0, n);
       labels = labels.narrow(0, 0, n);
     }
-    metrics.add(criterion(logits, labels).item<float>(), count_correct(logits, labels), n);
+    const auto [loss, correct] = read_loss_and_correct(criterion(logits, labels), logits, labels);
+    metrics.add(loss, correct, n);
   }
   model.train();
   return metrics;
@@ -103,10 +101,11 @@ double median(std::vector<double> values) {
 
 TrainResult train_cifar10(const TrainConfig& config) {
   if (config.threads > 0) omp_set_num_threads(static_cast<int>(config.threads));
+  // First: a missing GPU is an error naming why, before any data is read.
+  const Device device = training_device(config.device);
   Distributed dist(config);  // single mode: rank 0 of 1, no communication
   trace::set_thread_name("train");  // this thread's row in a LOOM_TRACE picture
   manual_seed(config.seed);
-  const Device device(config.device);
 
   auto train_set = make_dataset(config, /*train=*/true);
   auto test_set = make_dataset(config, /*train=*/false);
@@ -189,7 +188,8 @@ TrainResult train_cifar10(const TrainConfig& config) {
       }
       auto step_start = Clock::now();
       trace::Span step_span("step " + std::to_string(position.global_step + 1), "train");
-      Tensor images = batch.data.to(device), labels = batch.target.to(device);
+      // On a GPU: queued copies from pinned memory; the host runs ahead to the forward.
+      Tensor images = to_training_device(batch.data, device), labels = to_training_device(batch.target, device);
       Tensor logits, loss;
       {
         trace::Span span("forward", "train");
@@ -206,7 +206,9 @@ TrainResult train_cifar10(const TrainConfig& config) {
         optimizer.step();
       }
       if (scheduler) scheduler->step();
-      metrics.add(loss.item<float>(), count_correct(logits.detach(), labels), batch.size());
+      // The step's one wait for the GPU: loss and accuracy come back in a single copy.
+      const auto [step_loss, step_correct] = read_loss_and_correct(loss, logits, labels);
+      metrics.add(step_loss, step_correct, batch.size());
       ++step_in_epoch;
       ++position.global_step;
 

@@ -1,0 +1,43 @@
+#include "examples/train/device.h"
+
+#include <vector>
+
+#include "autograd/ops.h"            // defines: argmax, eq, sum, stack
+#include "core/error.h"
+#include "cuda/device.h"             // defines: cuda::is_compiled, is_available, unavailable_reason
+#include "cuda/host_allocator.h"     // defines: cuda::copy_to_device_async
+
+namespace loom::examples {
+
+Device training_device(const std::string& flag) {
+  Device device;
+  try {
+    device = Device(flag);
+  } catch (const Error& e) {
+    LOOM_FAIL("--device: expected cpu, cpu:N, cuda or cuda:N, got '", flag, "' (", e.what(), ")");
+  }
+  if (!device.is_cuda()) return device;
+  LOOM_CHECK(cuda::is_compiled(), "--device ", flag, ": this loom was built without the CUDA backend "
+             "(reconfigure with -Dcuda=enabled on a machine with the CUDA toolkit), or train with --device cpu");
+  LOOM_CHECK(cuda::is_available(), "--device ", flag, ": no CUDA device is available: ", cuda::unavailable_reason(),
+             ". Train on the CPU with --device cpu, or check that `nvidia-smi` lists a GPU");
+  LOOM_CHECK(device.index < cuda::device_count(), "--device ", flag, ": ", device, " does not exist; ",
+             cuda::device_count(), " CUDA device(s) are visible (cuda:0..cuda:", cuda::device_count() - 1, ")");
+  return device;
+}
+
+Tensor to_training_device(const Tensor& batch, Device device) {
+  if (batch.device() == device) return batch;
+  if (device.is_cuda() && batch.device().is_cpu()) return cuda::copy_to_device_async(batch, device);
+  return batch.to(device);
+}
+
+std::pair<float, int64_t> read_loss_and_correct(const Tensor& loss, const Tensor& logits, const Tensor& labels) {
+  const Tensor correct = sum(eq(argmax(logits.detach(), 1), labels).to(kInt64));
+  // One device -> host copy (and so one wait for the GPU) for both numbers; a count of
+  // at most a batch is exact in float64, and the float loss survives the round trip.
+  const std::vector<double> both = stack({loss.detach().to(kFloat64), correct.to(kFloat64)}).tolist<double>();
+  return {static_cast<float>(both[0]), static_cast<int64_t>(both[1])};
+}
+
+}  // namespace loom::examples

@@ -1,0 +1,35 @@
+// Where training runs: --device cpu | cpu:N | cuda | cuda:N, checked up front, and the
+// copy of each batch to it.
+//
+//   const Device device = training_device("cuda");   // a loom::Error saying why, if no GPU
+//   Tensor images = to_training_device(batch.data, device);
+//
+// On a GPU, a step must not wait for the host more than once: batches cross from
+// pinned memory without blocking (cuda::copy_to_device_async, as PyTorch's
+// DataLoader(pin_memory=True) + .to(device, non_blocking=True)), and the step's loss
+// and accuracy are read back together, once (read_loss_and_correct).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "core/tensor.h"
+
+namespace loom::examples {
+
+// The device named by --device, after checking it can be used: for cuda / cuda:N that
+// this loom has the CUDA backend and that the GPU exists, else a loom::Error naming the
+// reason (cuda::unavailable_reason()) and the alternative (--device cpu). "cuda" means
+// cuda:0. Nothing is allocated on the device.
+Device training_device(const std::string& flag);
+
+// `batch` (CPU) on `device`: a non-blocking copy through pinned memory for CUDA, a
+// plain .to(device) otherwise.
+Tensor to_training_device(const Tensor& batch, Device device);
+
+// The loss (a 0-dim tensor) and the number of rows whose argmax equals the label,
+// computed on the logits' device and read back to the host in one copy.
+std::pair<float, int64_t> read_loss_and_correct(const Tensor& loss, const Tensor& logits, const Tensor& labels);
+
+}  // namespace loom::examples

@@ -1,0 +1,78 @@
+// examples/train on a device: --device cuda is a clear error on a machine without a GPU
+// (runs everywhere), and a few training steps on the GPU follow the CPU's (needs a GPU).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+
+#include "core/error.h"
+#include "cuda/device.h"                // defines: cuda::is_available, unavailable_reason
+#include "examples/train/device.h"      // defines: training_device
+#include "examples/train/trainer.h"     // defines: TrainConfig, train_cifar10
+
+using namespace loom;
+using namespace loom::examples;
+
+namespace {
+
+const bool kGpu = cuda::is_available();
+
+// A tiny synthetic run: no dataset on disk, a few steps.
+TrainConfig tiny_run(const std::string& device) {
+  TrainConfig c;
+  c.model = "tiny";
+  c.synthetic = true;
+  c.synthetic_size = 64;
+  c.batch_size = 16;
+  c.epochs = 1;
+  c.max_steps = 3;
+  c.eval_limit = 32;
+  c.workers = 0;
+  c.progress = false;
+  c.augment = false;
+  c.device = device;
+  return c;
+}
+
+std::string error_of(const TrainConfig& config) {
+  try {
+    (void)train_cifar10(config);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST_CASE("--device cuda without a GPU is a loom::Error that names the reason, not a crash" * doctest::skip(kGpu)) {
+  for (const std::string device : {"cuda", "cuda:1"}) {
+    const std::string message = error_of(tiny_run(device));
+    INFO("--device ", device, " says: ", message);
+    CHECK(message.find("--device " + device) != std::string::npos);
+    if (cuda::is_compiled()) {
+      CHECK(message.find("no CUDA device is available") != std::string::npos);
+      CHECK(message.find(cuda::unavailable_reason()) != std::string::npos);
+    } else {
+      CHECK(message.find("built without the CUDA backend") != std::string::npos);
+    }
+    CHECK(message.find("--device cpu") != std::string::npos);  // what to do instead
+  }
+  // A malformed device is also a flag error, on any machine.
+  CHECK(error_of(tiny_run("gpu:0")).find("--device") != std::string::npos);
+}
+
+TEST_CASE("training_device accepts the CPU devices everywhere") {
+  CHECK(training_device("cpu") == Device("cpu"));
+  CHECK(training_device("cpu:1") == Device("cpu:1"));
+}
+
+TEST_CASE("a few training steps on the GPU follow the CPU's" * doctest::skip(!kGpu)) {
+  const TrainResult cpu = train_cifar10(tiny_run("cpu"));
+  const TrainResult gpu = train_cifar10(tiny_run("cuda"));
+  CHECK(gpu.steps == cpu.steps);
+  // Same seed, weights, batches and update rule; float sums in other orders (cuDNN,
+  // reductions) move the loss in its fourth digit at most over three steps.
+  CHECK(std::abs(gpu.train_loss - cpu.train_loss) <= 1e-3 * std::abs(cpu.train_loss));
+  CHECK(std::abs(gpu.test_loss - cpu.test_loss) <= 1e-3 * std::abs(cpu.test_loss));
+}
