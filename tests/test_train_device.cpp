@@ -68,6 +68,8 @@ TEST_CASE("training_device accepts the CPU devices everywhere") {
 }
 
 TEST_CASE("a few training steps on the GPU follow the CPU's" * doctest::skip(!kGpu)) {
+  CHECK(training_device("cuda") == Device("cuda:0"));
+  CHECK(training_device("cuda:0", 5) == Device("cuda:0"));  // an explicit index wins
   const TrainResult cpu = train_cifar10(tiny_run("cpu"));
   const TrainResult gpu = train_cifar10(tiny_run("cuda"));
   CHECK(gpu.steps == cpu.steps);

@@ -9,7 +9,7 @@
 
 namespace loom::examples {
 
-Device training_device(const std::string& flag) {
+Device training_device(const std::string& flag, int default_index) {
   Device device;
   try {
     device = Device(flag);
@@ -17,6 +17,7 @@ Device training_device(const std::string& flag) {
     LOOM_FAIL("--device: expected cpu, cpu:N, cuda or cuda:N, got '", flag, "' (", e.what(), ")");
   }
   if (!device.is_cuda()) return device;
+  if (flag.find(':') == std::string::npos) device.index = default_index;
   LOOM_CHECK(cuda::is_compiled(), "--device ", flag, ": this loom was built without the CUDA backend "
              "(reconfigure with -Dcuda=enabled on a machine with the CUDA toolkit), or train with --device cpu");
   LOOM_CHECK(cuda::is_available(), "--device ", flag, ": no CUDA device is available: ", cuda::unavailable_reason(),

@@ -20,9 +20,11 @@ namespace loom::examples {
 
 // The device named by --device, after checking it can be used: for cuda / cuda:N that
 // this loom has the CUDA backend and that the GPU exists, else a loom::Error naming the
-// reason (cuda::unavailable_reason()) and the alternative (--device cpu). "cuda" means
-// cuda:0. Nothing is allocated on the device.
-Device training_device(const std::string& flag);
+// reason (cuda::unavailable_reason()) and the alternative (--device cpu). "cuda" without
+// an index means cuda:`default_index` -- under --mode ddp the trainer passes LOCAL_RANK,
+// so each process takes its own GPU, as torch.device("cuda", local_rank) in a torchrun
+// script. Nothing is allocated on the device.
+Device training_device(const std::string& flag, int default_index = 0);
 
 // `batch` (CPU) on `device`: a non-blocking copy through pinned memory for CUDA, a
 // plain .to(device) otherwise.

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>  // defines: getenv, atoi (LOCAL_RANK)
 #include <filesystem>
 #include <fstream>
 
@@ -101,8 +102,10 @@ double median(std::vector<double> values) {
 
 TrainResult train_cifar10(const TrainConfig& config) {
   if (config.threads > 0) omp_set_num_threads(static_cast<int>(config.threads));
-  // First: a missing GPU is an error naming why, before any data is read.
-  const Device device = training_device(config.device);
+  // First: a missing GPU is an error naming why, before any data is read. Under ddp,
+  // "--device cuda" is this process's GPU, cuda:LOCAL_RANK (set by loomrun).
+  const char* local_rank = config.mode == "ddp" ? std::getenv("LOCAL_RANK") : nullptr;
+  const Device device = training_device(config.device, local_rank ? std::atoi(local_rank) : 0);
   Distributed dist(config);  // single mode: rank 0 of 1, no communication
   trace::set_thread_name("train");  // this thread's row in a LOOM_TRACE picture
   manual_seed(config.seed);
