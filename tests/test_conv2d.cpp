@@ -160,6 +160,25 @@ TEST_CASE("conv2d backward with only the input requiring grad") {
   CHECK_FALSE(ops.bias.grad().defined());
 }
 
+// Forward and all three gradients of `cfg` in float32 (oneDNN) against float64 (direct
+// loops) on the same values, within `tolerance` relative error.
+static void check_float32_against_float64(const Config& cfg, uint64_t seed, double tolerance) {
+  Operands ops = make_operands(cfg, seed);
+  Tensor out64 = run(cfg, ops.input, ops.weight, ops.bias);
+  Tensor grad = randn(out64.shape(), TensorOptions(kFloat64));
+  out64.backward(grad);
+
+  Tensor x = ops.input.detach().to(kFloat32).requires_grad_(true);
+  Tensor w = ops.weight.detach().to(kFloat32).requires_grad_(true);
+  Tensor b = cfg.bias ? ops.bias.detach().to(kFloat32).requires_grad_(true) : Tensor();
+  Tensor out32 = run(cfg, x, w, b);
+  out32.backward(grad.to(kFloat32));
+  CHECK(relative_error(out32, out64) < tolerance);
+  CHECK(relative_error(x.grad(), ops.input.grad()) < tolerance);
+  CHECK(relative_error(w.grad(), ops.weight.grad()) < tolerance);
+  if (cfg.bias) CHECK(relative_error(b.grad(), ops.bias.grad()) < tolerance);
+}
+
 // The float32 path (oneDNN) against the float64 path (direct loops) on the same values,
 // in each memory layout a plan can use, and on a shape large enough for blocked kernels.
 TEST_CASE("conv2d float32 gradients (oneDNN) match the float64 reference in every layout") {
@@ -170,20 +189,7 @@ TEST_CASE("conv2d float32 gradients (oneDNN) match the float64 reference in ever
     for (const Config& cfg : configs) {
       const std::string config = std::string(cfg.name) + " (" + layout + ")";
       CAPTURE(config);
-      Operands ops = make_operands(cfg, 41);
-      Tensor out64 = run(cfg, ops.input, ops.weight, ops.bias);
-      Tensor grad = randn(out64.shape(), TensorOptions(kFloat64));
-      out64.backward(grad);
-
-      Tensor x = ops.input.detach().to(kFloat32).requires_grad_(true);
-      Tensor w = ops.weight.detach().to(kFloat32).requires_grad_(true);
-      Tensor b = cfg.bias ? ops.bias.detach().to(kFloat32).requires_grad_(true) : Tensor();
-      Tensor out32 = run(cfg, x, w, b);
-      out32.backward(grad.to(kFloat32));
-      CHECK(relative_error(out32, out64) < 1e-5);
-      CHECK(relative_error(x.grad(), ops.input.grad()) < 1e-5);
-      CHECK(relative_error(w.grad(), ops.weight.grad()) < 1e-5);
-      if (cfg.bias) CHECK(relative_error(b.grad(), ops.bias.grad()) < 1e-5);
+      check_float32_against_float64(cfg, 41, 1e-5);
     }
   }
 }
@@ -201,20 +207,7 @@ TEST_CASE("conv2d float32 with the Winograd and the direct algorithm, against fl
     for (const Config& cfg : configs) {
       const std::string config = std::string(cfg.name) + " (" + algorithm + ")";
       CAPTURE(config);
-      Operands ops = make_operands(cfg, 61);
-      Tensor out64 = run(cfg, ops.input, ops.weight, ops.bias);
-      Tensor grad = randn(out64.shape(), TensorOptions(kFloat64));
-      out64.backward(grad);
-      Tensor x = ops.input.detach().to(kFloat32).requires_grad_(true);
-      Tensor w = ops.weight.detach().to(kFloat32).requires_grad_(true);
-      Tensor b = cfg.bias ? ops.bias.detach().to(kFloat32).requires_grad_(true) : Tensor();
-      Tensor out32 = run(cfg, x, w, b);
-      out32.backward(grad.to(kFloat32));
-      const double tolerance = std::strcmp(algorithm, "winograd") == 0 ? 2e-5 : 1e-5;
-      CHECK(relative_error(out32, out64) < tolerance);
-      CHECK(relative_error(x.grad(), ops.input.grad()) < tolerance);
-      CHECK(relative_error(w.grad(), ops.weight.grad()) < tolerance);
-      if (cfg.bias) CHECK(relative_error(b.grad(), ops.bias.grad()) < tolerance);
+      check_float32_against_float64(cfg, 61, std::strcmp(algorithm, "winograd") == 0 ? 2e-5 : 1e-5);
     }
   }
   setenv("LOOM_CONV2D_ALGO", "fast", 1);

@@ -18,42 +18,13 @@
 #include "cuda/device.h"  // defines: is_available
 #include "nn/json.h"
 #include "parallel/store/socket.h"
+#include "process_launch.h"  // defines: Launch, Result, TempDir, path_from_env, contains
 
 namespace fs = std::filesystem;
 using namespace loom;
+using namespace loom::testing;
 
 namespace {
-
-std::string path_from_env(const char* name) {
-  const char* v = std::getenv(name);
-  REQUIRE_MESSAGE(v != nullptr, name, " is not set; run this test through `meson test` (tests/meson.build sets it)");
-  return v;
-}
-
-struct Result {
-  int code = -1;
-  std::string output;
-};
-
-// Runs `command` through the shell in the background-friendly way: popen + pclose.
-struct Launch {
-  FILE* pipe = nullptr;
-  explicit Launch(const std::string& command) {
-    pipe = ::popen((command + " 2>&1").c_str(), "r");
-    REQUIRE(pipe != nullptr);
-  }
-  Result finish() {
-    Result r;
-    char buffer[4096];
-    size_t n;
-    while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) r.output.append(buffer, n);
-    int status = ::pclose(pipe);
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return r;
-  }
-};
-
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 std::string read(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
@@ -62,15 +33,6 @@ std::string read(const fs::path& path) {
   return text.str();
 }
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    char name[] = "/tmp/loom_ddp_launch.XXXXXX";
-    REQUIRE(::mkdtemp(name) != nullptr);
-    path = name;
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
 
 // A tiny, fast run: 5 optimizer steps of a narrow ResNet on synthetic images.
 const std::string kTrainArgs =
@@ -79,7 +41,7 @@ const std::string kTrainArgs =
 }  // namespace
 
 TEST_CASE("two nodes x 1 process train bitwise like one node x 2 processes; traces and bucket layout on request") {
-  TempDir dir;
+  TempDir dir("loom_ddp_launch");
   const std::string loomrun = path_from_env("LOOMRUN"), train = path_from_env("TRAIN_CIFAR10");
   const fs::path one = dir.path / "one_node", two = dir.path / "two_nodes";
   fs::create_directories(one);

@@ -18,49 +18,16 @@
 #include <vector>
 
 #include "parallel/store/socket.h"
+#include "process_launch.h"  // defines: Launch, Result, TempDir, path_from_env, contains
 
 extern char** environ;
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
+using namespace loom::testing;
 
-static std::string path_from_env(const char* name) {
-  const char* v = std::getenv(name);
-  REQUIRE_MESSAGE(v != nullptr, name, " is not set; run this test through `meson test` (tests/meson.build sets it)");
-  return v;
-}
-
-struct Result {
-  int code = -1;
-  std::string output;
-  double seconds = 0;
-};
-
-static bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
-// Starts `loomrun args` through the shell; finish() collects its output and status.
-struct Launch {
-  FILE* pipe = nullptr;
-  Clock::time_point start = Clock::now();
-  explicit Launch(const std::string& args) {
-    std::string command = path_from_env("LOOMRUN") + " " + args + " 2>&1";
-    pipe = ::popen(command.c_str(), "r");
-    REQUIRE(pipe != nullptr);
-  }
-  Result finish() {
-    Result r;
-    char buffer[4096];
-    size_t n;
-    while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) r.output.append(buffer, n);
-    int status = ::pclose(pipe);
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    r.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    return r;
-  }
-};
-
-static Result run(const std::string& args) { return Launch(args).finish(); }
+static Result run(const std::string& args) { return Launch(path_from_env("LOOMRUN") + " " + args).finish(); }
 
 static std::string worker() { return path_from_env("LOOMRUN_WORKER"); }
 
@@ -74,14 +41,9 @@ static bool alive(pid_t pid) {
   return close == std::string::npos || close + 2 >= line.size() || line[close + 2] != 'Z';
 }
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    char name[] = "/tmp/loomrun_test.XXXXXX";
-    REQUIRE(::mkdtemp(name) != nullptr);
-    path = name;
-  }
-  ~TempDir() { fs::remove_all(path); }
+// The workers write their pids into this directory (loomrun_worker's crash modes).
+struct PidDir : TempDir {
+  PidDir() : TempDir("loomrun_test") {}
   std::vector<pid_t> pids() const {
     std::vector<pid_t> out;
     for (const auto& entry : fs::directory_iterator(path)) {
@@ -141,7 +103,7 @@ TEST_CASE("workers see torchrun's environment variables, and --prefix-output lab
 TEST_CASE("a crashing worker stops the others; loomrun names it, exits non-zero, leaves no process") {
   for (std::string mode : {"crash", "stubborn"}) {
     CAPTURE(mode);
-    TempDir dir;
+    PidDir dir;
     Result r = run("--nproc_per_node 3 --grace_period 0.5 " + worker() + " " + mode + " " + dir.path.string());
     CHECK(r.code == 3);
     CHECK(r.seconds < 30);
@@ -155,7 +117,7 @@ TEST_CASE("a crashing worker stops the others; loomrun names it, exits non-zero,
 }
 
 TEST_CASE("SIGTERM to loomrun is forwarded; it exits 128+15 and leaves no process") {
-  TempDir dir;
+  PidDir dir;
   std::vector<std::string> args = {path_from_env("LOOMRUN"), "--nproc_per_node", "2", worker(), "sleep",
                                    dir.path.string()};
   std::vector<char*> argv;
@@ -186,8 +148,8 @@ TEST_CASE("two loomruns with --nnodes 2 rendezvous into one job and all-reduce a
   int port = loom::distributed::net::find_free_port();
   std::string common = "--nnodes 2 --nproc_per_node 2 --master_addr 127.0.0.1 --master_port " + std::to_string(port) +
                        " --prefix-output ";
-  Launch node1("--node_rank 1 " + common + worker() + " allreduce");
-  Launch node0("--node_rank 0 " + common + worker() + " allreduce");
+  Launch node1(path_from_env("LOOMRUN") + " --node_rank 1 " + common + worker() + " allreduce");
+  Launch node0(path_from_env("LOOMRUN") + " --node_rank 0 " + common + worker() + " allreduce");
   Result r0 = node0.finish(), r1 = node1.finish();
   CHECK_MESSAGE(r0.code == 0, r0.output);
   CHECK_MESSAGE(r1.code == 0, r1.output);

@@ -1,0 +1,72 @@
+// Tests that start real programs (loomrun, train_cifar10) through the shell and read
+// what they print. meson passes the programs' paths in environment variables.
+//
+//   Result r = Launch(path_from_env("LOOMRUN") + " --nproc_per_node 2 prog").finish();
+//   CHECK(r.code == 0);
+//   CHECK(contains(r.output, "rank 1"));
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+namespace loom::testing {
+
+// The value of an environment variable that tests/meson.build sets, or a failed REQUIRE
+// saying so.
+inline std::string path_from_env(const char* name) {
+  const char* v = std::getenv(name);
+  REQUIRE_MESSAGE(v != nullptr, std::string(name), " is not set; run this test through `meson test` (tests/meson.build sets it)");
+  return v;
+}
+
+struct Result {
+  int code = -1;        // exit status; -1 when killed by a signal
+  std::string output;   // stdout and stderr, interleaved
+  double seconds = 0;   // from start to exit
+};
+
+// Starts `command` through the shell (popen); finish() collects its output and status.
+struct Launch {
+  FILE* pipe = nullptr;
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+
+  explicit Launch(const std::string& command) {
+    pipe = ::popen((command + " 2>&1").c_str(), "r");
+    REQUIRE(pipe != nullptr);
+  }
+  Result finish() {
+    Result r;
+    char buffer[4096];
+    size_t n;
+    while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) r.output.append(buffer, n);
+    int status = ::pclose(pipe);
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return r;
+  }
+};
+
+inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// A fresh directory under /tmp, removed with everything in it at scope exit.
+struct TempDir {
+  std::filesystem::path path;
+  explicit TempDir(const std::string& prefix = "loom_test") {
+    std::string name = "/tmp/" + prefix + ".XXXXXX";
+    REQUIRE(::mkdtemp(name.data()) != nullptr);
+    path = name;
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+};
+
+}  // namespace loom::testing
