@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "autograd/ops.h"
+#include "device_compare.h"  // defines: host_values, random_cpu, check_close
 #include "core/allocator.h"
 #include "core/copy.h"
 #include "core/factory.h"
@@ -25,6 +26,8 @@
 #include "nn/optim/sgd.h"            // declares: sgd_update_kernel
 
 using namespace loom;
+
+using namespace loom::testing;
 
 namespace {
 
@@ -55,33 +58,6 @@ Tensor to_device(const Tensor& t, Device device, DType dtype) {
 }
 Tensor to_device(const Tensor& t, Device device) { return to_device(t, device, t.dtype()); }
 Tensor gpu_empty(const Shape& shape, DType dtype) { return empty(shape, TensorOptions(dtype).device(kCuda0)); }
-
-std::vector<double> host_values(const Tensor& t) { return to_device(t, kCpu, kFloat64).tolist<double>(); }
-
-// Random CPU values in [low, high) (integers for int64).
-Tensor random_cpu(const Shape& shape, DType dtype, double low, double high, uint64_t seed) {
-  Generator gen(seed);
-  if (dtype == kInt64) return randint(static_cast<int64_t>(low), static_cast<int64_t>(high), shape, kInt64, &gen);
-  Tensor t = empty(shape, TensorOptions(dtype));
-  uniform_kernel(kCpu)(t, low, high, gen);
-  return t;
-}
-
-// |got - expected| <= atol + rtol * |expected| everywhere (NaN matches NaN); one CHECK,
-// naming the first mismatch.
-void check_close(const Tensor& got, const Tensor& expected, double rtol, double atol = 0.0) {
-  REQUIRE(got.shape() == expected.shape());
-  auto g = host_values(got), e = host_values(expected);
-  int64_t mismatches = 0;
-  std::string first;
-  for (size_t i = 0; i < g.size(); ++i) {
-    const bool both_nan = std::isnan(g[i]) && std::isnan(e[i]);
-    if (both_nan || std::abs(g[i] - e[i]) <= atol + rtol * std::abs(e[i])) continue;
-    if (mismatches++ == 0) first = detail::str("element ", i, ": got ", g[i], ", expected ", e[i]);
-  }
-  INFO(mismatches, " of ", g.size(), " elements differ; first: ", first);
-  CHECK(mismatches == 0);
-}
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 

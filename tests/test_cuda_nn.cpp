@@ -26,6 +26,7 @@
 
 #include "autograd/grad_mode.h"  // defines: NoGradGuard
 #include "autograd/ops.h"
+#include "device_compare.h"  // defines: host_values, random_cpu, check_close
 #include "core/allocator.h"  // defines: memory_stats
 #include "core/copy.h"
 #include "core/factory.h"
@@ -37,6 +38,8 @@
 #include "nn/resnet.h"      // defines: resnet18, resnet_tiny
 
 using namespace loom;
+
+using namespace loom::testing;
 
 namespace {
 
@@ -53,38 +56,11 @@ Tensor to_device(const Tensor& t, Device device) {
 Tensor gpu(const Tensor& t) { return to_device(t, kCuda0); }
 Tensor empty_on(const Shape& shape, DType dtype, Device device) { return empty(shape, TensorOptions(dtype).device(device)); }
 
-std::vector<double> host_values(const Tensor& t) {
-  Tensor host = empty(t.shape(), TensorOptions(kFloat64));
-  copy_into(host, t);
-  return host.tolist<double>();
-}
-
-// Random CPU values in [low, high) (integers for int64).
-Tensor random_cpu(const Shape& shape, DType dtype, double low, double high, uint64_t seed) {
-  Generator gen(seed);
-  if (dtype == kInt64) return randint(static_cast<int64_t>(low), static_cast<int64_t>(high), shape, kInt64, &gen);
-  Tensor t = empty(shape, TensorOptions(dtype));
-  uniform_kernel(kCpu)(t, low, high, gen);
-  return t;
-}
-
-// |got - expected| <= atol + rtol * |expected| everywhere (NaN matches NaN); one CHECK,
-// naming the first mismatch.
+// check_close (tests/device_compare.h) under a label; undefined matches undefined.
 void check_close(const std::string& what, const Tensor& got, const Tensor& expected, double rtol, double atol = 0.0) {
   INFO(what);
   REQUIRE(got.defined() == expected.defined());
-  if (!got.defined()) return;
-  REQUIRE(got.shape() == expected.shape());
-  const auto g = host_values(got), e = host_values(expected);
-  int64_t mismatches = 0;
-  std::string first;
-  for (size_t i = 0; i < g.size(); ++i) {
-    const bool both_nan = std::isnan(g[i]) && std::isnan(e[i]);
-    if (both_nan || std::abs(g[i] - e[i]) <= atol + rtol * std::abs(e[i])) continue;
-    if (mismatches++ == 0) first = detail::str("element ", i, ": got ", g[i], ", expected ", e[i]);
-  }
-  INFO(mismatches, " of ", g.size(), " elements differ; first: ", first);
-  CHECK(mismatches == 0);
+  if (got.defined()) testing::check_close(got, expected, rtol, atol);
 }
 
 // As check_close with the tolerance relative to the largest |expected| element: for

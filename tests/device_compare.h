@@ -1,0 +1,51 @@
+// Comparing a tensor computed on one device with one computed on another (the CUDA
+// tests: GPU result against the CPU backend's on the same inputs).
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/copy.h"
+#include "core/error.h"
+#include "core/factory.h"
+#include "core/kernels.h"
+
+namespace loom::testing {
+
+// The tensor's values as float64 on the host, whatever its device and dtype.
+inline std::vector<double> host_values(const Tensor& t) {
+  Tensor host = empty(t.shape(), TensorOptions(kFloat64));
+  copy_into(host, t);
+  return host.tolist<double>();
+}
+
+// Random CPU values in [low, high) (integers for int64).
+inline Tensor random_cpu(const Shape& shape, DType dtype, double low, double high, uint64_t seed) {
+  Generator gen(seed);
+  if (dtype == kInt64) return randint(static_cast<int64_t>(low), static_cast<int64_t>(high), shape, kInt64, &gen);
+  Tensor t = empty(shape, TensorOptions(dtype));
+  uniform_kernel(Device("cpu"))(t, low, high, gen);
+  return t;
+}
+
+// |got - expected| <= atol + rtol * |expected| everywhere (NaN matches NaN); one CHECK,
+// naming the first mismatch.
+inline void check_close(const Tensor& got, const Tensor& expected, double rtol, double atol = 0.0) {
+  REQUIRE(got.shape() == expected.shape());
+  const auto g = host_values(got), e = host_values(expected);
+  int64_t mismatches = 0;
+  std::string first;
+  for (size_t i = 0; i < g.size(); ++i) {
+    const bool both_nan = std::isnan(g[i]) && std::isnan(e[i]);
+    if (both_nan || std::abs(g[i] - e[i]) <= atol + rtol * std::abs(e[i])) continue;
+    if (mismatches++ == 0) first = detail::str("element ", i, ": got ", g[i], ", expected ", e[i]);
+  }
+  INFO(mismatches, " of ", g.size(), " elements differ; first: ", first);
+  CHECK(mismatches == 0);
+}
+
+}  // namespace loom::testing
