@@ -12,6 +12,7 @@
 // contiguous first, by gemm_operand.
 #include <algorithm>
 
+#include "autograd/autocast.h"  // defines: autocast::apply (Note [Autocast at op entry])
 #include "autograd/ops.h"
 #include "autograd/ops/common.h"
 #include "core/copy.h"
@@ -36,6 +37,15 @@ Tensor gemm_operand(const Tensor& t) {
   return blas_readable(t.size(r), t.size(c), t.stride(r), t.stride(c)) ? plain : contiguous(plain);
 }
 
+// db = dy summed over rows. A 16-bit dy (autocast) is summed in float32 and rounded
+// once: 16-bit accumulation over a batch loses the small terms, and the CPU reduction
+// kernels have no 16-bit path.
+Tensor bias_grad(const Tensor& grad_out) {
+  const DType dtype = grad_out.dtype();
+  if (dtype != kFloat16 && dtype != kBFloat16) return sum(grad_out, {0});
+  return sum(grad_out.to(kFloat32), {0}).to(dtype);
+}
+
 std::string matrix_str(const Tensor& t) {
   return std::to_string(t.size(0)) + "x" + std::to_string(t.size(1));
 }
@@ -49,6 +59,10 @@ void check_operands(const char* op, const Tensor& a, const Tensor& b) {
 }  // namespace
 
 Tensor mm(const Tensor& a, const Tensor& b) {
+  if (autocast::any_enabled()) {  // See Note [Autocast at op entry]
+    Tensor ca = a, cb = b;
+    if (autocast::apply("mm", {&ca, &cb})) return mm(ca, cb);
+  }
   check_operands("mm", a, b);
   LOOM_CHECK(a.dim() == 2 && b.dim() == 2, "mm: expected 2-D tensors, got shapes ", a.shape(), " and ", b.shape(),
              "; use matmul for 1-D or batched operands");
@@ -69,6 +83,10 @@ Tensor mm(const Tensor& a, const Tensor& b) {
 }
 
 Tensor bmm(const Tensor& a, const Tensor& b) {
+  if (autocast::any_enabled()) {  // See Note [Autocast at op entry]
+    Tensor ca = a, cb = b;
+    if (autocast::apply("bmm", {&ca, &cb})) return bmm(ca, cb);
+  }
   check_operands("bmm", a, b);
   LOOM_CHECK(a.dim() == 3 && b.dim() == 3, "bmm: expected 3-D tensors [batch, rows, cols], got shapes ", a.shape(),
              " and ", b.shape());
@@ -104,6 +122,10 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
 // Gradients come from the pieces: mm/bmm, and the views' backward (an expanded
 // operand's gradient is summed back over the broadcast batch dims).
 Tensor matmul(const Tensor& a, const Tensor& b) {
+  if (autocast::any_enabled()) {  // See Note [Autocast at op entry]
+    Tensor ca = a, cb = b;
+    if (autocast::apply("matmul", {&ca, &cb})) return matmul(ca, cb);
+  }
   check_operands("matmul", a, b);
   LOOM_CHECK(a.dim() >= 1 && b.dim() >= 1, "matmul: both arguments need at least 1 dimension, got shapes ",
              a.shape(), " and ", b.shape());
@@ -158,6 +180,10 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 // the output rows and accumulated onto by the gemm (beta = 1): no separate bias pass.
 // Other ranks fold their leading dims into rows, as matmul does.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  if (autocast::any_enabled()) {  // See Note [Autocast at op entry]
+    Tensor cx = x, cw = weight, cb = bias;
+    if (autocast::apply("linear", {&cx, &cw, &cb})) return linear(cx, cw, cb);
+  }
   check_operands("linear", x, weight);
   LOOM_CHECK(weight.dim() == 2, "linear: expected a 2-D weight [out_features, in_features], got shape ",
              weight.shape());
@@ -191,7 +217,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
             has_bias = bias.defined()](const Grads& g) {
              Grads grads = {rx ? mm(g[0], w_.get()) : Tensor(),       // dx = dy @ W
                             rw ? mm(g[0].t(), x_.get()) : Tensor()};  // dW = dy^T @ x
-             if (has_bias) grads.push_back(rb ? sum(g[0], {0}) : Tensor());  // db = dy summed over rows
+             if (has_bias) grads.push_back(rb ? bias_grad(g[0]) : Tensor());
              return grads;
            });
   }
