@@ -18,6 +18,7 @@
 #include "data/transforms.h"                // defines: Compose, RandomCrop, ...
 #include "examples/train/checkpoint.h"      // defines: save_checkpoint, load_checkpoint
 #include "examples/train/distributed.h"     // defines: Distributed, what --mode ddp changes
+#include "examples/train/mixed_precision.h" // defines: MixedPrecision, what --amp changes
 #include "examples/train/progress.h"        // defines: ProgressBar, RunningMetrics
 #include "nn/loss.h"                        // defines: CrossEntropyLoss
 #include "nn/optim/lr_scheduler.h"          // defines: CosineAnnealingLR, OneCycleLR
@@ -142,6 +143,7 @@ TrainResult train_cifar10(const TrainConfig& config) {
   TrainConfig scheduled = config;
   scheduled.lr = lr;  // --lr-scaling linear: the schedule peaks at the scaled rate
   auto scheduler = make_scheduler(scheduled, optimizer, std::max<int64_t>(steps_per_epoch * config.epochs, 1));
+  MixedPrecision amp(config.amp, device);
 
   TrainingPosition position;
   if (config.resume) {
@@ -193,20 +195,22 @@ TrainResult train_cifar10(const TrainConfig& config) {
       Tensor logits, loss;
       {
         trace::Span span("forward", "train");
+        auto autocast_scope = amp.autocast();  // --amp bf16|fp16: 16-bit convs and matmuls
         logits = (*net)(images);
         loss = criterion(logits, labels);
       }
       optimizer.zero_grad();
       {
         trace::Span span("backward", "train");  // ddp: returns with averaged gradients
-        loss.backward();
+        amp.backward(loss);  // loss.backward(), scaled under --amp fp16
       }
       {
         trace::Span span("optimizer step", "train");
-        optimizer.step();
+        amp.step(optimizer);  // optimizer.step(); --amp fp16 skips inf/NaN steps
       }
       if (scheduler) scheduler->step();
-      metrics.add(loss.item<float>(), count_correct(logits.detach(), labels), batch.size());
+      // float32 logits for argmax: --amp's are 16-bit, and the CPU's max kernel has no 16-bit path.
+      metrics.add(loss.item<float>(), count_correct(logits.detach().to(kFloat32), labels), batch.size());
       ++step_in_epoch;
       ++position.global_step;
 
