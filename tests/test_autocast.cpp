@@ -57,6 +57,25 @@ TEST_CASE("policy: matrix products in 16 bits, reductions, softmax, losses and b
     CHECK_MESSAGE(autocast::policy_of(op) == CastPolicy::None, op);
 }
 
+TEST_CASE("16-bit CPU kernels (Note [16-bit CPU kernels stage through float32]) match float64 to 16-bit rounding") {
+  for (DType dtype : {kBFloat16, kFloat16}) {
+    INFO(dtype);
+    const double tol = dtype == kBFloat16 ? 1e-2 : 2e-3;
+    Tensor a = rnd({6, 5}, 1), b = rnd({5, 4}, 2), c = rnd({6, 4}, 3);
+    Tensor a16 = a.to(dtype), b16 = b.to(dtype), c16 = c.to(dtype);
+    auto f64 = [](const Tensor& t) { return t.to(kFloat64); };
+    CHECK(mm(a16, b16).dtype() == dtype);
+    CHECK(rel_error(mm(a16, b16), mm(f64(a16), f64(b16))) < tol);
+    CHECK(rel_error(mm(a16.t(), c16), mm(f64(a16).t(), f64(c16))) < tol);  // a transposed operand
+    CHECK(rel_error(add(c16, c16, 0.5), f64(c16) * 1.5) < tol);
+    CHECK(rel_error(relu(c16), relu(f64(c16))) < tol);
+    CHECK(rel_error(sum(c16, {0}), sum(f64(c16), {0})) < tol);
+    CHECK(argmax(c16, 1).tolist<int64_t>() == argmax(f64(c16), 1).tolist<int64_t>());
+    Tensor x = rnd({2, 3, 6, 6}, 4).to(dtype), w = rnd({4, 3, 3, 3}, 5).to(dtype);
+    CHECK(rel_error(conv2d(x, w, Tensor(), {2, 2}, {1, 1}), conv2d(f64(x), f64(w), Tensor(), {2, 2}, {1, 1})) < tol);
+  }
+}
+
 TEST_CASE("outside a scope nothing is cast; inside, each op gets its policy's dtype") {
   Tensor a = rnd({8, 16}, 1), b = rnd({16, 4}, 2);
   CHECK(!autocast::is_enabled(DeviceType::CPU));

@@ -37,15 +37,6 @@ Tensor gemm_operand(const Tensor& t) {
   return blas_readable(t.size(r), t.size(c), t.stride(r), t.stride(c)) ? plain : contiguous(plain);
 }
 
-// db = dy summed over rows. A 16-bit dy (autocast) is summed in float32 and rounded
-// once: 16-bit accumulation over a batch loses the small terms, and the CPU reduction
-// kernels have no 16-bit path.
-Tensor bias_grad(const Tensor& grad_out) {
-  const DType dtype = grad_out.dtype();
-  if (dtype != kFloat16 && dtype != kBFloat16) return sum(grad_out, {0});
-  return sum(grad_out.to(kFloat32), {0}).to(dtype);
-}
-
 std::string matrix_str(const Tensor& t) {
   return std::to_string(t.size(0)) + "x" + std::to_string(t.size(1));
 }
@@ -217,7 +208,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
             has_bias = bias.defined()](const Grads& g) {
              Grads grads = {rx ? mm(g[0], w_.get()) : Tensor(),       // dx = dy @ W
                             rw ? mm(g[0].t(), x_.get()) : Tensor()};  // dW = dy^T @ x
-             if (has_bias) grads.push_back(rb ? bias_grad(g[0]) : Tensor());
+             if (has_bias) grads.push_back(rb ? sum(g[0], {0}) : Tensor());  // db = dy summed over rows
              return grads;
            });
   }

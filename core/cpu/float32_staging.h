@@ -2,8 +2,9 @@
 //
 // Note [16-bit CPU kernels stage through float32]
 // The CPU backend has no 16-bit arithmetic (core/dtype.h: Half and BFloat16 only carry
-// bits). mm, bmm, conv2d and the unary/binary elementwise kernels (the engine adds
-// gradients with the latter) on float16/bfloat16 tensors copy their operands to float32,
+// bits). mm, bmm, conv2d, the unary/binary elementwise kernels (the engine adds
+// gradients with the latter) and the reductions (sum/mean/max/min, argmax) on
+// float16/bfloat16 tensors copy their operands to float32,
 // run the float32 kernel -- float32 accumulation, as cuBLAS and cuDNN do for 16-bit
 // inputs -- and round each result to 16 bits once. Two extra passes over the data, so
 // slower than float32 itself; the point is that autocast (autograd/autocast.h) runs on

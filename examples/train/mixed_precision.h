@@ -22,28 +22,45 @@
 
 #include "autograd/autocast.h"     // defines: autocast::Guard
 #include "core/device.h"
+#include "core/error.h"
 #include "core/tensor.h"
 #include "nn/optim/grad_scaler.h"  // defines: GradScaler
 #include "nn/optim/optimizer.h"
 
 namespace loom::examples {
 
+// (Header-only: it is a few lines, and examples/meson.build stays untouched.)
 class MixedPrecision {
  public:
   // amp: none | bf16 | fp16; anything else is a loom::Error naming the choices.
-  MixedPrecision(const std::string& amp, Device device);
+  MixedPrecision(const std::string& amp, Device device)
+      : dtype_(dtype_of_flag(amp)), device_type_(device.type), scaler_({.enabled = amp == "fp16"}) {}
 
-  // The scope of forward + loss: autocast on `device` for bf16/fp16, nothing for none.
-  std::unique_ptr<autocast::Guard> autocast() const;
-  void backward(const Tensor& loss);
-  // Returns whether the optimizer stepped (fp16 skips steps with inf/NaN gradients).
-  bool step(optim::Optimizer& optimizer);
-  bool enabled() const { return enabled_; }
+  // The scope of forward + loss: autocast on the device for bf16/fp16, nothing for none.
+  std::unique_ptr<autocast::Guard> autocast() const {
+    if (dtype_ == kFloat32) return nullptr;
+    return std::make_unique<autocast::Guard>(device_type_, dtype_);
+  }
+  // loss.backward(), of the scaled loss under fp16.
+  void backward(const Tensor& loss) { scaler_.scale(loss).backward(); }
+  // optimizer.step(), under fp16 through the scaler: returns false when it skipped a step
+  // with inf/NaN gradients.
+  bool step(optim::Optimizer& optimizer) {
+    const bool stepped = scaler_.step(optimizer);  // a plain optimizer.step() when disabled
+    scaler_.update();
+    return stepped;
+  }
   const optim::GradScaler& scaler() const { return scaler_; }
 
  private:
-  bool enabled_;
-  DType dtype_;
+  static DType dtype_of_flag(const std::string& amp) {
+    if (amp == "bf16") return kBFloat16;
+    if (amp == "fp16") return kFloat16;
+    LOOM_CHECK(amp == "none", "--amp: expected none, bf16 or fp16, got '", amp, "'");
+    return kFloat32;
+  }
+
+  DType dtype_;  // kFloat32: --amp none
   DeviceType device_type_;
   optim::GradScaler scaler_;
 };

@@ -209,8 +209,7 @@ TrainResult train_cifar10(const TrainConfig& config) {
         amp.step(optimizer);  // optimizer.step(); --amp fp16 skips inf/NaN steps
       }
       if (scheduler) scheduler->step();
-      // float32 logits for argmax: --amp's are 16-bit, and the CPU's max kernel has no 16-bit path.
-      metrics.add(loss.item<float>(), count_correct(logits.detach().to(kFloat32), labels), batch.size());
+      metrics.add(loss.item<float>(), count_correct(logits.detach(), labels), batch.size());
       ++step_in_epoch;
       ++position.global_step;
 
