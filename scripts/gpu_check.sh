@@ -227,11 +227,12 @@ fi
 
 # ---- 5. benchmark ---------------------------------------------------------------------------
 phase "5. benchmark: ResNet18-CIFAR training, loom vs PyTorch"
-if [ $BUILT = 1 ] && enough 120 "benchmark"; then
-  run_timed "benchmark (table: bench_table.md)" $(( $(left) > 260 ? 200 : $(left) - 60 )) \
+if [ $BUILT = 1 ] && enough 100 "benchmark"; then
+  # Up to 180s, leaving ~45s for the short training runs after it.
+  run_timed "benchmark (table: bench_table.md)" $(( $(left) - 45 < 180 ? $(left) - 45 : 180 )) \
     "$PYTHON" bench/bench_train_gpu.py --loom="$BUILD/bench/bench_train_gpu" --python="$PYTHON" \
       --batches="${BENCH_BATCHES:-128,512}" --precisions="${BENCH_PRECISIONS:-fp32,tf32,bf16}" \
-      --warmup=5 --steps=20 --timeout=60 --out="$OUTDIR/bench_table.md"
+      --warmup=5 --steps=20 --timeout=45 --out="$OUTDIR/bench_table.md"
 fi
 
 # ---- 6. training runs ---------------------------------------------------------------------------
