@@ -14,7 +14,6 @@
 // Evaluation stays in float32. On the CPU both work, more slowly than float32: the CPU
 // kernels stage 16-bit operands through float32 (Note [16-bit CPU kernels stage through
 // float32]); they are there to test the policy, the speed is on CUDA.
-// The GradScaler's state is not in checkpoints yet: --resume restarts the fp16 scale.
 #pragma once
 
 #include <memory>
@@ -50,7 +49,8 @@ class MixedPrecision {
     scaler_.update();
     return stepped;
   }
-  const optim::GradScaler& scaler() const { return scaler_; }
+  // Checkpoints save and restore it (examples/train/checkpoint.h).
+  optim::GradScaler& scaler() { return scaler_; }
 
  private:
   static DType dtype_of_flag(const std::string& amp) {

@@ -148,7 +148,7 @@ TrainResult train_cifar10(const TrainConfig& config) {
   TrainingPosition position;
   if (config.resume) {
     LOOM_CHECK(!config.checkpoint_dir.empty(), "--resume needs --checkpoint-dir DIR");
-    position = load_checkpoint(config.checkpoint_dir, *model, optimizer, scheduler.get());
+    position = load_checkpoint(config.checkpoint_dir, *model, optimizer, scheduler.get(), &amp.scaler());
     // A checkpoint's epoch metrics are every rank's sum; one rank carries them on.
     if (!dist.is_main()) position.metrics = RunningMetrics{};
     if (config.progress && dist.is_main())
@@ -227,7 +227,7 @@ TrainResult train_cifar10(const TrainConfig& config) {
         RunningMetrics so_far = dist.sum(metrics);  // every rank's examples (a collective)
         if (dist.is_main())
           save_checkpoint(config.checkpoint_dir, *model, optimizer, scheduler.get(),
-                          {epoch, step_in_epoch, position.global_step, so_far});
+                          {epoch, step_in_epoch, position.global_step, so_far}, &amp.scaler());
         dist.barrier();
       }
     }
@@ -254,7 +254,8 @@ TrainResult train_cifar10(const TrainConfig& config) {
       if (dist.is_main())
         save_checkpoint(config.checkpoint_dir, *model, optimizer, scheduler.get(),
                         finished_epoch ? TrainingPosition{epoch + 1, 0, position.global_step, {}}
-                                       : TrainingPosition{epoch, step_in_epoch, position.global_step, metrics});
+                                       : TrainingPosition{epoch, step_in_epoch, position.global_step, metrics},
+                        &amp.scaler());
       dist.barrier();
     }
   }
