@@ -105,15 +105,6 @@ CastPolicy policy_of(std::string_view op) {
   return it == policies.end() ? CastPolicy::None : it->second;
 }
 
-const char* policy_name(CastPolicy policy) {
-  switch (policy) {
-    case CastPolicy::LowerPrecision: return "lower_precision";
-    case CastPolicy::Float32: return "float32";
-    case CastPolicy::None: return "none";
-  }
-  return "?";
-}
-
 std::optional<DType> target_dtype(CastPolicy policy, DeviceType device) {
   if (!is_enabled(device)) return std::nullopt;
   switch (policy) {

@@ -55,15 +55,15 @@
 // cast again each time. The first cast of a leaf that requires grad is kept, keyed by
 // the tensor, its version (an in-place update invalidates the entry) and grad mode (a
 // cast made under no_grad has no graph back to the parameter, so it must not serve an
-// op recorded with grad). The cache is cleared when the outermost enabled scope of the
-// thread closes, so each training step casts the updated weights afresh. Activations
+// op recorded with grad). The cache is cleared when the thread's outermost scope closes
+// (as PyTorch's autocast nesting count), so each training step casts the updated
+// weights afresh. Activations
 // are not cached: they are new tensors every step.
 #pragma once
 
 #include <initializer_list>
 #include <optional>
 #include <string_view>
-#include <vector>
 
 #include "core/device.h"
 #include "core/dtype.h"
@@ -102,7 +102,6 @@ class Guard {
 enum class CastPolicy { LowerPrecision, Float32, None };
 // The policy of an op by its PyTorch name ("conv2d", "log_softmax", ...).
 CastPolicy policy_of(std::string_view op);
-const char* policy_name(CastPolicy policy);
 
 // ---- what op entry points call --------------------------------------------------------
 // The dtype `policy` casts eligible tensors on `device` to, or nullopt when autocast is
