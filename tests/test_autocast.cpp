@@ -224,11 +224,14 @@ TEST_CASE("gradients flow through the casts to float32 leaves, as float32, close
 }
 
 TEST_CASE("backward inside a scope runs in the forward's dtypes (Note [No autocast in backward])") {
-  Tensor a = rnd({4, 8}, 1, kFloat32, true), b = rnd({8, 3}, 2, kFloat32, true);
+  // linear's backward sums its bfloat16 output gradient for the bias: re-cast by the
+  // scope, that sum would hand a float32 gradient to a bfloat16 input.
+  Tensor a = rnd({4, 8}, 1, kFloat32, true), b = rnd({3, 8}, 2, kFloat32, true), c = rnd({3}, 3, kFloat32, true);
   autocast::Guard guard(DeviceType::CPU, kBFloat16);
-  sum(mm(a, b)).backward();
+  sum(linear(a, b, c)).backward();
   CHECK(a.grad().dtype() == kFloat32);
   CHECK(b.grad().dtype() == kFloat32);
+  CHECK(c.grad().dtype() == kFloat32);
   CHECK(autocast::is_enabled(DeviceType::CPU));  // restored after backward
 }
 
