@@ -3,6 +3,7 @@
 #include <queue>
 #include <unordered_map>
 
+#include "autograd/autocast.h"  // defines: autocast::DisableGuard
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "autograd/variable.h"
@@ -102,6 +103,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
   LOOM_CHECK(roots.size() == grads.size(), "backward: got ", roots.size(), " roots but ", grads.size(),
              " gradients");
   NoGradGuard no_grad;  // backward formulas are not themselves recorded (no create_graph)
+  autocast::DisableGuard no_autocast;  // See Note [No autocast in backward]
   FinalCallbacksScope final_callbacks;
 
   std::vector<Edge> root_edges;

@@ -1,9 +1,16 @@
 """PyTorch's throughput for the ResNet18-CIFAR steps bench_train measures, so loom has a reference.
 
     /usr/bin/python3 bench/bench_train_torch.py --mode=train --batch=128 --warmup=2 --steps=5 --threads=2
+    python3 bench/bench_train_torch.py --device=cuda --batch=512 --amp=bf16 --warmup=5 --steps=20
 
-Prints one line, `result MODE BATCH IMG_PER_S MAX_RSS_KB`, which bench_train parses; the
-process measures one (mode, batch) so that its peak RSS belongs to that measurement.
+On the CPU it prints one line, `result MODE BATCH IMG_PER_S MAX_RSS_KB`, which bench_train
+parses; the process measures one (mode, batch) so that its peak RSS belongs to that
+measurement. With --device=cuda it prints `result MODE BATCH PRECISION IMG_PER_S MEDIAN_MS
+PEAK_MIB`, as bench/bench_train_gpu.cpp does (bench_train_gpu.py parses both): PRECISION
+is fp32 (TF32 off in matmul and cuDNN), tf32 (--tf32: on in both), bf16 or fp16
+(--amp: torch.autocast around forward + loss; fp16 adds a GradScaler). Each step is
+timed by a pair of CUDA events with no host synchronisation between steps, and layouts
+stay channels-first (NCHW), cudnn.benchmark off -- loom's choices.
 Same protocol as bench_train's loom worker:
   train: model.train(); forward, CrossEntropyLoss, zero_grad(set_to_none), backward,
          SGD(lr 0.1, momentum 0.9, weight_decay 5e-4).step()
@@ -76,7 +83,13 @@ def main():
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none",
+                        help="cuda: autocast dtype around forward + loss")
+    parser.add_argument("--tf32", action="store_true", help="cuda: TF32 in matmuls and cuDNN convolutions")
     args = parser.parse_args()
+    if args.device == "cpu" and (args.amp != "none" or args.tf32):
+        parser.error("--amp and --tf32 are for --device=cuda")
     try:
         import torch
         import torch.nn as nn
@@ -89,6 +102,8 @@ def main():
     print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"mkldnn {torch.backends.mkldnn.is_available()}", file=sys.stderr)
 
+    if args.device == "cuda":
+        return run_cuda(torch, nn, args)
     model = build_model(nn)
     images = torch.randn(args.batch, 3, 32, 32)
     labels = torch.randint(0, 10, (args.batch,))
@@ -120,6 +135,56 @@ def main():
     img_per_s = args.batch / statistics.median(times)
     max_rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     print(f"result {args.mode} {args.batch} {img_per_s:.2f} {max_rss_kb}", flush=True)
+
+
+def run_cuda(torch, nn, args):
+    if not torch.cuda.is_available():
+        sys.exit("bench_train_torch.py: --device=cuda but torch.cuda.is_available() is False")
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32
+    torch.backends.cudnn.allow_tf32 = args.tf32  # PyTorch's default is True: fp32 means fp32 here
+    torch.backends.cudnn.benchmark = False       # loom picks by cuDNN's heuristics too
+    precision = args.amp if args.amp != "none" else ("tf32" if args.tf32 else "fp32")
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.amp, torch.float32)
+    print(f"# torch {torch.__version__}, {torch.cuda.get_device_name()}, cudnn {torch.backends.cudnn.version()}, "
+          f"precision {precision}", file=sys.stderr)
+    device = torch.device("cuda")
+    model = build_model(nn).to(device)
+    images = torch.randn(args.batch, 3, 32, 32, device=device)
+    labels = torch.randint(0, 10, (args.batch,), device=device)
+    criterion = nn.CrossEntropyLoss()
+    if args.mode == "train":
+        model.train()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+        scaler = torch.amp.GradScaler("cuda", enabled=args.amp == "fp16")
+
+        def step():
+            with torch.autocast("cuda", dtype=amp_dtype, enabled=args.amp != "none"):
+                loss = criterion(model(images), labels)
+            optimizer.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+    else:
+        model.eval()
+
+        def step():
+            with torch.no_grad(), torch.autocast("cuda", dtype=amp_dtype, enabled=args.amp != "none"):
+                model(images)
+
+    for _ in range(args.warmup):
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(args.steps)]
+    for start, end in events:
+        start.record()
+        step()
+        end.record()
+    torch.cuda.synchronize()
+    median_ms = statistics.median(start.elapsed_time(end) for start, end in events)
+    peak_mib = torch.cuda.max_memory_allocated() / 2**20
+    print(f"result {args.mode} {args.batch} {precision} {args.batch / (median_ms / 1e3):.2f} {median_ms:.3f} "
+          f"{peak_mib:.0f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ LOOM_DEFINE_KERNEL(normal_kernel);
 LOOM_DEFINE_KERNEL(randint_kernel);
 LOOM_DEFINE_KERNEL(reduce_kernel);
 LOOM_DEFINE_KERNEL(max_min_dim_kernel);
+LOOM_DEFINE_KERNEL(non_finite_check_and_unscale_kernel);
 LOOM_DEFINE_KERNEL(mm_kernel);
 LOOM_DEFINE_KERNEL(bmm_kernel);
 LOOM_DEFINE_KERNEL(index_select_kernel);

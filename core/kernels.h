@@ -51,6 +51,14 @@ LOOM_DECLARE_KERNEL(reduce_kernel, void (*)(ReduceOp op, const Tensor& in, const
 // Max or min along one dim with the index of the first extreme; keepdim-shaped outputs.
 LOOM_DECLARE_KERNEL(max_min_dim_kernel, void (*)(bool is_max, const Tensor& in, int64_t dim, Tensor& values, Tensor& indices));
 
+// ---- mixed precision (nn/optim/grad_scaler.h) ---------------------------------------------
+// grad *= inv_scale in place, and found_inf (a one-element float32 tensor on grad's
+// device) is set to 1 if any element of grad was inf or NaN before scaling; it is never
+// reset to 0, so one found_inf collects the verdict over many gradients (the caller
+// zero-fills it first), as torch._amp_foreach_non_finite_check_and_unscale_. grad is
+// contiguous (strides of a broadcast view would make the in-place update race).
+LOOM_DECLARE_KERNEL(non_finite_check_and_unscale_kernel, void (*)(Tensor& grad, Tensor& found_inf, double inv_scale));
+
 // ---- linear algebra ---------------------------------------------------------------------
 // out[M,N] = beta * out + a[M,K] @ b[K,N]; a and b may be transposed views (either
 // unit stride in one dim); beta is 0 or 1.

@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
     auto& threads = flags.add<int64_t>("threads", c.threads, "compute threads (0: OpenMP's default)");
     auto& seed = flags.add<int64_t>("seed", static_cast<int64_t>(c.seed), "seed for init, shuffling, augmentation");
     auto& device = flags.add<std::string>("device", c.device, "cpu | cpu:N | cuda | cuda:N");
+    auto& amp = flags.add<std::string>("amp", c.amp, "mixed precision: none | bf16 | fp16 (autocast; fp16 adds a GradScaler)");
     auto& no_augment = flags.add<bool>("no-augment", false, "no random crop/flip");
     auto& no_shuffle = flags.add<bool>("no-shuffle", false, "sequential training order");
     auto& init = flags.add<std::string>("init", "", "load weights (safetensors) before training");
@@ -69,6 +70,7 @@ int main(int argc, char** argv) {
     c.threads = threads;
     c.seed = static_cast<uint64_t>(seed);
     c.device = device;
+    c.amp = amp;
     c.augment = !no_augment;
     c.shuffle = !no_shuffle;
     c.init = init;

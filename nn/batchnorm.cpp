@@ -1,5 +1,6 @@
 #include "nn/batchnorm.h"
 
+#include "autograd/autocast.h"  // defines: autocast::apply, for synchronised statistics
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
 
@@ -58,18 +59,30 @@ double BatchNorm2d::prepare(const Tensor& input) {
   return factor;
 }
 
+namespace {
+
+// SyncBatchNorm's op is not an autocast entry point; give it batch_norm's float32 policy
+// here so that --amp works with --sync-bn (autograd/autocast.h).
+Tensor sync_input(const Tensor& input) {
+  Tensor x = input;
+  if (autocast::any_enabled()) autocast::apply("batch_norm", {&x});
+  return x;
+}
+
+}  // namespace
+
 Tensor BatchNorm2d::forward(const Tensor& input) {
   const double factor = prepare(input);
   // See Note [Synchronised batch statistics].
-  if (sync && is_training()) return sync->batch_norm(input, running_mean, running_var, weight, bias, factor, eps);
+  if (sync && is_training()) return sync->batch_norm(sync_input(input), running_mean, running_var, weight, bias, factor, eps);
   return batch_norm(input, running_mean, running_var, weight, bias, is_training(), factor, eps);
 }
 
 Tensor BatchNorm2d::forward_relu(const Tensor& input, const Tensor& residual) {
   const double factor = prepare(input);
   if (sync && is_training()) {  // synchronised statistics: the same epilogue, unfused
-    Tensor out = sync->batch_norm(input, running_mean, running_var, weight, bias, factor, eps);
-    return relu(residual.defined() ? out + residual : out);
+    Tensor out = sync->batch_norm(sync_input(input), running_mean, running_var, weight, bias, factor, eps);
+    return relu(residual.defined() ? out + sync_input(residual) : out);
   }
   return batch_norm_relu(input, running_mean, running_var, weight, bias, is_training(), factor, eps, residual);
 }

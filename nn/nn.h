@@ -13,6 +13,7 @@
 //   json.h           the JSON subset safetensors needs
 //   safetensors.h    save_file / load_file, nn::save / nn::load
 //   optim/optimizer.h     Optimizer, ParamGroup
+//   optim/grad_scaler.h   GradScaler: dynamic loss scaling for float16 autocast
 //   optim/sgd.h           SGD and its fused update kernel
 //   optim/lr_scheduler.h  StepLR, MultiStepLR, CosineAnnealingLR, LinearLR, SequentialLR,
 //                         OneCycleLR, scale_lr_linear
@@ -28,6 +29,7 @@
 #include "nn/linear.h"
 #include "nn/loss.h"
 #include "nn/module.h"
+#include "nn/optim/grad_scaler.h"
 #include "nn/optim/lr_scheduler.h"
 #include "nn/optim/optimizer.h"
 #include "nn/optim/sgd.h"

@@ -79,6 +79,39 @@ TEST_CASE("resuming mid-epoch and at an epoch boundary continues exactly") {
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("--amp fp16: the GradScaler's state is checkpointed and resuming continues exactly") {
+  const std::string dir = temp_dir("amp");
+  TrainConfig straight = small_run();
+  straight.amp = "fp16";
+  straight.max_steps = 8;
+  straight.save = dir + "/straight.safetensors";
+  train_cifar10(straight);
+
+  TrainConfig first = small_run();
+  first.amp = "fp16";
+  first.max_steps = 4;
+  first.checkpoint_dir = dir + "/ckpt";
+  first.checkpoint_every = 1000;
+  train_cifar10(first);
+  auto saved = safetensors::load_file(checkpoint_path(first.checkpoint_dir));
+  REQUIRE(saved.contains("scaler.scale"));
+  // Every step since the last update of the scale counts towards growth: 4 finite steps,
+  // or fewer after a backoff (an overflow resets the count and halves the scale).
+  const double scale = saved["scaler.scale"].item<double>();
+  const int64_t tracker = saved["scaler._growth_tracker"].item<int64_t>();
+  CHECK(((scale == 65536.0 && tracker == 4) || (scale < 65536.0 && tracker < 4)));
+
+  TrainConfig second = small_run();
+  second.amp = "fp16";
+  second.max_steps = 8;
+  second.checkpoint_dir = first.checkpoint_dir;
+  second.resume = true;
+  second.save = dir + "/resumed.safetensors";
+  train_cifar10(second);
+  check_same_weights(straight.save, second.save);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("resume without a checkpoint says where it looked") {
   TrainConfig c = small_run();
   c.checkpoint_dir = temp_dir("empty");

@@ -5,6 +5,7 @@
 // forms (an int or a pair for stride/padding/dilation), the shape rules with errors that
 // say what was expected, and the backward node that asks the kernel for exactly the
 // gradients the graph needs.
+#include "autograd/autocast.h"  // defines: autocast::apply (Note [Autocast at op entry])
 #include "autograd/ops.h"
 #include "autograd/ops/common.h"
 
@@ -59,6 +60,10 @@ int64_t output_extent(const Tensor& input, const Tensor& weight, const Conv2dPar
 
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, std::vector<int64_t> stride,
               std::vector<int64_t> padding, std::vector<int64_t> dilation, int64_t groups) {
+  if (autocast::any_enabled()) {  // See Note [Autocast at op entry]
+    Tensor cx = input, cw = weight, cb = bias;
+    if (autocast::apply("conv2d", {&cx, &cw, &cb})) return conv2d(cx, cw, cb, stride, padding, dilation, groups);
+  }
   ops::check_same_device_dtype("conv2d", input, weight);
   ops::check_floating("conv2d", input);
   check_shapes(input, weight, bias, groups);

@@ -12,6 +12,7 @@
 // contiguous first, by gemm_operand.
 #include <algorithm>
 
+#include "autograd/autocast.h"  // defines: autocast::apply (Note [Autocast at op entry])
 #include "autograd/ops.h"
 #include "autograd/ops/common.h"
 #include "core/copy.h"
@@ -49,6 +50,10 @@ void check_operands(const char* op, const Tensor& a, const Tensor& b) {
 }  // namespace
 
 Tensor mm(const Tensor& a, const Tensor& b) {
+  if (autocast::any_enabled()) {  // See Note [Autocast at op entry]
+    Tensor ca = a, cb = b;
+    if (autocast::apply("mm", {&ca, &cb})) return mm(ca, cb);
+  }
   check_operands("mm", a, b);
   LOOM_CHECK(a.dim() == 2 && b.dim() == 2, "mm: expected 2-D tensors, got shapes ", a.shape(), " and ", b.shape(),
              "; use matmul for 1-D or batched operands");
@@ -69,6 +74,10 @@ Tensor mm(const Tensor& a, const Tensor& b) {
 }
 
 Tensor bmm(const Tensor& a, const Tensor& b) {
+  if (autocast::any_enabled()) {  // See Note [Autocast at op entry]
+    Tensor ca = a, cb = b;
+    if (autocast::apply("bmm", {&ca, &cb})) return bmm(ca, cb);
+  }
   check_operands("bmm", a, b);
   LOOM_CHECK(a.dim() == 3 && b.dim() == 3, "bmm: expected 3-D tensors [batch, rows, cols], got shapes ", a.shape(),
              " and ", b.shape());
@@ -104,6 +113,10 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
 // Gradients come from the pieces: mm/bmm, and the views' backward (an expanded
 // operand's gradient is summed back over the broadcast batch dims).
 Tensor matmul(const Tensor& a, const Tensor& b) {
+  if (autocast::any_enabled()) {  // See Note [Autocast at op entry]
+    Tensor ca = a, cb = b;
+    if (autocast::apply("matmul", {&ca, &cb})) return matmul(ca, cb);
+  }
   check_operands("matmul", a, b);
   LOOM_CHECK(a.dim() >= 1 && b.dim() >= 1, "matmul: both arguments need at least 1 dimension, got shapes ",
              a.shape(), " and ", b.shape());
@@ -158,6 +171,10 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 // the output rows and accumulated onto by the gemm (beta = 1): no separate bias pass.
 // Other ranks fold their leading dims into rows, as matmul does.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  if (autocast::any_enabled()) {  // See Note [Autocast at op entry]
+    Tensor cx = x, cw = weight, cb = bias;
+    if (autocast::apply("linear", {&cx, &cw, &cb})) return linear(cx, cw, cb);
+  }
   check_operands("linear", x, weight);
   LOOM_CHECK(weight.dim() == 2, "linear: expected a 2-D weight [out_features, in_features], got shape ",
              weight.shape());

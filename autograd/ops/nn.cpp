@@ -9,6 +9,7 @@
 #include <array>
 #include <cmath>
 
+#include "autograd/autocast.h"  // defines: autocast::apply (Note [Autocast at op entry])
 #include "autograd/ops.h"
 #include "autograd/ops/common.h"
 
@@ -260,12 +261,22 @@ Tensor batch_norm_fused(const Tensor& input, const Tensor& running_mean, const T
 Tensor batch_norm_relu(const Tensor& input, const Tensor& running_mean, const Tensor& running_var,
                        const Tensor& weight, const Tensor& bias, bool training, double momentum, double eps,
                        const Tensor& residual) {
+  if (autocast::any_enabled()) {  // See Note [Autocast at op entry]; running stats stay as they are (updated in place)
+    Tensor cx = input, cw = weight, cb = bias, cr = residual;
+    if (autocast::apply("batch_norm_relu", {&cx, &cw, &cb, &cr}))
+      return batch_norm_relu(cx, running_mean, running_var, cw, cb, training, momentum, eps, cr);
+  }
   return batch_norm_fused(input, running_mean, running_var, weight, bias, training, momentum, eps, residual,
                           /*relu=*/true);
 }
 
 Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
                   const Tensor& bias, bool training, double momentum, double eps) {
+  if (autocast::any_enabled()) {  // See Note [Autocast at op entry]; running stats stay as they are (updated in place)
+    Tensor cx = input, cw = weight, cb = bias;
+    if (autocast::apply("batch_norm", {&cx, &cw, &cb}))
+      return batch_norm(cx, running_mean, running_var, cw, cb, training, momentum, eps);
+  }
   return batch_norm_fused(input, running_mean, running_var, weight, bias, training, momentum, eps, Tensor(),
                           /*relu=*/false);
 }
@@ -273,6 +284,10 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
 // ---- softmax ------------------------------------------------------------------------------
 
 Tensor log_softmax(const Tensor& input, int64_t dim) {
+  if (autocast::any_enabled()) {  // See Note [Autocast at op entry]
+    Tensor cx = input;
+    if (autocast::apply("log_softmax", {&cx})) return log_softmax(cx, dim);
+  }
   ops::check_defined("log_softmax", input, "input");
   ops::check_floating("log_softmax", input);
   // A 0-d tensor is one row of one class (dim 0 or -1), as in PyTorch.
@@ -297,7 +312,13 @@ Tensor log_softmax(const Tensor& input, int64_t dim) {
 }
 
 // softmax = exp(log_softmax): stable, and its gradient composes from the two nodes.
-Tensor softmax(const Tensor& input, int64_t dim) { return exp(log_softmax(input, dim)); }
+Tensor softmax(const Tensor& input, int64_t dim) {
+  if (autocast::any_enabled()) {  // See Note [Autocast at op entry]
+    Tensor cx = input;
+    if (autocast::apply("softmax", {&cx})) return softmax(cx, dim);
+  }
+  return exp(log_softmax(input, dim));
+}
 
 // ---- losses -------------------------------------------------------------------------------
 
@@ -362,6 +383,10 @@ NllResult nll_loss_checked(const char* op, const Tensor& log_probs, const Tensor
 
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const Tensor& weight, Reduction reduction,
                 int64_t ignore_index) {
+  if (autocast::any_enabled()) {  // See Note [Autocast at op entry]
+    Tensor cx = log_probs, cw = weight;
+    if (autocast::apply("nll_loss", {&cx, &cw})) return nll_loss(cx, target, cw, reduction, ignore_index);
+  }
   return nll_loss_checked("nll_loss", log_probs, target, weight, reduction, ignore_index).loss;
 }
 
@@ -372,6 +397,11 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const Tensor& wei
 // and `mean` divides by the same denominator, the summed weight of non-ignored targets.
 Tensor cross_entropy(const Tensor& input, const Tensor& target, const Tensor& weight, Reduction reduction,
                      int64_t ignore_index, double label_smoothing) {
+  if (autocast::any_enabled()) {  // See Note [Autocast at op entry]
+    Tensor cx = input, cw = weight;
+    if (autocast::apply("cross_entropy", {&cx, &cw}))
+      return cross_entropy(cx, target, cw, reduction, ignore_index, label_smoothing);
+  }
   ops::check_defined("cross_entropy", input, "input");
   ops::check_defined("cross_entropy", target, "target");
   LOOM_CHECK(!is_floating(target.dtype()), "cross_entropy: expected target of int64 class indices, got a ",

@@ -2,6 +2,7 @@
 // Backward of a reduction broadcasts the output gradient back over the reduced dims.
 #include <algorithm>
 
+#include "autograd/autocast.h"  // defines: autocast::apply (Note [Autocast at op entry])
 #include "autograd/ops.h"
 #include "autograd/ops/common.h"
 
@@ -129,15 +130,29 @@ std::pair<Tensor, Tensor> extreme_dim(bool is_max, const Tensor& x, int64_t dim,
 
 }  // namespace
 
-Tensor sum(const Tensor& x) { return sum_or_mean(ReduceOp::Sum, "sum", x, {}, false); }
-Tensor sum(const Tensor& x, const Shape& dims, bool keepdim) { return sum_or_mean(ReduceOp::Sum, "sum", x, dims, keepdim); }
+Tensor sum(const Tensor& x) { return sum(x, {}, false); }
+Tensor sum(const Tensor& x, const Shape& dims, bool keepdim) {
+  if (autocast::any_enabled()) {  // See Note [Autocast at op entry]
+    Tensor cx = x;
+    if (autocast::apply("sum", {&cx})) return sum(cx, dims, keepdim);
+  }
+  return sum_or_mean(ReduceOp::Sum, "sum", x, dims, keepdim);
+}
 Tensor mean(const Tensor& x) { return mean(x, {}, false); }
 Tensor mean(const Tensor& x, const Shape& dims, bool keepdim) {
+  if (autocast::any_enabled()) {  // See Note [Autocast at op entry]
+    Tensor cx = x;
+    if (autocast::apply("mean", {&cx})) return mean(cx, dims, keepdim);
+  }
   ops::check_floating("mean", x);
   return sum_or_mean(ReduceOp::Mean, "mean", x, dims, keepdim);
 }
 
 Tensor var(const Tensor& x, const Shape& dims_in, bool unbiased, bool keepdim) {
+  if (autocast::any_enabled()) {  // See Note [Autocast at op entry]
+    Tensor cx = x;
+    if (autocast::apply("var", {&cx})) return var(cx, dims_in, unbiased, keepdim);
+  }
   ops::check_floating("var", x);
   auto dims = normalize_dims(x, dims_in);
   Shape dims_shape(dims.begin(), dims.end());

@@ -41,6 +41,8 @@
 // Growing frees the old buffer to the system, which happens in the first step only.
 #include <dnnl.hpp>
 
+#include "core/cpu/float32_staging.h"  // defines: float32_copy (Note [16-bit CPU kernels stage through float32])
+
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -357,6 +359,11 @@ void conv2d_forward_cpu(const Tensor& input, const Tensor& weight, const Tensor&
                         Tensor& out) {
   const Conv2dGeometry g(input.shape(), weight.shape(), params);
   if (out.numel() == 0) return;
+  if (cpu::is_16bit_float(input.dtype())) {  // See Note [16-bit CPU kernels stage through float32]
+    Tensor out32 = cpu::float32_like(out);
+    conv2d_forward_cpu(cpu::float32_copy(input), cpu::float32_copy(weight), cpu::float32_copy(bias), params, out32);
+    return cpu::round_into(out32, out);
+  }
   if (input.dtype() == kFloat64) {
     return conv2d_reference_forward<double>(g, input.data_ptr<double>(), weight.data_ptr<double>(),
                                             bias.defined() ? bias.data_ptr<double>() : nullptr,
@@ -374,6 +381,15 @@ void conv2d_backward_cpu(const Tensor& grad_out, const Tensor& input, const Tens
   if (grad_out.numel() == 0) {  // nothing flowed back: every gradient is zero
     for (Tensor* t : {&grad_input, &grad_weight, &grad_bias})
       if (t->defined()) fill_kernel(DeviceType::CPU)(*t, 0.0);
+    return;
+  }
+  if (cpu::is_16bit_float(input.dtype())) {  // See Note [16-bit CPU kernels stage through float32]
+    Tensor gi = cpu::float32_like(grad_input), gw = cpu::float32_like(grad_weight), gb = cpu::float32_like(grad_bias);
+    conv2d_backward_cpu(cpu::float32_copy(grad_out), cpu::float32_copy(input), cpu::float32_copy(weight), params, gi,
+                        gw, gb);
+    cpu::round_into(gi, grad_input);
+    cpu::round_into(gw, grad_weight);
+    cpu::round_into(gb, grad_bias);
     return;
   }
   if (input.dtype() == kFloat64) {

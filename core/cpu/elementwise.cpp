@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/cpu/float32_staging.h"  // defines: float32_copy (Note [16-bit CPU kernels stage through float32])
 #include "core/cpu/loops.h"
 #include "core/kernels.h"
 
@@ -10,6 +11,11 @@ namespace loom::cpu {
 namespace {
 
 void unary_cpu(UnaryOp op, const Tensor& in, Tensor& out) {
+  if (is_16bit_float(in.dtype())) {  // See Note [16-bit CPU kernels stage through float32]
+    Tensor out32 = float32_like(out);
+    unary_cpu(op, float32_copy(in), out32);
+    return round_into(out32, out);
+  }
   dispatch_floating(in.dtype(), "unary op", [&]<typename T>() {
     switch (op) {
       case UnaryOp::Neg: return cpu_map_typed<T, T>(out, [](T x) { return -x; }, in);
@@ -39,6 +45,13 @@ void compare(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
 }
 
 void binary_cpu(BinaryOp op, const Tensor& a, const Tensor& b, double alpha, Tensor& out) {
+  if (is_16bit_float(a.dtype())) {  // See Note [16-bit CPU kernels stage through float32]
+    Tensor a32 = float32_copy(a), b32 = float32_copy(b);
+    if (op >= BinaryOp::Eq) return binary_cpu(op, a32, b32, alpha, out);  // bool out: nothing to round
+    Tensor out32 = float32_like(out);
+    binary_cpu(op, a32, b32, alpha, out32);
+    return round_into(out32, out);
+  }
   dispatch_all(a.dtype(), "binary op", [&]<typename T>() {
     if (op >= BinaryOp::Eq) return compare<T>(op, a, b, out);
     if constexpr (std::is_same_v<T, bool>) {

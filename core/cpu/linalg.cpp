@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <climits>
 
+#include "core/cpu/float32_staging.h"  // defines: float32_copy (Note [16-bit CPU kernels stage through float32])
 #include "core/kernels.h"
 
 namespace loom::cpu {
@@ -94,6 +95,11 @@ void mm_cpu(const Tensor& a, const Tensor& b, double beta, Tensor& out) {
   LOOM_CHECK(beta == 0.0 || beta == 1.0, "mm: beta must be 0 or 1, got ", beta);
   const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
   if (m == 0 || n == 0) return;
+  if (cpu::is_16bit_float(a.dtype())) {  // See Note [16-bit CPU kernels stage through float32]
+    Tensor out32 = beta == 0.0 ? cpu::float32_like(out) : cpu::float32_copy(out);
+    mm_cpu(cpu::float32_copy(a), cpu::float32_copy(b), beta, out32);
+    return cpu::round_into(out32, out);
+  }
   dispatch_floating(a.dtype(), "mm", [&]<typename T>() {
     T* pc = out.data_ptr<T>();
     if (k == 0) return empty_product(pc, m, n, out.stride(0), out.stride(1), beta);
@@ -110,6 +116,11 @@ void mm_cpu(const Tensor& a, const Tensor& b, double beta, Tensor& out) {
 void bmm_cpu(const Tensor& a, const Tensor& b, Tensor& out) {
   const int64_t batch = a.size(0), m = a.size(1), k = a.size(2), n = b.size(2);
   if (batch == 0 || m == 0 || n == 0) return;
+  if (cpu::is_16bit_float(a.dtype())) {  // See Note [16-bit CPU kernels stage through float32]
+    Tensor out32 = cpu::float32_like(out);
+    bmm_cpu(cpu::float32_copy(a), cpu::float32_copy(b), out32);
+    return cpu::round_into(out32, out);
+  }
   dispatch_floating(a.dtype(), "bmm", [&]<typename T>() {
     T* pc = out.data_ptr<T>();
     if (k == 0) {

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "core/cpu/float32_staging.h"  // defines: float32_copy (Note [16-bit CPU kernels stage through float32])
 #include "core/cpu/loops.h"
 #include "core/kernels.h"
 
@@ -96,6 +97,11 @@ void reduce_outer(const Reducer<T>& red, const T* in, T* out, int64_t K, int64_t
 }
 
 void reduce_cpu(ReduceOp op, const Tensor& in, const std::vector<int64_t>& dims, Tensor& out) {
+  if (is_16bit_float(in.dtype())) {  // See Note [16-bit CPU kernels stage through float32]
+    Tensor out32 = float32_like(out);
+    reduce_cpu(op, float32_copy(in), dims, out32);
+    return round_into(out32, out);
+  }
   dispatch_all(in.dtype(), "reduction", [&]<typename T>() {
     const size_t ndim = in.shape().size();
     std::vector<bool> reduced(ndim, false);
@@ -133,6 +139,11 @@ void reduce_cpu(ReduceOp op, const Tensor& in, const std::vector<int64_t>& dims,
 }
 
 void max_min_dim_cpu(bool is_max, const Tensor& in, int64_t dim, Tensor& values, Tensor& indices) {
+  if (is_16bit_float(in.dtype())) {  // See Note [16-bit CPU kernels stage through float32]
+    Tensor values32 = float32_like(values);
+    max_min_dim_cpu(is_max, float32_copy(in), dim, values32, indices);
+    return round_into(values32, values);
+  }
   dispatch_all(in.dtype(), is_max ? "max" : "min", [&]<typename T>() {
     const int64_t size = in.shape()[static_cast<size_t>(dim)];
     LOOM_CHECK(size > 0, is_max ? "max" : "min", "(): cannot reduce over an empty dimension ", dim);

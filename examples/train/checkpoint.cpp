@@ -38,12 +38,14 @@ std::string exact(double value) {  // round-trips a double through text
 std::string checkpoint_path(const std::string& dir) { return dir + "/checkpoint.safetensors"; }
 
 void save_checkpoint(const std::string& dir, const nn::Module& model, const optim::Optimizer& optimizer,
-                     const optim::LRScheduler* scheduler, const TrainingPosition& position) {
+                     const optim::LRScheduler* scheduler, const TrainingPosition& position,
+                     const optim::GradScaler* scaler) {
   std::filesystem::create_directories(dir);
   OrderedDict<Tensor> tensors;
   add_prefixed(tensors, "model.", model.state_dict());
   add_prefixed(tensors, "optimizer.", optimizer.state_dict());
   if (scheduler) add_prefixed(tensors, "scheduler.", scheduler->state_dict());
+  if (scaler) add_prefixed(tensors, "scaler.", scaler->state_dict());  // empty when disabled
   Generator& gen = default_generator();
   safetensors::Metadata metadata;
   metadata.insert("format", "loom-train-checkpoint");
@@ -59,7 +61,7 @@ void save_checkpoint(const std::string& dir, const nn::Module& model, const opti
 }
 
 TrainingPosition load_checkpoint(const std::string& dir, nn::Module& model, optim::Optimizer& optimizer,
-                                 optim::LRScheduler* scheduler) {
+                                 optim::LRScheduler* scheduler, optim::GradScaler* scaler) {
   const std::string path = checkpoint_path(dir);
   LOOM_CHECK(std::filesystem::exists(path), "--resume: no checkpoint at ", path,
              "; run once with --checkpoint-dir ", dir, " to create it");
@@ -67,6 +69,10 @@ TrainingPosition load_checkpoint(const std::string& dir, nn::Module& model, opti
   model.load_state_dict(take_prefixed(file.tensors, "model."), /*strict=*/true);
   optimizer.load_state_dict(take_prefixed(file.tensors, "optimizer."));
   if (scheduler) scheduler->load_state_dict(take_prefixed(file.tensors, "scheduler."));
+  if (scaler && scaler->is_enabled()) {
+    OrderedDict<Tensor> scaler_state = take_prefixed(file.tensors, "scaler.");
+    if (!scaler_state.empty()) scaler->load_state_dict(scaler_state);  // else: saved without --amp fp16
+  }
   auto text = [&](const char* key) { return metadata_text(file.metadata, key, path); };
   default_generator().set_state(std::stoull(text("generator_seed")), std::stoull(text("generator_offset")));
   TrainingPosition position;

@@ -6,6 +6,7 @@
 //   model.*      parameters and buffers (BatchNorm running stats, num_batches_tracked)
 //   optimizer.*  momentum buffers and hyperparameters (optim's Note [Flat optimizer state])
 //   scheduler.*  the LR schedule's position
+//   scaler.*     the loss scale and its growth tracker (--amp fp16 only: GradScaler)
 //   metadata     epoch and step within it (the data order of an epoch is a pure function
 //                of (seed, epoch), so skipping the consumed batches restores the sampler
 //                position), the global step, the default generator's (seed, offset),
@@ -18,6 +19,7 @@
 
 #include "examples/train/progress.h"
 #include "nn/module.h"
+#include "nn/optim/grad_scaler.h"
 #include "nn/optim/lr_scheduler.h"
 #include "nn/optim/optimizer.h"
 
@@ -33,10 +35,12 @@ struct TrainingPosition {
 std::string checkpoint_path(const std::string& dir);
 
 void save_checkpoint(const std::string& dir, const nn::Module& model, const optim::Optimizer& optimizer,
-                     const optim::LRScheduler* scheduler, const TrainingPosition& position);
+                     const optim::LRScheduler* scheduler, const TrainingPosition& position,
+                     const optim::GradScaler* scaler = nullptr);
 
-// Restores model, optimizer, scheduler and the default generator; returns the position.
+// Restores model, optimizer, scheduler, an enabled scaler (when the checkpoint has its
+// state; else it keeps its initial scale) and the default generator; returns the position.
 TrainingPosition load_checkpoint(const std::string& dir, nn::Module& model, optim::Optimizer& optimizer,
-                                 optim::LRScheduler* scheduler);
+                                 optim::LRScheduler* scheduler, optim::GradScaler* scaler = nullptr);
 
 }  // namespace loom::examples

@@ -20,6 +20,7 @@
 #include "examples/train/checkpoint.h"      // defines: save_checkpoint, load_checkpoint
 #include "examples/train/device.h"          // defines: training_device, to_training_device, read_loss_and_correct
 #include "examples/train/distributed.h"     // defines: Distributed, what --mode ddp changes
+#include "examples/train/mixed_precision.h" // defines: MixedPrecision, what --amp changes
 #include "examples/train/progress.h"        // defines: ProgressBar, RunningMetrics
 #include "nn/loss.h"                        // defines: CrossEntropyLoss
 #include "nn/optim/lr_scheduler.h"          // defines: CosineAnnealingLR, OneCycleLR
@@ -144,11 +145,12 @@ TrainResult train_cifar10(const TrainConfig& config) {
   TrainConfig scheduled = config;
   scheduled.lr = lr;  // --lr-scaling linear: the schedule peaks at the scaled rate
   auto scheduler = make_scheduler(scheduled, optimizer, std::max<int64_t>(steps_per_epoch * config.epochs, 1));
+  MixedPrecision amp(config.amp, device);
 
   TrainingPosition position;
   if (config.resume) {
     LOOM_CHECK(!config.checkpoint_dir.empty(), "--resume needs --checkpoint-dir DIR");
-    position = load_checkpoint(config.checkpoint_dir, *model, optimizer, scheduler.get());
+    position = load_checkpoint(config.checkpoint_dir, *model, optimizer, scheduler.get(), &amp.scaler());
     // A checkpoint's epoch metrics are every rank's sum; one rank carries them on.
     if (!dist.is_main()) position.metrics = RunningMetrics{};
     if (config.progress && dist.is_main())
@@ -196,17 +198,18 @@ TrainResult train_cifar10(const TrainConfig& config) {
       Tensor logits, loss;
       {
         trace::Span span("forward", "train");
+        auto autocast_scope = amp.autocast();  // --amp bf16|fp16: 16-bit convs and matmuls
         logits = (*net)(images);
         loss = criterion(logits, labels);
       }
       optimizer.zero_grad();
       {
         trace::Span span("backward", "train");  // ddp: returns with averaged gradients
-        loss.backward();
+        amp.backward(loss);  // loss.backward(), scaled under --amp fp16
       }
       {
         trace::Span span("optimizer step", "train");
-        optimizer.step();
+        amp.step(optimizer);  // optimizer.step(); --amp fp16 skips inf/NaN steps
       }
       if (scheduler) scheduler->step();
       // The step's one wait for the GPU: loss and accuracy come back in a single copy.
@@ -229,7 +232,7 @@ TrainResult train_cifar10(const TrainConfig& config) {
         RunningMetrics so_far = dist.sum(metrics);  // every rank's examples (a collective)
         if (dist.is_main())
           save_checkpoint(config.checkpoint_dir, *model, optimizer, scheduler.get(),
-                          {epoch, step_in_epoch, position.global_step, so_far});
+                          {epoch, step_in_epoch, position.global_step, so_far}, &amp.scaler());
         dist.barrier();
       }
     }
@@ -256,7 +259,8 @@ TrainResult train_cifar10(const TrainConfig& config) {
       if (dist.is_main())
         save_checkpoint(config.checkpoint_dir, *model, optimizer, scheduler.get(),
                         finished_epoch ? TrainingPosition{epoch + 1, 0, position.global_step, {}}
-                                       : TrainingPosition{epoch, step_in_epoch, position.global_step, metrics});
+                                       : TrainingPosition{epoch, step_in_epoch, position.global_step, metrics},
+                        &amp.scaler());
       dist.barrier();
     }
   }

@@ -32,6 +32,7 @@ struct TrainConfig {
   int64_t threads = 0;  // OpenMP threads for compute; 0 = the runtime's default
   uint64_t seed = 0;
   std::string device = "cpu";
+  std::string amp = "none";    // none | bf16 | fp16 (examples/train/mixed_precision.h)
   bool augment = true;
   bool shuffle = true;
   std::string init;            // safetensors weights to start from

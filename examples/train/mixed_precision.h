@@ -1,0 +1,68 @@
+// --amp for train_cifar10: what mixed precision changes in the training step.
+//
+//   MixedPrecision amp(config.amp, device);
+//   { auto scope = amp.autocast(); logits = net(images); loss = criterion(logits, labels); }
+//   amp.backward(loss);   // loss.backward(), or scaler.scale(loss).backward() for fp16
+//   amp.step(optimizer);  // optimizer.step(), or scaler.step + scaler.update for fp16
+//
+//   none  float32 throughout (the default)
+//   bf16  autocast to bfloat16 around forward + loss (autograd/autocast.h); float32
+//         parameters, gradients and optimizer. bfloat16 has float32's exponent range, so
+//         no loss scaling is needed.
+//   fp16  autocast to float16, plus a GradScaler (nn/optim/grad_scaler.h) against
+//         gradient underflow; a step with inf/NaN gradients is skipped.
+// Evaluation stays in float32. On the CPU both work, more slowly than float32: the CPU
+// kernels stage 16-bit operands through float32 (Note [16-bit CPU kernels stage through
+// float32]); they are there to test the policy, the speed is on CUDA.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "autograd/autocast.h"     // defines: autocast::Guard
+#include "core/device.h"
+#include "core/error.h"
+#include "core/tensor.h"
+#include "nn/optim/grad_scaler.h"  // defines: GradScaler
+#include "nn/optim/optimizer.h"
+
+namespace loom::examples {
+
+// (Header-only: it is a few lines, and examples/meson.build stays untouched.)
+class MixedPrecision {
+ public:
+  // amp: none | bf16 | fp16; anything else is a loom::Error naming the choices.
+  MixedPrecision(const std::string& amp, Device device)
+      : dtype_(dtype_of_flag(amp)), device_type_(device.type), scaler_({.enabled = amp == "fp16"}) {}
+
+  // The scope of forward + loss: autocast on the device for bf16/fp16, nothing for none.
+  std::unique_ptr<autocast::Guard> autocast() const {
+    if (dtype_ == kFloat32) return nullptr;
+    return std::make_unique<autocast::Guard>(device_type_, dtype_);
+  }
+  // loss.backward(), of the scaled loss under fp16.
+  void backward(const Tensor& loss) { scaler_.scale(loss).backward(); }
+  // optimizer.step(), under fp16 through the scaler: returns false when it skipped a step
+  // with inf/NaN gradients.
+  bool step(optim::Optimizer& optimizer) {
+    const bool stepped = scaler_.step(optimizer);  // a plain optimizer.step() when disabled
+    scaler_.update();
+    return stepped;
+  }
+  // Checkpoints save and restore it (examples/train/checkpoint.h).
+  optim::GradScaler& scaler() { return scaler_; }
+
+ private:
+  static DType dtype_of_flag(const std::string& amp) {
+    if (amp == "bf16") return kBFloat16;
+    if (amp == "fp16") return kFloat16;
+    LOOM_CHECK(amp == "none", "--amp: expected none, bf16 or fp16, got '", amp, "'");
+    return kFloat32;
+  }
+
+  DType dtype_;  // kFloat32: --amp none
+  DeviceType device_type_;
+  optim::GradScaler scaler_;
+};
+
+}  // namespace loom::examples
