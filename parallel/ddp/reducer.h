@@ -63,7 +63,7 @@ struct BackwardTimeline {
   int64_t finalize_begin_us = -1;
   int64_t finalize_end_us = -1;
   std::vector<int64_t> launch_us;    // per bucket: all_reduce issued
-  std::vector<int64_t> complete_us;  // per bucket: all_reduce finished
+  std::vector<int64_t> complete_us;  // per bucket: all_reduce finished (-1: not known to the host yet)
 };
 
 class Reducer : public std::enable_shared_from_this<Reducer> {
@@ -131,6 +131,10 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   std::vector<Announcement> announcements_;
   BackwardTimeline timeline_;
 };
+
+// When `work` finished, in trace::now_us() microseconds, or -1 while it has not finished
+// as far as the host knows (see Note [When did a bucket's all_reduce finish]).
+int64_t completion_us(const distributed::Work& work);
 
 // The parameters the autograd graph of `outputs` does not reach (registration indices):
 // those whose gradient accumulator is not a node of the graph.
