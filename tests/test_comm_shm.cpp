@@ -228,7 +228,8 @@ TEST_CASE("all_reduce: sum, avg, max, min; 2 and 3 ranks; four dtypes; sizes 0, 
             for (int64_t i = 0; i < size; ++i) {
               const double want = expected(op, n, i);
               if (std::abs(got[size_t(i)] - want) > 1e-6 * (1 + std::abs(want))) {
-                mismatches[r] = detail::str(dtype_name(dtype), " ", reduce_op_name(op), " size ", size, " [", i,
+                if (mismatches[r].empty())  // the first one tells most
+                  mismatches[r] = detail::str(dtype_name(dtype), " ", reduce_op_name(op), " size ", size, " [", i,
                                             "]: got ", got[size_t(i)], ", expected ", want);
                 break;
               }

@@ -220,7 +220,7 @@ TEST_CASE("transparency: N DDP ranks on shards end with the weights of one proce
       DistributedDataParallel ddp(replicas[comm->rank()], comm, c.options);
       buckets[comm->rank()] = ddp.reducer().buckets().size();
       sgd_steps(ddp, data, comm->rank(), c.world);
-    }, 20s, c.shared_memory));
+    }, std::chrono::seconds(20), c.shared_memory));
     if (c.options.bucket_cap_mb < 1) CHECK(buckets[0] >= 3);
     for (int r = 0; r < c.world; ++r) {
       CAPTURE(r);

@@ -67,6 +67,8 @@ std::pair<size_t, size_t> share(size_t count, int p, int size) {
   return {std::min(count, per * size_t(p)), std::min(count, per * size_t(p + 1))};
 }
 
+// srcs[0] may be dst itself, no other source may: every pass writes dst before the next
+// source is read. reduce() below puts the aliased source first.
 template <typename T>
 void reduce_typed(void* dst_bytes, const std::vector<const uint8_t*>& srcs, size_t n, ReduceOp op, int world) {
   T* dst = static_cast<T*>(dst_bytes);
@@ -98,9 +100,15 @@ void reduce_typed(void* dst_bytes, const std::vector<const uint8_t*>& srcs, size
   }
 }
 
-// dst[i] = op over k of srcs[k][i], for `n` elements of `dtype`. dst may be one of srcs.
-void reduce(DType dtype, void* dst, const std::vector<const uint8_t*>& srcs, size_t n, ReduceOp op, int world) {
+// dst[i] = op over k of srcs[k][i], for `n` elements of `dtype`. dst may be one of srcs
+// (a rank reduces its share in place in its own staging half): that source is taken
+// first, the others in rank order. The order is the same every time for a given share,
+// and only one rank reduces each share, so results stay deterministic and identical
+// on every rank.
+void reduce(DType dtype, void* dst, std::vector<const uint8_t*> srcs, size_t n, ReduceOp op, int world) {
   if (n == 0) return;
+  auto aliased = std::find(srcs.begin(), srcs.end(), static_cast<const uint8_t*>(dst));
+  if (aliased != srcs.end()) std::rotate(srcs.begin(), aliased, aliased + 1);
   switch (dtype) {
     case kFloat32: return reduce_typed<float>(dst, srcs, n, op, world);
     case kFloat64: return reduce_typed<double>(dst, srcs, n, op, world);

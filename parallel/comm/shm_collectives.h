@@ -30,7 +30,8 @@
 // round 0 say so), so equal counters mean "the same point of the same collective". An
 // all_reduce round is: copy my chunk in | phase | reduce my 1/world share of the chunk
 // in place | phase | copy every rank's reduced share out. Each share is reduced by
-// exactly one rank, in rank order, so every rank ends with bitwise identical values.
+// exactly one rank, always in the same order (its own data first), so every rank ends
+// with bitwise identical values.
 //
 // Note [Two of everything]
 // A fast rank may start round c+1 while a slow one still copies reduced shares out of
