@@ -275,14 +275,18 @@ TEST_CASE("bucket layout: reverse registration order, a small first bucket, prin
         std::make_shared<nn::Linear>(256, 10)});
     DistributedDataParallel ddp(net, comm, {.bucket_cap_mb = 0.25});  // 256x256 float32 = 0.25 MiB
     const auto& buckets = ddp.reducer().buckets();
-    REQUIRE(buckets.size() == 2);
+    REQUIRE(buckets.size() == 3);
     CHECK(buckets[0].params == std::vector<size_t>{5, 4, 3, 2});  // 2.bias, 2.weight, 1.bias, 1.weight
-    CHECK(buckets[1].params == std::vector<size_t>{1, 0});
+    // 0.bias + 0.weight exceed the last bucket's 0.25 MiB: 0.weight, the last gradient,
+    // goes alone (Note [A small last bucket]).
+    CHECK(buckets[1].params == std::vector<size_t>{1});
+    CHECK(buckets[2].params == std::vector<size_t>{0});
     CHECK(buckets[0].flat.numel() == 10 + 2560 + 256 + 65536);
     std::string layout = ddp.reducer().layout();
-    CHECK_MESSAGE(contains(layout, "2 buckets"), layout);
+    CHECK_MESSAGE(contains(layout, "3 buckets"), layout);
     CHECK(contains(layout, "2.bias -> 1.weight"));
-    CHECK(contains(layout, "0.bias -> 0.weight"));
+    CHECK(contains(layout, "0.bias -> 0.bias"));
+    CHECK(contains(layout, "0.weight -> 0.weight"));
     CHECK(contains(layout, std::to_string((10 + 2560 + 256 + 65536) * 4)));
   }));
 }
@@ -311,10 +315,11 @@ TEST_CASE("overlap: bucket 0's all_reduce is launched before the last gradient i
   }));
   trace::disable();
   for (const BackwardTimeline& t : timelines) {
-    REQUIRE(t.launch_us.size() == 6);
+    // One bucket per layer, and layer 0's weight alone in the last (Note [A small last bucket]).
+    REQUIRE(t.launch_us.size() == 7);
     CHECK(t.launch_us[0] < t.last_gradient_us);   // communication started during backward
     CHECK(t.last_gradient_us <= t.finalize_begin_us);
-    for (size_t b = 0; b < 6; ++b) CHECK(t.launch_us[b] <= t.complete_us[b]);
+    for (size_t b = 0; b < 7; ++b) CHECK(t.launch_us[b] <= t.complete_us[b]);
   }
   // The same evidence in the trace: "all_reduce bucket 0" starts before "gradient hooks" ends.
   auto events = trace::events();

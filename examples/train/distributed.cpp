@@ -49,6 +49,11 @@ std::shared_ptr<nn::Module> Distributed::wrap(std::shared_ptr<nn::Module> model,
   if (config.sync_bn) nn::convert_sync_batchnorm(model, comm_);
   ddp::DDPOptions options;
   options.bucket_cap_mb = config.bucket_cap_mb;
+  // .grad() is a view into the reduced bucket: finalize then has nothing to copy back, a
+  // 43 MiB copy saved at the end of every ResNet18 backward, where nothing overlaps it,
+  // and the gradients take no memory of their own. The loop only reads gradients and
+  // zero_grad() drops them, which is all this option asks of it (as in PyTorch).
+  options.gradient_as_bucket_view = true;
   return std::make_shared<ddp::DistributedDataParallel>(model, comm_, options);
 }
 

@@ -72,6 +72,7 @@ void Reducer::build_buckets() {
   std::vector<ParameterInfo> infos;
   for (const Tensor& p : params_) infos.push_back({p.numel(), p.dtype(), p.device()});
   auto assignment = compute_bucket_assignment_by_size(infos, {options_.first_bucket_bytes, options_.bucket_cap_bytes});
+  assignment = split_last_bucket(std::move(assignment), infos, options_.last_bucket_bytes);  // Note [A small last bucket]
   slot_of_.resize(params_.size());
   for (auto& indices : assignment) {
     Bucket bucket;
@@ -330,10 +331,11 @@ std::string Reducer::layout() const {
   char line[512];
   std::snprintf(line, sizeof(line),
                 "DDP bucket layout (rank %d of %d): %zu parameters, %.2f MiB in %zu buckets "
-                "(first bucket cap %.2f MiB, then %.2f MiB)\n  bucket  params         bytes  dtype    "
+                "(first bucket cap %.2f MiB, then %.2f MiB, the last at most %.2f MiB)\n  bucket  params         bytes  "
+                "dtype    "
                 "first parameter -> last parameter\n",
                 comm_->rank(), comm_->size(), params_.size(), mib(total), buckets_.size(),
-                mib(options_.first_bucket_bytes), mib(options_.bucket_cap_bytes));
+                mib(options_.first_bucket_bytes), mib(options_.bucket_cap_bytes), mib(options_.last_bucket_bytes));
   std::string out = line;
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const Bucket& bucket = buckets_[b];

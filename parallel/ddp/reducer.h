@@ -44,6 +44,8 @@ struct ReducerOptions {
   // The first bucket's byte limit and every later one's (Note [Bucket order]).
   size_t first_bucket_bytes = kDefaultFirstBucketBytes;
   size_t bucket_cap_bytes = kDefaultBucketCapBytes;
+  // The last bucket's byte limit (Note [A small last bucket]).
+  size_t last_bucket_bytes = kDefaultFirstBucketBytes;
   bool find_unused_parameters = false;
   bool gradient_as_bucket_view = false;
 };
