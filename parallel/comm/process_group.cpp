@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cctype>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -83,8 +84,9 @@ std::shared_ptr<Communicator> make_communicator(const std::string& backend, std:
     // LOOM_GLOO_SHM=0 keeps collectives on TCP even on one host (as NCCL_SHM_DISABLE=1).
     if (const char* shm = std::getenv("LOOM_GLOO_SHM"); shm && std::string(shm) == "0") options.shared_memory = false;
     auto comm = std::make_shared<GlooCommunicator>(std::move(store), prefix, rank, world_size, options);
-    const char* debug = std::getenv("LOOM_DISTRIBUTED_DEBUG");
-    if (rank == 0 && debug && (std::string(debug) == "info" || std::string(debug) == "detail")) {
+    std::string debug = std::getenv("LOOM_DISTRIBUTED_DEBUG") ? std::getenv("LOOM_DISTRIBUTED_DEBUG") : "";
+    for (char& c : debug) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (rank == 0 && (debug == "info" || debug == "detail")) {
       std::fprintf(stderr, "loom: gloo group '%s': collectives over %s%s%s\n", prefix.c_str(),
                    comm->collective_transport(), comm->why_not_shared_memory().empty() ? "" : ": ",
                    comm->why_not_shared_memory().c_str());
