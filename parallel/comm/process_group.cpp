@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "core/error.h"
+#include "parallel/comm/rendezvous.h"
 #ifdef LOOM_WITH_GLOO
 #include "parallel/comm/gloo_communicator.h"
 #endif
@@ -144,6 +145,7 @@ void init_process_group(const std::string& backend, const std::string& init_meth
 
   auto store = std::make_shared<TCPStore>(host, port, /*is_server=*/rank == 0, timeout);
   std::string prefix = "default_pg/" + std::to_string(g_groups_made++);
+  verify_rendezvous(*store, prefix, rank, world_size, backend, timeout);  // Note [Why check the rendezvous]
   auto comm = make_communicator(backend, store, prefix, rank, world_size, timeout, host);
   g_group = DefaultGroup{std::move(store), std::move(comm), prefix, local_rank};
 }
