@@ -391,7 +391,9 @@ TEST_CASE("find_unused_parameters: used somewhere is averaged with zeros; used n
     models.push_back(std::dynamic_pointer_cast<TwoHeads>(start->clone()));
   }
   std::vector<Tensor> a_grad(2), b_grad(2);
-  std::vector<bool> b_grad_when_unused(2, true);
+  // char, not bool: std::vector<bool> packs bits, so two rank threads writing [0] and [1]
+  // would race on one word (this test was flaky for that reason).
+  std::vector<char> b_grad_when_unused(2, 1);
   require_no_errors(run_ranks(2, [&](std::shared_ptr<Communicator> comm) {
     const int r = comm->rank();
     models[r]->use_b = r == 0;
