@@ -5,7 +5,9 @@
 
 Runs, interleaved (--repeat times), each with --world-size processes of one compute
 thread on synthetic CIFAR-shaped data:
-  loom ddp         loomrun --nproc_per_node W train_cifar10 --mode ddp
+  loom ddp (shm)   loomrun --nproc_per_node W train_cifar10 --mode ddp: the gloo backend,
+                   whose collectives go through shared memory on one host (the default)
+  loom ddp (tcp)   the same with LOOM_GLOO_SHM=0: collectives over Gloo's loopback TCP
   loom independent W x train_cifar10 --mode single at the same time (same flags, no
                    communication): the ceiling DDP is measured against
   torch ddp        bench/ddp_torch.py: torch.nn.parallel.DistributedDataParallel, gloo
@@ -51,13 +53,18 @@ def loom_args(args, metrics):
             "--metrics-json", metrics]
 
 
-def loom_ddp(args, env, tmp):
+def loom_ddp(args, env, tmp, shared_memory=True):
     metrics = os.path.join(tmp, "ddp.json")
+    env = dict(env, LOOM_GLOO_SHM="1" if shared_memory else "0")
     run([args.loomrun, "--standalone", "--nproc_per_node", str(args.world_size), args.train, "--mode", "ddp",
          *loom_args(args, metrics)], env)
     with open(metrics) as f:
         step = json.load(f)["median_step_s"]
     return args.world_size * args.batch_size / step
+
+
+def loom_ddp_tcp(args, env, tmp):
+    return loom_ddp(args, env, tmp, shared_memory=False)
 
 
 def loom_independent(args, env, tmp):
@@ -91,6 +98,7 @@ def main():
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=3, help="interleaved runs of each configuration")
     parser.add_argument("--build", default=os.path.join(ROOT, "build"))
+    parser.add_argument("--no-tcp", action="store_true", help="skip the loom ddp (tcp) configuration")
     parser.add_argument("--torch-python", default="/usr/bin/python3", help="a python that imports torch ('' skips)")
     args = parser.parse_args()
     args.loomrun = os.path.join(args.build, "parallel", "loomrun")
@@ -99,11 +107,14 @@ def main():
         if not os.access(exe, os.X_OK):
             sys.exit(f"bench_ddp.py: {exe} not found; build loom first (meson setup build && ninja -C build)")
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    configs = [("loom ddp", loom_ddp), ("loom independent", loom_independent)]
+    configs = [("loom ddp (shm)", loom_ddp), ("loom ddp (tcp)", loom_ddp_tcp), ("loom independent", loom_independent)]
+    if args.no_tcp:
+        configs = [c for c in configs if c[0] != "loom ddp (tcp)"]
     if args.torch_python:
         configs.append(("torch ddp (gloo)", torch_ddp))
     results = {name: [] for name, _ in configs}
     cpu_ms = {name: [] for name, _ in configs}  # CPU milliseconds per training image
+    loads = []  # 1-minute load average after each run: the neighbours' share of the machine
     images = args.world_size * args.batch_size * args.steps
     print(f"# {args.world_size} processes x 1 thread, {args.model}, batch {args.batch_size}/process, "
           f"{args.steps - 1} timed steps, {args.repeat} interleaved repeats, {os.cpu_count()} cores", flush=True)
@@ -115,18 +126,24 @@ def main():
                 after = resource.getrusage(resource.RUSAGE_CHILDREN)
                 cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
                 cpu_ms[name].append(1e3 * cpu / images)
+                loads.append(os.getloadavg()[0])
                 print(f"#   repeat {r + 1}: {name:18s} {results[name][-1]:8.1f} img/s  "
-                      f"{cpu_ms[name][-1]:7.1f} CPU ms/img", flush=True)
+                      f"{cpu_ms[name][-1]:7.1f} CPU ms/img  load {loads[-1]:.2f}", flush=True)
     medians = {name: statistics.median(v) for name, v in results.items()}
     cpu = {name: statistics.median(v) for name, v in cpu_ms.items()}
     print(f"{'configuration':20s} {'img/s (median)':>15s} {'CPU ms/img':>11s}  img/s of each run")
     for name, v in results.items():
         print(f"{name:20s} {medians[name]:15.1f} {cpu[name]:11.1f}  {' '.join(f'{x:.1f}' for x in v)}")
-    ddp, independent = medians["loom ddp"], medians["loom independent"]
-    print(f"loom ddp / loom independent = {ddp / independent:.3f}  (target >= 0.99); "
-          f"CPU per image: {cpu['loom ddp'] / cpu['loom independent']:.3f}x")
-    if "torch ddp (gloo)" in medians:
-        print(f"loom ddp / torch ddp        = {ddp / medians['torch ddp (gloo)']:.3f}  (target >= 1.00)")
+    independent = medians["loom independent"]
+    for name in ("loom ddp (shm)", "loom ddp (tcp)"):
+        if name not in medians:
+            continue
+        print(f"{name} / loom independent = {medians[name] / independent:.3f}  (target >= 0.99); "
+              f"CPU per image: {cpu[name] / cpu['loom independent']:.3f}x")
+        if "torch ddp (gloo)" in medians:
+            print(f"{name} / torch ddp        = {medians[name] / medians['torch ddp (gloo)']:.3f}  (target >= 1.00)")
+    print(f"load average (1 min) after the runs: median {statistics.median(loads):.2f}, "
+          f"min {min(loads):.2f}, max {max(loads):.2f} on {os.cpu_count()} cores")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 // Multi-rank tests in one process: each rank is a thread with its own TCPStore client and
-// GlooCommunicator, talking over real TCP on 127.0.0.1 (as tests/test_comm_gloo.cpp).
+// GlooCommunicator. Collectives go through shared memory (the ranks share a host), or
+// over real TCP on 127.0.0.1 with shared_memory = false (as tests/test_comm_gloo.cpp).
 //
 //   auto errors = run_ranks(2, [&](std::shared_ptr<Communicator> comm) { ... });
 //   require_no_errors(errors);
@@ -29,7 +30,7 @@ using namespace std::chrono_literals;
 // Collectives time out after `timeout`, so a test that goes wrong fails instead of hanging.
 inline std::vector<std::string> run_ranks(int n,
                                           const std::function<void(std::shared_ptr<distributed::Communicator>)>& body,
-                                          std::chrono::milliseconds timeout = 20s) {
+                                          std::chrono::milliseconds timeout = 20s, bool shared_memory = true) {
   auto server = std::make_shared<distributed::TCPStore>("127.0.0.1", 0, /*is_server=*/true, 20s);
   std::vector<std::string> errors(static_cast<size_t>(n));
   std::vector<std::thread> threads;
@@ -40,6 +41,7 @@ inline std::vector<std::string> run_ranks(int n,
         auto store = r == 0 ? server : std::make_shared<distributed::TCPStore>("127.0.0.1", server->port(), false, 20s);
         distributed::GlooOptions options;
         options.timeout = timeout;
+        options.shared_memory = shared_memory;
         auto comm = std::make_shared<distributed::GlooCommunicator>(store, "ranks", r, n, options);
         body(comm);
       } catch (const std::exception& e) {

@@ -63,6 +63,7 @@ static std::vector<std::string> run_ranks(int n, const std::function<void(Commun
         GlooOptions options;
         options.timeout = timeout;
         options.verify_collectives = verify_collectives;
+        options.shared_memory = false;  // Gloo's own TCP collectives; tests/test_comm_shm.cpp tests the other path
         for (int g = 0; g < groups; ++g) {
           GlooCommunicator comm(store, "group" + std::to_string(g), r, n, options);
           body(comm);

@@ -37,6 +37,84 @@ TEST_CASE("find_unused_parameters walks the graph from the outputs") {
   CHECK(find_unused_parameters({a}, {a, b, c}) == std::vector<size_t>{1, 2});  // an output may be a parameter
 }
 
+// ---- NCCL's rule on a CPU-only machine -------------------------------------------------
+// NCCL sends only CUDA tensors. A world-of-one communicator that moves tensors of one
+// virtual device (cpu:1) and refuses every other plays its part here: everything DDP
+// sends on its own behalf (shape tables, fingerprints, used-parameter counts) must be
+// put on the communicator's tensor_device(), as Note [Metadata tensors travel on the
+// communicator's device] says, and the gradients stay on the parameters' device.
+namespace {
+
+class OneDeviceCommunicator final : public distributed::Communicator {
+ public:
+  explicit OneDeviceCommunicator(Device device) : Communicator(0, 1, std::chrono::seconds(10)), device_(device) {}
+  const char* backend() const override { return "one-device"; }
+  Device tensor_device() const override { return device_; }
+  std::vector<std::string> refused;  // what a real NCCL would have rejected
+  int ops = 0;
+
+ protected:
+  std::shared_ptr<distributed::Work> launch(distributed::Op op) override {
+    ++ops;
+    auto check = [&](const Tensor& t) {
+      if (t.defined() && t.device() != device_) refused.push_back(op.describe() + " on " + t.device().str());
+    };
+    check(op.tensor);
+    for (const Tensor& t : op.list) check(t);
+    // World of one: all_reduce and broadcast leave the tensor as it is.
+    if (op.kind == distributed::OpKind::AllGather) op.list[0].copy_(op.tensor);
+    if (op.kind == distributed::OpKind::ReduceScatter) Tensor(op.tensor).copy_(op.list[0]);
+    auto work = std::make_shared<distributed::Work>(op.describe());
+    work->finish();
+    return work;
+  }
+
+ private:
+  Device device_;
+};
+
+}  // namespace
+
+TEST_CASE("to_communication_device: host-made tensors go where the communicator can move them") {
+  OneDeviceCommunicator comm(Device("cpu:1"));
+  Tensor host = from_vector<int64_t>({1, 2, 3}, {3});
+  Tensor moved = distributed::to_communication_device(host, comm);
+  CHECK(moved.device() == Device("cpu:1"));
+  CHECK(moved.tolist<int64_t>() == std::vector<int64_t>{1, 2, 3});
+  OneDeviceCommunicator cpu_comm(Device("cpu"));
+  CHECK(distributed::to_communication_device(host, cpu_comm).is_same(host));  // no copy when already there
+}
+
+TEST_CASE("DDP sends only tensors of the communicator's device: construction, detail fingerprints, unused counts") {
+  ::setenv("LOOM_DISTRIBUTED_DEBUG", "detail", 1);  // fingerprints go out too
+  auto comm = std::make_shared<OneDeviceCommunicator>(Device("cpu:1"));
+  manual_seed(3);
+  auto net = std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Linear>(4, 3), std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(3, 2)});
+  net->to(kFloat64);
+  net->to(Device("cpu:1"));
+  {
+    DistributedDataParallel ddp(net, comm, {.find_unused_parameters = true});
+    Tensor x = randn({5, 4}, kFloat64).to(Device("cpu:1"));
+    ddp(x).sum().backward();
+    CHECK(net->parameters()[0].grad().defined());
+  }
+  ::unsetenv("LOOM_DISTRIBUTED_DEBUG");
+  CHECK(comm->ops >= 6);  // shape checks, broadcasts, buckets, used counts, with fingerprints
+  std::string refused;
+  for (const auto& r : comm->refused) refused += r + "\n";
+  CHECK_MESSAGE(comm->refused.empty(), refused);
+}
+
+TEST_CASE("completion_us: a bucket's end time only once the host knows it (NCCL's wait() does not block)") {
+  distributed::Work work("all_reduce #0");
+  CHECK(completion_us(work) == -1);
+  const int64_t before = trace::now_us();
+  work.finish();
+  CHECK(completion_us(work) >= before);
+  CHECK(completion_us(work) <= trace::now_us());
+}
+
 #ifdef LOOM_WITH_GLOO
 #include "rank_threads.h"
 
@@ -120,14 +198,18 @@ TEST_CASE("transparency: N DDP ranks on shards end with the weights of one proce
   struct Case {
     int world;
     DDPOptions options;
+    bool shared_memory = true;  // the gloo backend's transport: shared memory, or TCP
   };
   // Small buckets: several all_reduces per backward, launched while backward runs.
   std::vector<Case> cases = {{2, {}},
                              {2, {.bucket_cap_mb = 0.002, .gradient_as_bucket_view = true}},
-                             {3, {.bucket_cap_mb = 0.002}}};
+                             {3, {.bucket_cap_mb = 0.002}},
+                             {2, {.bucket_cap_mb = 0.002}, /*shared_memory=*/false},
+                             {3, {}, /*shared_memory=*/false}};
   for (const Case& c : cases) {
     CAPTURE(c.world);
     CAPTURE(c.options.bucket_cap_mb);
+    CAPTURE(c.shared_memory);
     const Batches data = make_batches(3, 4 * c.world);
     auto reference = reference_start->clone();
     sgd_steps(*reference, data, 0, 1);
@@ -138,7 +220,7 @@ TEST_CASE("transparency: N DDP ranks on shards end with the weights of one proce
       DistributedDataParallel ddp(replicas[comm->rank()], comm, c.options);
       buckets[comm->rank()] = ddp.reducer().buckets().size();
       sgd_steps(ddp, data, comm->rank(), c.world);
-    }));
+    }, std::chrono::seconds(20), c.shared_memory));
     if (c.options.bucket_cap_mb < 1) CHECK(buckets[0] >= 3);
     for (int r = 0; r < c.world; ++r) {
       CAPTURE(r);
@@ -193,14 +275,18 @@ TEST_CASE("bucket layout: reverse registration order, a small first bucket, prin
         std::make_shared<nn::Linear>(256, 10)});
     DistributedDataParallel ddp(net, comm, {.bucket_cap_mb = 0.25});  // 256x256 float32 = 0.25 MiB
     const auto& buckets = ddp.reducer().buckets();
-    REQUIRE(buckets.size() == 2);
+    REQUIRE(buckets.size() == 3);
     CHECK(buckets[0].params == std::vector<size_t>{5, 4, 3, 2});  // 2.bias, 2.weight, 1.bias, 1.weight
-    CHECK(buckets[1].params == std::vector<size_t>{1, 0});
+    // 0.bias + 0.weight exceed the last bucket's 0.25 MiB: 0.weight, the last gradient,
+    // goes alone (Note [A small last bucket]).
+    CHECK(buckets[1].params == std::vector<size_t>{1});
+    CHECK(buckets[2].params == std::vector<size_t>{0});
     CHECK(buckets[0].flat.numel() == 10 + 2560 + 256 + 65536);
     std::string layout = ddp.reducer().layout();
-    CHECK_MESSAGE(contains(layout, "2 buckets"), layout);
+    CHECK_MESSAGE(contains(layout, "3 buckets"), layout);
     CHECK(contains(layout, "2.bias -> 1.weight"));
-    CHECK(contains(layout, "0.bias -> 0.weight"));
+    CHECK(contains(layout, "0.bias -> 0.bias"));
+    CHECK(contains(layout, "0.weight -> 0.weight"));
     CHECK(contains(layout, std::to_string((10 + 2560 + 256 + 65536) * 4)));
   }));
 }
@@ -229,10 +315,11 @@ TEST_CASE("overlap: bucket 0's all_reduce is launched before the last gradient i
   }));
   trace::disable();
   for (const BackwardTimeline& t : timelines) {
-    REQUIRE(t.launch_us.size() == 6);
+    // One bucket per layer, and layer 0's weight alone in the last (Note [A small last bucket]).
+    REQUIRE(t.launch_us.size() == 7);
     CHECK(t.launch_us[0] < t.last_gradient_us);   // communication started during backward
     CHECK(t.last_gradient_us <= t.finalize_begin_us);
-    for (size_t b = 0; b < 6; ++b) CHECK(t.launch_us[b] <= t.complete_us[b]);
+    for (size_t b = 0; b < 7; ++b) CHECK(t.launch_us[b] <= t.complete_us[b]);
   }
   // The same evidence in the trace: "all_reduce bucket 0" starts before "gradient hooks" ends.
   auto events = trace::events();
@@ -304,7 +391,9 @@ TEST_CASE("find_unused_parameters: used somewhere is averaged with zeros; used n
     models.push_back(std::dynamic_pointer_cast<TwoHeads>(start->clone()));
   }
   std::vector<Tensor> a_grad(2), b_grad(2);
-  std::vector<bool> b_grad_when_unused(2, true);
+  // char, not bool: std::vector<bool> packs bits, so two rank threads writing [0] and [1]
+  // would race on one word (this test was flaky for that reason).
+  std::vector<char> b_grad_when_unused(2, 1);
   require_no_errors(run_ranks(2, [&](std::shared_ptr<Communicator> comm) {
     const int r = comm->rank();
     models[r]->use_b = r == 0;

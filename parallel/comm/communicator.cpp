@@ -90,4 +90,9 @@ std::shared_ptr<Work> Communicator::recv(const Tensor& tensor, int src, int tag)
 
 std::shared_ptr<Work> Communicator::barrier() { return issue(Op{.kind = OpKind::Barrier}); }
 
+Tensor to_communication_device(const Tensor& host, const Communicator& comm) {
+  const Device device = comm.tensor_device();
+  return host.device() == device ? host : host.to(device);
+}
+
 }  // namespace loom::distributed

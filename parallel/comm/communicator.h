@@ -49,6 +49,10 @@ class Communicator {
   int size() const { return size_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   virtual const char* backend() const = 0;  // "gloo", "nccl"
+  // The device of the tensors this backend moves: cpu for gloo, the rank's GPU for nccl.
+  // Small tensors a caller makes on the host to communicate (shapes, counts, metrics)
+  // go there first; see to_communication_device below.
+  virtual Device tensor_device() const { return Device(DeviceType::CPU); }
 
   // tensor <- op over every rank's tensor.
   std::shared_ptr<Work> all_reduce(const Tensor& tensor, ReduceOp op = ReduceOp::Sum);
@@ -83,5 +87,14 @@ class Communicator {
   uint64_t collective_seq_ = 0;
   uint64_t p2p_seq_ = 0;
 };
+
+// Note [Metadata tensors travel on the communicator's device]
+// NCCL moves only CUDA tensors, so a shape table or a metric sum made with from_vector
+// (a CPU tensor) cannot be all-gathered or all-reduced as it is. Code that communicates
+// such host-made values, whatever the backend, puts them on comm.tensor_device() first
+// and reads them back with tolist() (which copies to the host after the operation, as
+// the current stream orders it). PyTorch does the same for its object collectives
+// (_get_pg_default_device).
+Tensor to_communication_device(const Tensor& host, const Communicator& comm);
 
 }  // namespace loom::distributed

@@ -11,6 +11,11 @@
 // fingerprint before every collective] in op.h). Point-to-point ops are posted to Gloo
 // at once from the calling thread; see Note [Point-to-point in Gloo] in gloo_p2p.cpp.
 //
+// Same host: when every rank runs on one machine, collectives go through a shared-memory
+// segment instead of TCP (parallel/comm/shm_collectives.h; like NCCL, which picks its
+// SHM transport by itself). Point-to-point ops always use Gloo. GlooOptions::
+// shared_memory = false (LOOM_GLOO_SHM=0 for init_process_group) forces TCP.
+//
 // Tensors: CPU, contiguous, float32 / float64 / int32 / int64.
 #pragma once
 
@@ -24,6 +29,7 @@
 
 #include "parallel/comm/communicator.h"
 #include "parallel/comm/op_queue.h"
+#include "parallel/comm/shm_collectives.h"
 #include "parallel/store/tcp_store.h"
 
 namespace gloo {
@@ -44,6 +50,11 @@ struct GlooOptions {
   // collective] in op.h). Turning it off saves one small message round per collective;
   // a shape mismatch may then abort a process or hang until the timeout.
   bool verify_collectives = true;
+  // Collectives through shared memory when every rank is on this host (see above).
+  // Every rank must agree to; otherwise all use TCP. The fingerprint check is always on
+  // there: it rides along with the first phase of each collective, for free.
+  bool shared_memory = true;
+  size_t shm_staging_bytes = size_t(4) << 20;  // ShmOptions::staging_bytes
 };
 
 class GlooCommunicator final : public Communicator {
@@ -53,6 +64,10 @@ class GlooCommunicator final : public Communicator {
   ~GlooCommunicator() override;
 
   const char* backend() const override { return "gloo"; }
+  // How collectives travel: "shm" (one host) or "tcp".
+  const char* collective_transport() const { return shm_ ? "shm" : "tcp"; }
+  // Why collectives use TCP ("" when they use shared memory).
+  const std::string& why_not_shared_memory() const { return why_not_shm_; }
 
  protected:
   std::shared_ptr<Work> launch(Op op) override;
@@ -79,6 +94,8 @@ class GlooCommunicator final : public Communicator {
   std::string prefix_;
   bool verify_collectives_;
   std::shared_ptr<gloo::Context> context_;
+  std::unique_ptr<ShmCollectives> shm_;  // null: collectives over Gloo's TCP
+  std::string why_not_shm_;
 
   mutable std::mutex broken_mutex_;
   std::string broken_;  // empty while healthy

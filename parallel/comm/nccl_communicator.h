@@ -102,6 +102,7 @@ class NcclCommunicator final : public Communicator {
 
   const char* backend() const override { return "nccl"; }
   int device() const { return device_; }
+  Device tensor_device() const override { return Device(DeviceType::CUDA, device_); }
   // The communication stream (for tracing, or to order side work after communication).
   cuda::Stream stream() const { return stream_; }
   // Empty while healthy; otherwise the first failure (a timeout, an NCCL error).

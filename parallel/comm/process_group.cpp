@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cctype>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -81,7 +82,17 @@ std::shared_ptr<Communicator> make_communicator(const std::string& backend, std:
       char name[256] = {};
       if (::gethostname(name, sizeof(name) - 1) == 0) options.hostname = name;
     }
-    return std::make_shared<GlooCommunicator>(std::move(store), prefix, rank, world_size, options);
+    // LOOM_GLOO_SHM=0 keeps collectives on TCP even on one host (as NCCL_SHM_DISABLE=1).
+    if (const char* shm = std::getenv("LOOM_GLOO_SHM"); shm && std::string(shm) == "0") options.shared_memory = false;
+    auto comm = std::make_shared<GlooCommunicator>(std::move(store), prefix, rank, world_size, options);
+    std::string debug = std::getenv("LOOM_DISTRIBUTED_DEBUG") ? std::getenv("LOOM_DISTRIBUTED_DEBUG") : "";
+    for (char& c : debug) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (rank == 0 && (debug == "info" || debug == "detail")) {
+      std::fprintf(stderr, "loom: gloo group '%s': collectives over %s%s%s\n", prefix.c_str(),
+                   comm->collective_transport(), comm->why_not_shared_memory().empty() ? "" : ": ",
+                   comm->why_not_shared_memory().c_str());
+    }
+    return comm;
 #else
     (void)store, (void)prefix, (void)rank, (void)world_size, (void)timeout, (void)master_addr;
     LOOM_FAIL("backend \"gloo\": this loom was built without Gloo. Install libgloo-dev and reconfigure "

@@ -15,6 +15,9 @@
 // Across machines, Gloo needs each rank's reachable address: set GLOO_SOCKET_IFNAME to
 // a network interface (as with PyTorch); otherwise loom uses 127.0.0.1 when
 // MASTER_ADDR is a loopback address and this machine's hostname when it is not.
+// When every rank runs on this machine, the gloo backend's collectives go through shared
+// memory (gloo_communicator.h); LOOM_GLOO_SHM=0 keeps them on TCP, and
+// LOOM_DISTRIBUTED_DEBUG=info makes rank 0 say which transport was chosen and why.
 #pragma once
 
 #include <chrono>

@@ -43,4 +43,21 @@ std::vector<std::vector<size_t>> compute_bucket_assignment_by_size(const std::ve
   return closed;
 }
 
+std::vector<std::vector<size_t>> split_last_bucket(std::vector<std::vector<size_t>> buckets,
+                                                   const std::vector<ParameterInfo>& params, size_t last_bucket_bytes) {
+  if (buckets.empty()) return buckets;
+  auto bytes_of = [&](size_t i) { return static_cast<size_t>(params[i].numel) * element_size(params[i].dtype); };
+  std::vector<size_t>& last = buckets.back();
+  // The last bucket's parameters were added from the latest registered to the earliest:
+  // its tail holds the first-registered ones, the last to get their gradients.
+  size_t tail_bytes = 0, keep = last.size();
+  while (keep > 0 && tail_bytes + bytes_of(last[keep - 1]) <= last_bucket_bytes) tail_bytes += bytes_of(last[--keep]);
+  if (keep == last.size()) keep = last.size() - 1;  // a parameter larger than the limit: alone at the end
+  if (keep == 0) return buckets;                      // the whole bucket is small already
+  std::vector<size_t> tail(last.begin() + static_cast<std::ptrdiff_t>(keep), last.end());
+  last.resize(keep);
+  buckets.push_back(std::move(tail));
+  return buckets;
+}
+
 }  // namespace loom::ddp

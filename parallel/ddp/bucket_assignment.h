@@ -39,4 +39,17 @@ constexpr size_t kDefaultBucketCapBytes = 25u << 20;
 std::vector<std::vector<size_t>> compute_bucket_assignment_by_size(const std::vector<ParameterInfo>& params,
                                                                    const std::vector<size_t>& size_limits);
 
+// Note [A small last bucket]
+// The last bucket is launched by the very last gradient (conv1's, in a ResNet), so its
+// all_reduce cannot overlap any computation: backward waits for all of it. Walking from
+// the last parameter, that bucket gets whatever is left over (8.3 MiB for ResNet18),
+// however long it takes. So the parameters registered first, which backward finishes
+// last, are split off into a final bucket of at most `last_bucket_bytes` (one parameter
+// at least): the rest of the old last bucket is launched earlier, while backward still
+// computes those first layers (layer1 of a CIFAR ResNet, its most expensive stage), and
+// only a small all_reduce is left after the last gradient. PyTorch does not do this.
+// Returns `buckets` with its last bucket split that way, if it is larger than the limit.
+std::vector<std::vector<size_t>> split_last_bucket(std::vector<std::vector<size_t>> buckets,
+                                                   const std::vector<ParameterInfo>& params, size_t last_bucket_bytes);
+
 }  // namespace loom::ddp

@@ -56,7 +56,9 @@ std::string CollectiveCall::describe(const std::vector<std::string>& names) cons
 Announcement::Announcement(distributed::Communicator& comm, const CollectiveCall& call)
     : mine_(call), rank_(comm.rank()) {
   auto w = call.words();
-  Tensor fingerprint = from_vector<int64_t>(std::vector<int64_t>(w.begin(), w.end()), {int64_t(w.size())});
+  // See Note [Metadata tensors travel on the communicator's device] (communicator.h).
+  Tensor fingerprint = distributed::to_communication_device(
+      from_vector<int64_t>(std::vector<int64_t>(w.begin(), w.end()), {int64_t(w.size())}), comm);
   work_ = comm.all_gather(gathered_, fingerprint);
 }
 
@@ -66,7 +68,8 @@ void Announcement::check(const std::vector<std::string>& names) const {
   bool agree = true;
   std::vector<CollectiveCall> calls;
   for (const Tensor& t : gathered_) {
-    calls.push_back(CollectiveCall::from_words(t.data_ptr<int64_t>()));
+    const std::vector<int64_t> words = t.tolist<int64_t>();  // a host copy, also of CUDA tensors
+    calls.push_back(CollectiveCall::from_words(words.data()));
     agree = agree && calls.back() == calls.front();
   }
   if (agree) return;

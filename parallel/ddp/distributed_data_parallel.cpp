@@ -53,6 +53,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   ReducerOptions reducer_options;
   reducer_options.bucket_cap_bytes = static_cast<size_t>(options_.bucket_cap_mb * (1 << 20));
   reducer_options.first_bucket_bytes = std::min(kDefaultFirstBucketBytes, reducer_options.bucket_cap_bytes);
+  reducer_options.last_bucket_bytes = reducer_options.first_bucket_bytes;
   reducer_options.find_unused_parameters = options_.find_unused_parameters;
   reducer_options.gradient_as_bucket_view = options_.gradient_as_bucket_view;
   reducer_ = Reducer::create(std::move(params), std::move(names), comm_, reducer_options, announcer_);

@@ -72,6 +72,7 @@ void Reducer::build_buckets() {
   std::vector<ParameterInfo> infos;
   for (const Tensor& p : params_) infos.push_back({p.numel(), p.dtype(), p.device()});
   auto assignment = compute_bucket_assignment_by_size(infos, {options_.first_bucket_bytes, options_.bucket_cap_bytes});
+  assignment = split_last_bucket(std::move(assignment), infos, options_.last_bucket_bytes);  // Note [A small last bucket]
   slot_of_.resize(params_.size());
   for (auto& indices : assignment) {
     Bucket bucket;
@@ -210,6 +211,19 @@ void Reducer::launch_ready_buckets() {
   }
 }
 
+// Note [When did a bucket's all_reduce finish]
+// For host backends (gloo) wait() returns once the operation finished, so completed_at()
+// is known. For NCCL, wait() only orders the caller's stream after the operation (Note
+// [NCCL streams]) and returns at once; completed_at() means something only once
+// is_completed() says so, and is then when the host *noticed* (nccl_work.h). Asking
+// is_completed() here does not block; a bucket still running on the GPU gets -1, and
+// the trace draws no span for it rather than a made-up one. Blocking the host to learn
+// the time would serialise it with the GPU at every step.
+int64_t completion_us(const distributed::Work& work) {
+  if (!work.is_completed()) return -1;
+  return std::chrono::duration_cast<std::chrono::microseconds>(work.completed_at().time_since_epoch()).count();
+}
+
 void Reducer::finalize() {
   timeline_.finalize_begin_us = trace::now_us();
   try {
@@ -250,15 +264,16 @@ void Reducer::wait_and_write_back() {
   for (size_t b = 0; b < buckets_.size(); ++b) {
     announcements_[b].check(names_);  // detail mode: every rank means the same bucket
     works_[b]->wait();
-    timeline_.complete_us[b] = std::chrono::duration_cast<std::chrono::microseconds>(
-                                   works_[b]->completed_at().time_since_epoch()).count();
+    timeline_.complete_us[b] = completion_us(*works_[b]);
   }
   // find_unused_parameters: how many ranks used each parameter. One no rank used keeps its
   // .grad() untouched (often undefined), as PyTorch, so that the optimizer skips it.
   std::vector<int64_t> users;
   if (options_.find_unused_parameters) {
     std::vector<int64_t> mine(used_.begin(), used_.end());
-    Tensor counts = from_vector<int64_t>(mine, {static_cast<int64_t>(mine.size())});
+    // See Note [Metadata tensors travel on the communicator's device] (communicator.h).
+    Tensor counts = distributed::to_communication_device(
+        from_vector<int64_t>(mine, {static_cast<int64_t>(mine.size())}), *comm_);
     Announcement announced = announcer_->announce(
         CollectiveCall{.iteration = iteration_, .purpose = CollectivePurpose::UsedParameters}, counts);
     auto work = comm_->all_reduce(counts, ReduceOp::Sum);
@@ -301,6 +316,7 @@ void Reducer::trace_backward() const {
   trace::record("wait for buckets", "ddp", thread, timeline_.finalize_begin_us,
                 timeline_.finalize_end_us - timeline_.finalize_begin_us);
   for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (timeline_.complete_us[b] < 0) continue;  // See Note [When did a bucket's all_reduce finish]
     trace::record(detail::str("all_reduce bucket ", b), "ddp", comm_track_, timeline_.launch_us[b],
                   timeline_.complete_us[b] - timeline_.launch_us[b],
                   detail::str("\"bucket\": ", b, ", \"params\": ", buckets_[b].params.size(), ", \"bytes\": ",
@@ -315,10 +331,11 @@ std::string Reducer::layout() const {
   char line[512];
   std::snprintf(line, sizeof(line),
                 "DDP bucket layout (rank %d of %d): %zu parameters, %.2f MiB in %zu buckets "
-                "(first bucket cap %.2f MiB, then %.2f MiB)\n  bucket  params         bytes  dtype    "
+                "(first bucket cap %.2f MiB, then %.2f MiB, the last at most %.2f MiB)\n  bucket  params         bytes  "
+                "dtype    "
                 "first parameter -> last parameter\n",
                 comm_->rank(), comm_->size(), params_.size(), mib(total), buckets_.size(),
-                mib(options_.first_bucket_bytes), mib(options_.bucket_cap_bytes));
+                mib(options_.first_bucket_bytes), mib(options_.bucket_cap_bytes), mib(options_.last_bucket_bytes));
   std::string out = line;
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const Bucket& bucket = buckets_[b];

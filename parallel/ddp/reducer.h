@@ -44,6 +44,8 @@ struct ReducerOptions {
   // The first bucket's byte limit and every later one's (Note [Bucket order]).
   size_t first_bucket_bytes = kDefaultFirstBucketBytes;
   size_t bucket_cap_bytes = kDefaultBucketCapBytes;
+  // The last bucket's byte limit (Note [A small last bucket]).
+  size_t last_bucket_bytes = kDefaultFirstBucketBytes;
   bool find_unused_parameters = false;
   bool gradient_as_bucket_view = false;
 };
@@ -63,7 +65,7 @@ struct BackwardTimeline {
   int64_t finalize_begin_us = -1;
   int64_t finalize_end_us = -1;
   std::vector<int64_t> launch_us;    // per bucket: all_reduce issued
-  std::vector<int64_t> complete_us;  // per bucket: all_reduce finished
+  std::vector<int64_t> complete_us;  // per bucket: all_reduce finished (-1: not known to the host yet)
 };
 
 class Reducer : public std::enable_shared_from_this<Reducer> {
@@ -131,6 +133,10 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   std::vector<Announcement> announcements_;
   BackwardTimeline timeline_;
 };
+
+// When `work` finished, in trace::now_us() microseconds, or -1 while it has not finished
+// as far as the host knows (see Note [When did a bucket's all_reduce finish]).
+int64_t completion_us(const distributed::Work& work);
 
 // The parameters the autograd graph of `outputs` does not reach (registration indices):
 // those whose gradient accumulator is not a node of the graph.

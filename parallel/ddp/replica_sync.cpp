@@ -50,9 +50,11 @@ void verify_same_shapes(distributed::Communicator& comm, const std::vector<Tenso
   // round 2 can gather same-sized buffers (padded to the longest).
   std::vector<int64_t> words;
   for (const Tensor& t : tensors) describe_into(t, words);
+  // See Note [Metadata tensors travel on the communicator's device] (communicator.h).
   std::vector<Tensor> sizes;
-  comm.all_gather(sizes, from_vector<int64_t>({static_cast<int64_t>(tensors.size()),
-                                                static_cast<int64_t>(words.size())}, {2}))->wait();
+  Tensor my_sizes = from_vector<int64_t>({static_cast<int64_t>(tensors.size()), static_cast<int64_t>(words.size())},
+                                         {2});
+  comm.all_gather(sizes, distributed::to_communication_device(my_sizes, comm))->wait();
   int64_t longest = 0;
   std::map<int64_t, std::vector<int>> ranks_by_count;
   for (int r = 0; r < comm.size(); ++r) {
@@ -70,10 +72,13 @@ void verify_same_shapes(distributed::Communicator& comm, const std::vector<Tenso
   Tensor mine = zeros({std::max<int64_t>(longest, 1)}, TensorOptions(kInt64));
   std::copy(words.begin(), words.end(), mine.data_ptr<int64_t>());
   std::vector<Tensor> all;
-  comm.all_gather(all, mine)->wait();
+  comm.all_gather(all, distributed::to_communication_device(mine, comm))->wait();
 
   std::vector<std::vector<Description>> described;
-  for (const Tensor& t : all) described.push_back(parse(t.data_ptr<int64_t>(), tensors.size(), t.numel()));
+  for (const Tensor& t : all) {
+    const std::vector<int64_t> host = t.tolist<int64_t>();
+    described.push_back(parse(host.data(), tensors.size(), t.numel()));
+  }
   for (size_t i = 0; i < tensors.size(); ++i) {
     std::map<std::string, std::vector<int>> ranks_by_shape;
     for (int r = 0; r < comm.size(); ++r) ranks_by_shape[described[r][i].str()].push_back(r);

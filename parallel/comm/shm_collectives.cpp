@@ -1,0 +1,404 @@
+#include "parallel/comm/shm_collectives.h"
+
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#if defined(__x86_64__)
+#include <immintrin.h>  // defines: _mm_pause
+#endif
+
+#include <algorithm>
+#include <cerrno>
+#include <atomic>
+#include <climits>
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+
+namespace loom::distributed {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+namespace {
+
+constexpr uint64_t kMagic = 0x316d68736d6f6f6cull;  // "loomshm1"
+constexpr size_t kPage = 4096;
+constexpr int kSpins = 500;                        // ~10 microseconds of _mm_pause
+constexpr milliseconds kSleepSlice{100};           // see Note [Waiting without burning a core]
+
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+void cpu_relax() {
+#if defined(__x86_64__)
+  _mm_pause();
+#endif
+}
+
+uint64_t pid_namespace() {
+  struct stat st {};
+  return ::stat("/proc/self/ns/pid", &st) == 0 ? uint64_t(st.st_ino) : 0;
+}
+
+// Counters wrap around; "reached" compares them as a window, not as plain integers.
+bool reached(uint32_t counter, uint32_t target) { return static_cast<int32_t>(counter - target) >= 0; }
+
+uint32_t* futex_word(std::atomic<uint32_t>& a) { return reinterpret_cast<uint32_t*>(&a); }
+
+void futex_wake_all(std::atomic<uint32_t>& word) {
+  ::syscall(SYS_futex, futex_word(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+// Sleeps while `word` still holds `seen`, at most `for_at_most`; spurious wake-ups are fine.
+void futex_wait(std::atomic<uint32_t>& word, uint32_t seen, milliseconds for_at_most) {
+  struct timespec ts {};
+  ts.tv_sec = static_cast<time_t>(for_at_most.count() / 1000);
+  ts.tv_nsec = static_cast<long>((for_at_most.count() % 1000) * 1000000);
+  ::syscall(SYS_futex, futex_word(word), FUTEX_WAIT, seen, &ts, nullptr, 0);
+}
+
+// [lo, hi) of the share of `count` elements that rank p reduces: contiguous, in rank
+// order, multiples of 16 elements (whole cache lines for 4-byte types) except the last.
+std::pair<size_t, size_t> share(size_t count, int p, int size) {
+  const size_t per = round_up((count + size_t(size) - 1) / size_t(size), 16);
+  return {std::min(count, per * size_t(p)), std::min(count, per * size_t(p + 1))};
+}
+
+// srcs[0] may be dst itself, no other source may: every pass writes dst before the next
+// source is read. reduce() below puts the aliased source first.
+template <typename T>
+void reduce_typed(void* dst_bytes, const std::vector<const uint8_t*>& srcs, size_t n, ReduceOp op, int world) {
+  T* dst = static_cast<T*>(dst_bytes);
+  auto src = [&](size_t k) { return reinterpret_cast<const T*>(srcs[k]); };
+  // Two sources per pass, then one: loops simple enough for the compiler to vectorise.
+  const T* a = src(0);
+  if (srcs.size() == 1 && dst != a) std::memcpy(dst, a, n * sizeof(T));
+  for (size_t k = 1; k < srcs.size(); ++k) {
+    const T* x = k == 1 ? a : dst;
+    const T* y = src(k);
+    switch (op) {
+      case ReduceOp::Sum:
+      case ReduceOp::Avg:
+        for (size_t i = 0; i < n; ++i) dst[i] = x[i] + y[i];
+        break;
+      case ReduceOp::Max:
+        for (size_t i = 0; i < n; ++i) dst[i] = x[i] < y[i] ? y[i] : x[i];
+        break;
+      case ReduceOp::Min:
+        for (size_t i = 0; i < n; ++i) dst[i] = y[i] < x[i] ? y[i] : x[i];
+        break;
+    }
+  }
+  if constexpr (std::is_floating_point_v<T>) {
+    if (op == ReduceOp::Avg) {
+      const T w = static_cast<T>(world);
+      for (size_t i = 0; i < n; ++i) dst[i] /= w;
+    }
+  }
+}
+
+// dst[i] = op over k of srcs[k][i], for `n` elements of `dtype`. dst may be one of srcs
+// (a rank reduces its share in place in its own staging half): that source is taken
+// first, the others in rank order. The order is the same every time for a given share,
+// and only one rank reduces each share, so results stay deterministic and identical
+// on every rank.
+void reduce(DType dtype, void* dst, std::vector<const uint8_t*> srcs, size_t n, ReduceOp op, int world) {
+  if (n == 0) return;
+  auto aliased = std::find(srcs.begin(), srcs.end(), static_cast<const uint8_t*>(dst));
+  if (aliased != srcs.end()) std::rotate(srcs.begin(), aliased, aliased + 1);
+  switch (dtype) {
+    case kFloat32: return reduce_typed<float>(dst, srcs, n, op, world);
+    case kFloat64: return reduce_typed<double>(dst, srcs, n, op, world);
+    case kInt32: return reduce_typed<int32_t>(dst, srcs, n, op, world);
+    case kInt64: return reduce_typed<int64_t>(dst, srcs, n, op, world);
+    default: LOOM_FAIL("shared-memory reduce: unsupported dtype ", dtype_name(dtype));  // the backend checked
+  }
+}
+
+}  // namespace
+
+struct alignas(64) ShmCollectives::Header {
+  uint64_t magic;
+  int64_t size;
+  int64_t staging_bytes;
+  std::atomic<int32_t> failed;  // 0, or 1 + the first rank that gave up
+};
+
+struct ShmCollectives::RankControl {
+  alignas(64) std::atomic<uint32_t> phase;  // the futex word: alone on its cache line
+  alignas(64) int64_t pid;
+  uint64_t pid_namespace;
+  Fingerprint fingerprints[2];  // by round parity; see Note [Two of everything]
+};
+
+// ---- setup ----------------------------------------------------------------------------
+
+static constexpr size_t control_offset() { return 256; }
+
+std::unique_ptr<ShmCollectives> ShmCollectives::connect(TCPStore& store, const std::string& prefix, int rank,
+                                                        int size, bool wanted, ShmOptions options,
+                                                        std::string* why_not) {
+  const std::string base = prefix + "/shm";
+  const std::string identity = host_identity();
+  store.set(detail::str(base, "/host/", rank), (wanted ? "1" : "0") + identity);
+
+  const size_t half = round_up(std::max<size_t>(options.staging_bytes, kPage), kPage);
+  const size_t controls = round_up(control_offset() + size_t(size) * sizeof(RankControl), kPage);
+  const size_t total = controls + size_t(size) * 2 * half;
+
+  // Rank 0 decides for everyone, so that every rank takes the same path.
+  SharedMemorySegment segment;
+  if (rank == 0) {
+    std::string decision;
+    for (int r = 0; r < size && decision.empty(); ++r) {
+      std::string entry = store.get(detail::str(base, "/host/", r));
+      if (entry[0] != '1') decision = detail::str("tcp:rank ", r, " has shared memory turned off");
+      else if (entry.substr(1) != identity)
+        decision = detail::str("tcp:rank ", r, " runs on another host (", entry.substr(1), " vs ", identity, ")");
+    }
+    if (decision.empty()) {
+      try {
+        segment = SharedMemorySegment::create(unique_segment_name(prefix), total);
+        new (segment.data()) Header{kMagic, size, static_cast<int64_t>(half), {0}};
+        decision = "shm:" + segment.name();
+      } catch (const std::exception& e) {
+        decision = detail::str("tcp:rank 0 could not create the shared-memory segment: ", e.what());
+      }
+    }
+    store.set(base + "/decision", decision);
+  }
+  const std::string decision = store.get(base + "/decision");
+  if (decision.rfind("tcp:", 0) == 0) {
+    if (why_not) *why_not = decision.substr(4);
+    return nullptr;
+  }
+  std::string mapped = "ok";
+  if (rank != 0) {
+    try {
+      segment = SharedMemorySegment::open(decision.substr(4), total);
+    } catch (const std::exception& e) {
+      mapped = detail::str("rank ", rank, " could not map it: ", e.what());
+    }
+  }
+  if (segment.mapped()) {
+    auto* control = reinterpret_cast<RankControl*>(static_cast<uint8_t*>(segment.data()) + control_offset()) + rank;
+    control->pid = ::getpid();
+    control->pid_namespace = pid_namespace();
+  }
+  store.set(detail::str(base, "/mapped/", rank), mapped);
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) keys.push_back(detail::str(base, "/mapped/", r));
+  std::string failure;
+  try {
+    store.wait(keys, options.timeout);
+    for (const auto& key : keys)
+      if (std::string v = store.get(key); v != "ok" && failure.empty()) failure = v;
+  } catch (...) {
+    segment.unlink();  // rank 0: see Note [Unlink as soon as everyone has mapped]
+    throw;
+  }
+  segment.unlink();
+  if (!failure.empty()) {
+    if (why_not) *why_not = failure;
+    return nullptr;
+  }
+  return std::unique_ptr<ShmCollectives>(new ShmCollectives(std::move(segment), rank, size, options));
+}
+
+ShmCollectives::ShmCollectives(SharedMemorySegment segment, int rank, int size, ShmOptions options)
+    : segment_(std::move(segment)), rank_(rank), size_(size), options_(options) {
+  static_assert(sizeof(Header) <= control_offset(), "the header must fit before the control blocks");
+  LOOM_CHECK(header().magic == kMagic && header().size == size, "shared-memory segment ", segment_.name(),
+             " has an unexpected header (ranks built with different loom versions?)");
+  half_bytes_ = static_cast<size_t>(header().staging_bytes);
+  LOOM_CHECK(half_bytes_ >= size_t(size) * 16, "shared-memory staging of ", half_bytes_, " bytes is too small for ",
+             size, " ranks (reduce_scatter puts one slot per rank in it); raise GlooOptions::shm_staging_bytes");
+  staging_offset_ = round_up(control_offset() + size_t(size) * sizeof(RankControl), kPage);
+}
+
+ShmCollectives::Header& ShmCollectives::header() const { return *static_cast<Header*>(segment_.data()); }
+
+ShmCollectives::RankControl& ShmCollectives::control(int rank) const {
+  return reinterpret_cast<RankControl*>(static_cast<uint8_t*>(segment_.data()) + control_offset())[rank];
+}
+
+uint8_t* ShmCollectives::staging(int rank, uint64_t round) const {
+  return static_cast<uint8_t*>(segment_.data()) + staging_offset_ + (size_t(rank) * 2 + round % 2) * half_bytes_;
+}
+
+// ---- synchronisation ------------------------------------------------------------------
+
+void ShmCollectives::fail(const Op& op, const std::string& why) {
+  int32_t none = 0;
+  header().failed.compare_exchange_strong(none, rank_ + 1);  // let waiting peers fail fast
+  broken_ = detail::str(op.describe(), " failed: ", why, " [shared-memory transport]");
+  LOOM_FAIL(broken_, ". This communicator cannot be used any more");
+}
+
+void ShmCollectives::phase(const Op& op, Deadline deadline, const std::string& step) {
+  ++phase_;
+  control(rank_).phase.store(phase_, std::memory_order_release);
+  futex_wake_all(control(rank_).phase);
+  for (int p = 0; p < size_; ++p)
+    if (p != rank_) wait_for(p, phase_, op, deadline, step);
+}
+
+void ShmCollectives::wait_for(int peer, uint32_t target, const Op& op, Deadline deadline, const std::string& step) {
+  std::atomic<uint32_t>& word = control(peer).phase;
+  for (int i = 0; i < kSpins; ++i) {
+    if (reached(word.load(std::memory_order_acquire), target)) return;
+    cpu_relax();
+  }
+  const RankControl& peer_control = control(peer);
+  const bool can_see_pid = peer_control.pid_namespace == pid_namespace();
+  while (true) {
+    const uint32_t seen = word.load(std::memory_order_acquire);
+    if (reached(seen, target)) return;
+    if (int32_t failed = header().failed.load(std::memory_order_relaxed); failed != 0)
+      fail(op, detail::str("rank ", failed - 1, " gave up on a collective (its own output says why) while rank ",
+                           rank_, " waited for rank ", peer, " to ", step));
+    if (can_see_pid && ::kill(static_cast<pid_t>(peer_control.pid), 0) != 0 && errno == ESRCH)
+      fail(op, detail::str("rank ", peer, " (pid ", peer_control.pid, ") exited while rank ", rank_,
+                           " waited for it to ", step, ". Check that rank's output for why it stopped"));
+    const auto now = Clock::now();
+    if (now >= deadline)
+      fail(op, detail::str("timed out after ", options_.timeout.count(), " ms waiting for rank ", peer, " to ", step,
+                           ". That rank did not reach this operation in time: it may be stuck, slower than the "
+                           "timeout, or calling collectives in a different order. Check the other ranks' output"));
+    const auto left = std::chrono::duration_cast<milliseconds>(deadline - now) + milliseconds(1);
+    futex_wait(word, seen, std::min(left, kSleepSlice));
+  }
+}
+
+void ShmCollectives::publish_fingerprint(const Op& op, uint64_t round) {
+  control(rank_).fingerprints[round % 2] = fingerprint(op);
+}
+
+void ShmCollectives::check_fingerprints(const Op& op, uint64_t round) const {
+  std::vector<Fingerprint> all;
+  for (int r = 0; r < size_; ++r) all.push_back(control(r).fingerprints[round % 2]);
+  check_same_collective(all, op);  // every rank sees the same ones: the same decision everywhere
+}
+
+// ---- the collectives --------------------------------------------------------------------
+
+void ShmCollectives::run(const Op& op, Deadline deadline) {
+  LOOM_CHECK(broken_.empty(), op.describe(), " was not run: this communicator failed earlier and cannot be used any "
+             "more. Destroy it and create a new group on every rank. The first failure was: ", broken_);
+  switch (op.kind) {
+    case OpKind::AllReduce: return all_reduce(op, deadline);
+    case OpKind::Broadcast: return broadcast(op, deadline);
+    case OpKind::AllGather: return all_gather(op, deadline);
+    case OpKind::ReduceScatter: return reduce_scatter(op, deadline);
+    case OpKind::Barrier: return barrier(op, deadline);
+    default: LOOM_FAIL(op.describe(), ": not a collective");
+  }
+}
+
+// Every collective below is a loop of rounds that runs at least once, so that round 0
+// carries the fingerprints even for empty tensors. Messages count chunks from 1.
+static std::string chunk_text(const char* what, size_t chunk, size_t chunks) {
+  return detail::str(what, " (chunk ", chunk + 1, " of ", chunks, ")");
+}
+
+void ShmCollectives::all_reduce(const Op& op, Deadline deadline) {
+  const Tensor& t = op.tensor;
+  const size_t elem = element_size(t.dtype()), n = static_cast<size_t>(t.numel());
+  const size_t per_round = half_bytes_ / elem;
+  const size_t chunks = std::max<size_t>(1, (n + per_round - 1) / per_round);
+  auto* data = static_cast<uint8_t*>(t.raw_data());
+  std::vector<const uint8_t*> sources(size_);
+  for (size_t c = 0, done = 0; c < chunks; ++c) {
+    const uint64_t round = round_++;
+    const size_t count = std::min(per_round, n - done);
+    uint8_t* mine = staging(rank_, round);
+    if (count) std::memcpy(mine, data + done * elem, count * elem);
+    if (c == 0) publish_fingerprint(op, round);
+    phase(op, deadline, chunk_text("copy its data in", c, chunks));
+    if (c == 0) check_fingerprints(op, round);
+    // My share, reduced in place in my staging half, where the peers will read it.
+    const auto [lo, hi] = share(count, rank_, size_);
+    for (int s = 0; s < size_; ++s) sources[s] = staging(s, round) + lo * elem;
+    reduce(t.dtype(), mine + lo * elem, sources, hi - lo, op.reduce, size_);
+    phase(op, deadline, chunk_text("reduce its share", c, chunks));
+    for (int p = 0; p < size_; ++p) {
+      const auto [plo, phi] = share(count, p, size_);
+      std::memcpy(data + (done + plo) * elem, staging(p, round) + plo * elem, (phi - plo) * elem);
+    }
+    done += count;
+  }
+}
+
+void ShmCollectives::broadcast(const Op& op, Deadline deadline) {
+  const Tensor& t = op.tensor;
+  const size_t n = t.nbytes();
+  const size_t chunks = std::max<size_t>(1, (n + half_bytes_ - 1) / half_bytes_);
+  auto* data = static_cast<uint8_t*>(t.raw_data());
+  const int root = op.peer;
+  for (size_t c = 0, done = 0; c < chunks; ++c) {
+    const uint64_t round = round_++;
+    const size_t count = std::min(half_bytes_, n - done);
+    if (rank_ == root && count) std::memcpy(staging(rank_, round), data + done, count);
+    if (c == 0) publish_fingerprint(op, round);
+    phase(op, deadline, chunk_text(rank_ == root ? "arrive" : "copy the root's data in", c, chunks));
+    if (c == 0) check_fingerprints(op, round);
+    if (rank_ != root && count) std::memcpy(data + done, staging(root, round), count);
+    done += count;
+  }
+}
+
+void ShmCollectives::all_gather(const Op& op, Deadline deadline) {
+  const Tensor& in = op.tensor;
+  const size_t n = in.nbytes();
+  const size_t chunks = std::max<size_t>(1, (n + half_bytes_ - 1) / half_bytes_);
+  const auto* data = static_cast<const uint8_t*>(in.raw_data());
+  for (size_t c = 0, done = 0; c < chunks; ++c) {
+    const uint64_t round = round_++;
+    const size_t count = std::min(half_bytes_, n - done);
+    if (count) std::memcpy(staging(rank_, round), data + done, count);
+    if (c == 0) publish_fingerprint(op, round);
+    phase(op, deadline, chunk_text("copy its data in", c, chunks));
+    if (c == 0) check_fingerprints(op, round);
+    for (int p = 0; p < size_ && count; ++p)
+      std::memcpy(static_cast<uint8_t*>(op.list[p].raw_data()) + done, staging(p, round), count);
+    done += count;
+  }
+}
+
+// Round: every rank copies, for each destination p, its chunk of in[p] into slot p of
+// its staging half; then rank r reduces slot r of every rank's half into its output.
+// Each rank reduces only its own 1/world of the data.
+void ShmCollectives::reduce_scatter(const Op& op, Deadline deadline) {
+  const Tensor& out = op.tensor;
+  const size_t elem = element_size(out.dtype()), n = static_cast<size_t>(out.numel());
+  const size_t per_round = std::max<size_t>(1, half_bytes_ / elem / size_t(size_));
+  const size_t chunks = std::max<size_t>(1, (n + per_round - 1) / per_round);
+  auto* result = static_cast<uint8_t*>(out.raw_data());
+  std::vector<const uint8_t*> sources(size_);
+  for (size_t c = 0, done = 0; c < chunks; ++c) {
+    const uint64_t round = round_++;
+    const size_t count = std::min(per_round, n - done);
+    uint8_t* mine = staging(rank_, round);
+    for (int p = 0; p < size_ && count; ++p)
+      std::memcpy(mine + p * per_round * elem, static_cast<const uint8_t*>(op.list[p].raw_data()) + done * elem,
+                  count * elem);
+    if (c == 0) publish_fingerprint(op, round);
+    phase(op, deadline, chunk_text("copy its data in", c, chunks));
+    if (c == 0) check_fingerprints(op, round);
+    for (int s = 0; s < size_; ++s) sources[s] = staging(s, round) + rank_ * per_round * elem;
+    reduce(out.dtype(), result + done * elem, sources, count, op.reduce, size_);
+    done += count;
+  }
+}
+
+void ShmCollectives::barrier(const Op& op, Deadline deadline) {
+  const uint64_t round = round_++;
+  publish_fingerprint(op, round);
+  phase(op, deadline, "arrive");
+  check_fingerprints(op, round);
+}
+
+}  // namespace loom::distributed
