@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <functional>
 
 #include "autograd/ops.h"
 #include "gradcheck.h"
@@ -82,6 +83,33 @@ TEST_CASE("strided and broadcast operands take the general loop") {
   // Large enough to run on several OpenMP threads.
   Tensor big = ones({300, 257}).transpose(0, 1);
   CHECK((big + big).sum().item<float>() == doctest::Approx(2.0 * 300 * 257));
+}
+
+TEST_CASE("operands broadcast along the inner dim: one long row split, many short rows, mixed steps") {
+  // Note [Broadcast scalars in the inner loop]: stride-0 operands are read from a filled
+  // block; one long row is cut across threads. Every element is checked, at odd sizes
+  // that leave partial blocks and partial splits.
+  auto check_all = [](const Tensor& got, const std::function<double(int64_t)>& want) {
+    auto values = got.to(kFloat64).tolist<double>();
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < static_cast<int64_t>(values.size()); ++i) wrong += values[i] != want(i);
+    CHECK(wrong == 0);
+  };
+  const int64_t n = 3 * 32768 + 77;  // a single row of over kGrain elements
+  Tensor x = arange(0, static_cast<double>(n), 1, kFloat32);
+  Tensor half = full({1}, 0.5, kFloat32).expand({n});
+  check_all(x * half, [](int64_t i) { return 0.5 * static_cast<double>(i); });
+  check_all(half - x, [](int64_t i) { return 0.5 - static_cast<double>(i); });  // the scalar first
+  // Many short rows whose inner operand is broadcast: [rows, 3] - [rows, 1].
+  Tensor rows = arange(0, 3.0 * 40000, 1, kFloat64).reshape({40000, 3});
+  Tensor column = arange(0, 40000, 1, kFloat64).reshape({40000, 1});
+  check_all(rows - column, [](int64_t i) { return static_cast<double>(i) - static_cast<double>(i / 3); });
+  // A strided (transposed) operand keeps the general loop next to a broadcast one.
+  Tensor t = arange(0, 6.0 * 7000, 1, kFloat64).reshape({6, 7000}).transpose(0, 1);  // [7000, 6]
+  check_all(t + column.narrow(0, 0, 7000), [](int64_t i) {
+    const int64_t r = i / 6, c = i % 6;
+    return static_cast<double>(c * 7000 + r) + static_cast<double>(r);
+  });
 }
 
 TEST_CASE("gradients of binary ops with broadcasting") {

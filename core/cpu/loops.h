@@ -11,9 +11,12 @@
 // 2. Otherwise dims are first *collapsed*: adjacent dims d, d+1 merge when every operand
 //    has stride[d] == stride[d+1] * size[d+1] (true for contiguous runs and for fully
 //    broadcast runs alike). What remains is iterated as outer rows x one inner dim;
-//    rows are split across threads and the inner loop is again a plain strided loop.
+//    rows are split across threads (a long single row in pieces). The inner loop runs
+//    unit-stride when every operand has step 1 or 0 there (Note [Broadcast scalars in
+//    the inner loop]), strided otherwise.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <tuple>
@@ -58,6 +61,20 @@ CollapsedLayout<N> collapse_dims(const Shape& shape, const std::array<const Shap
 
 namespace detail {
 
+// Note [Broadcast scalars in the inner loop]
+// `x * 0.5`, `grad / world`, `where(mask, x, 0)`: one operand is expand()ed along the
+// inner dim (step 0). A loop indexing p[i * step] with a runtime step does not vectorise,
+// and such a tensor often collapses to one long row, which the row split below cannot
+// share between threads. So the inner dim is walked in blocks of kBlock elements: an
+// operand with step 0 is read from a block-sized buffer filled with its one value, every
+// other operand (unit step) in place, and the loop body sees only unit-stride pointers
+// (`copy_(grad / world)` over 11 M floats went from 3.8 ms to about a plain copy's time).
+// A row is further cut into `splits` pieces of at least kGrain elements when there are
+// fewer rows than that, so that one long row still uses every thread.
+constexpr int64_t kBlock = 256;
+template <typename T>
+using Block = std::array<T, kBlock>;
+
 template <typename Out, typename... In, typename F, size_t... I>
 void map_strided(Tensor& out, F& f, std::tuple<const In*...> in_ptrs, const CollapsedLayout<1 + sizeof...(In)>& layout,
                  std::index_sequence<I...>) {
@@ -69,9 +86,14 @@ void map_strided(Tensor& out, F& f, std::tuple<const In*...> in_ptrs, const Coll
   const int64_t rows = n / inner;
   std::array<int64_t, N> step;
   for (size_t k = 0; k < N; ++k) step[k] = layout.strides[k][ndim - 1];
+  const bool blocked = step[0] == 1 && ((step[I + 1] <= 1 && step[I + 1] >= 0) && ...);
+  const int64_t splits = rows >= 8 ? 1 : std::max<int64_t>(1, std::min<int64_t>(inner / kGrain, 64));
+  const int64_t per_split = (inner + splits - 1) / splits;
 
-#pragma omp parallel for schedule(static) if (n > kGrain && rows > 1)
-  for (int64_t row = 0; row < rows; ++row) {
+#pragma omp parallel for schedule(static) if (n > kGrain && rows * splits > 1)
+  for (int64_t task = 0; task < rows * splits; ++task) {
+    const int64_t row = task / splits;
+    const int64_t begin = (task % splits) * per_split, end = std::min(inner, begin + per_split);
     // The offset of this row in every operand, from the row's multi-index.
     std::array<int64_t, N> offset{};
     int64_t rest = row;
@@ -82,10 +104,19 @@ void map_strided(Tensor& out, F& f, std::tuple<const In*...> in_ptrs, const Coll
     }
     Out* o = out_ptr + offset[0];
     std::tuple<const In*...> p{(std::get<I>(in_ptrs) + offset[I + 1])...};
-    if (((step[0] == 1) && ... && (step[I + 1] == 1))) {
-      for (int64_t i = 0; i < inner; ++i) o[i] = f(std::get<I>(p)[i]...);
-    } else {
-      for (int64_t i = 0; i < inner; ++i) o[i * step[0]] = f(std::get<I>(p)[i * step[I + 1]]...);
+    if (!blocked) {
+      for (int64_t i = begin; i < end; ++i) o[i * step[0]] = f(std::get<I>(p)[i * step[I + 1]]...);
+      continue;
+    }
+    // See Note [Broadcast scalars in the inner loop].
+    std::tuple<Block<In>...> fill;
+    const int64_t filled = std::min(kBlock, end - begin);  // a short row fills only what it reads
+    ((step[I + 1] == 0 ? void(std::fill_n(std::get<I>(fill).data(), filled, std::get<I>(p)[0])) : void()), ...);
+    for (int64_t b = begin; b < end; b += kBlock) {
+      const int64_t len = std::min(kBlock, end - b);
+      std::tuple<const In*...> q{(step[I + 1] == 0 ? std::get<I>(fill).data() : std::get<I>(p) + b)...};
+      Out* ob = o + b;
+      for (int64_t i = 0; i < len; ++i) ob[i] = f(std::get<I>(q)[i]...);
     }
   }
 }

@@ -25,14 +25,17 @@ using distributed::ReduceOp;
 // on the backward thread, while Avg would add a pass over the whole bucket on the
 // communicator's thread, after the data has arrived, where it delays the bucket's
 // completion. (PyTorch also divides on the way in.) With gradient_as_bucket_view a
-// gradient that already lives in its slot is divided in place.
+// gradient that already lives in its slot is divided in place. Like PyTorch's reducer it
+// multiplies by 1/world (exact for powers of two, within an ulp otherwise); the scalar
+// is a stride-0 operand, which the CPU loop streams at copy speed (Note [Broadcast
+// scalars in the inner loop], core/cpu/loops.h).
 static void copy_divided(Tensor dst, const Tensor& src, int world) {
   if (world == 1) {
     if (!src.is_same(dst)) copy_kernel(dst.device())(src, dst, /*non_blocking=*/false);
     return;
   }
-  Tensor divisor = wrap_scalar(static_cast<double>(world), src).expand(src.shape());
-  binary_kernel(dst.device())(BinaryOp::Div, src, divisor, 1.0, dst);
+  Tensor factor = wrap_scalar(1.0 / static_cast<double>(world), src).expand(src.shape());
+  binary_kernel(dst.device())(BinaryOp::Mul, src, factor, 1.0, dst);
 }
 
 std::shared_ptr<Reducer> Reducer::create(std::vector<Tensor> params, std::vector<std::string> names,
