@@ -9,6 +9,11 @@ StorageImpl::StorageImpl(size_t nbytes, Device device)
   data_ = allocator_->allocate(nbytes == 0 ? 1 : nbytes, device);
 }
 
-StorageImpl::~StorageImpl() { allocator_->deallocate(data_, nbytes_ == 0 ? 1 : nbytes_, device_); }
+StorageImpl::StorageImpl(void* data, size_t nbytes, Device device, std::shared_ptr<void> keep_alive)
+    : data_(data), nbytes_(nbytes), device_(device), keep_alive_(std::move(keep_alive)) {}
+
+StorageImpl::~StorageImpl() {
+  if (allocator_) allocator_->deallocate(data_, nbytes_ == 0 ? 1 : nbytes_, device_);
+}
 
 }  // namespace loom

@@ -22,6 +22,9 @@ class Allocator;
 class StorageImpl {
  public:
   StorageImpl(size_t nbytes, Device device);  // allocates from the device's allocator
+  // Memory loom did not allocate (a shared-memory mapping, say): `keep_alive` owns it and
+  // is released with the storage. Like the deleter of PyTorch's from_blob.
+  StorageImpl(void* data, size_t nbytes, Device device, std::shared_ptr<void> keep_alive);
   ~StorageImpl();
   StorageImpl(const StorageImpl&) = delete;
   StorageImpl& operator=(const StorageImpl&) = delete;
@@ -36,7 +39,8 @@ class StorageImpl {
   void* data_ = nullptr;
   size_t nbytes_ = 0;
   Device device_;
-  Allocator* allocator_ = nullptr;
+  Allocator* allocator_ = nullptr;     // null for external memory
+  std::shared_ptr<void> keep_alive_;   // external memory's owner
   std::atomic<uint32_t> version_{0};
 };
 

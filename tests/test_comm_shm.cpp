@@ -17,11 +17,16 @@
 
 #include "core/factory.h"
 #include "parallel/comm/shm_segment.h"
+#include "collective_checks.h"  // defines: value, expected, values_of, loom_segments_in_dev_shm
 
 using namespace loom;
 using namespace loom::distributed;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
+using loom::testing::expected;
+using loom::testing::loom_segments_in_dev_shm;
+using loom::testing::value;
+using loom::testing::values_of;
 
 TEST_CASE("host identity: hostname and boot id, the same on every call") {
   const std::string id = host_identity();
@@ -51,12 +56,6 @@ TEST_CASE("a segment is shared between mappings, and unlinking keeps the memory 
 
 namespace {
 
-size_t loom_segments_in_dev_shm() {
-  size_t n = 0;
-  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm"))
-    if (entry.path().filename().string().rfind("loom-", 0) == 0) ++n;
-  return n;
-}
 
 struct RankSetup {
   std::chrono::milliseconds timeout = 10s;
@@ -94,31 +93,6 @@ void require_no_errors(const std::vector<std::string>& errors) {
 }
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
-// Rank r's element i: small integers, exact in every dtype, different on every rank.
-double value(int r, int64_t i) { return double((i * 7 + r * 13) % 23) - 11.0 + r; }
-
-double expected(ReduceOp op, int world, int64_t i) {
-  double sum = 0, hi = -1e300, lo = 1e300;
-  for (int r = 0; r < world; ++r) {
-    sum += value(r, i);
-    hi = std::max(hi, value(r, i));
-    lo = std::min(lo, value(r, i));
-  }
-  switch (op) {
-    case ReduceOp::Sum: return sum;
-    case ReduceOp::Avg: return sum / world;
-    case ReduceOp::Max: return hi;
-    case ReduceOp::Min: return lo;
-  }
-  return 0;
-}
-
-Tensor values_of(int r, int64_t n, DType dtype, int64_t salt = 0) {
-  std::vector<double> v(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) v[size_t(i)] = value(r, i + salt);
-  return from_vector<double>(v, {n}).to(dtype);
-}
 
 bool same_values(const Tensor& a, const Tensor& b) { return a.to(kFloat64).tolist<double>() == b.to(kFloat64).tolist<double>(); }
 

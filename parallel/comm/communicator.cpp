@@ -1,6 +1,7 @@
 #include "parallel/comm/communicator.h"
 
 #include "core/error.h"
+#include "core/factory.h"  // defines: zeros
 
 namespace loom::distributed {
 
@@ -89,6 +90,8 @@ std::shared_ptr<Work> Communicator::recv(const Tensor& tensor, int src, int tag)
 }
 
 std::shared_ptr<Work> Communicator::barrier() { return issue(Op{.kind = OpKind::Barrier}); }
+
+Tensor Communicator::zeros_symmetric(const Shape& shape, TensorOptions options) { return zeros(shape, options); }
 
 Tensor to_communication_device(const Tensor& host, const Communicator& comm) {
   const Device device = comm.tensor_device();

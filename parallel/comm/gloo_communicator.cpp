@@ -67,6 +67,16 @@ GlooCommunicator::GlooCommunicator(std::shared_ptr<TCPStore> store, const std::s
 // running, posted point-to-point ops are aborted, and the one collective that may be
 // running is left to finish or reach its deadline: interrupting Gloo mid-collective
 // from another thread is not something its API supports.
+Tensor GlooCommunicator::zeros_symmetric(const Shape& shape, TensorOptions options) {
+  if (!shm_) why_not_symmetric_ = "collectives go over TCP: " + why_not_shm_;
+  else if (options.device_.type != DeviceType::CPU) why_not_symmetric_ = "the gloo backend moves CPU tensors";
+  else {
+    why_not_symmetric_.clear();
+    return shm_->zeros_symmetric(*store_, prefix_, shape, options, &why_not_symmetric_);
+  }
+  return Communicator::zeros_symmetric(shape, options);
+}
+
 GlooCommunicator::~GlooCommunicator() {
   queue_.close("the communicator was destroyed before this operation started");
   reap_finished_peer_ops(/*all=*/true);

@@ -69,6 +69,12 @@ class GlooCommunicator final : public Communicator {
   // Why collectives use TCP ("" when they use shared memory).
   const std::string& why_not_shared_memory() const { return why_not_shm_; }
 
+  // CPU tensors in the shared-memory segment when collectives go through it (Note
+  // [Symmetric memory]); plain zeros over TCP or when the segment cannot be made.
+  Tensor zeros_symmetric(const Shape& shape, TensorOptions options) override;
+  // Why the last zeros_symmetric returned plain zeros ("" when it did not).
+  const std::string& why_not_symmetric() const { return why_not_symmetric_; }
+
  protected:
   std::shared_ptr<Work> launch(Op op) override;
 
@@ -96,6 +102,7 @@ class GlooCommunicator final : public Communicator {
   std::shared_ptr<gloo::Context> context_;
   std::unique_ptr<ShmCollectives> shm_;  // null: collectives over Gloo's TCP
   std::string why_not_shm_;
+  std::string why_not_symmetric_;
 
   mutable std::mutex broken_mutex_;
   std::string broken_;  // empty while healthy

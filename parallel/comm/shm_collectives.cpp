@@ -132,11 +132,71 @@ struct ShmCollectives::RankControl {
   alignas(64) int64_t pid;
   uint64_t pid_namespace;
   Fingerprint fingerprints[2];  // by round parity; see Note [Two of everything]
+  int64_t symmetric_id[2];      // and where the tensor is: Note [Symmetric memory]
+  int64_t symmetric_offset[2];
 };
 
 // ---- setup ----------------------------------------------------------------------------
 
 static constexpr size_t control_offset() { return 256; }
+
+// Rank 0 creates a segment of `bytes` unless `refusal` already says why not, and
+// publishes its name (or the reason) under `key`; every other rank maps it; all check in;
+// rank 0 unlinks the name (Note [Unlink as soon as everyone has mapped]). Every rank
+// returns the same outcome: the segment, or an unmapped one and the same *why_not.
+// `on_mapped` runs on each rank once it has mapped the segment, before it checks in, so
+// what it writes is there when any rank returns.
+SharedMemorySegment ShmCollectives::share_segment(TCPStore& store, const std::string& key, int rank, int size,
+                                                  size_t bytes, const std::string& name_tag,
+                                                  std::chrono::milliseconds timeout, std::string refusal,
+                                                  const std::function<void(void*)>& on_mapped, std::string* why_not) {
+  SharedMemorySegment segment;
+  if (rank == 0) {
+    std::string decision = refusal.empty() ? "" : "none:" + refusal;
+    if (decision.empty()) {
+      try {
+        segment = SharedMemorySegment::create(unique_segment_name(name_tag), bytes);
+        on_mapped(segment.data());
+        decision = "shm:" + segment.name();
+      } catch (const std::exception& e) {
+        decision = detail::str("none:rank 0 could not create the shared-memory segment: ", e.what());
+      }
+    }
+    store.set(key + "/decision", decision);
+  }
+  const std::string decision = store.get(key + "/decision");
+  if (decision.rfind("none:", 0) == 0) {
+    *why_not = decision.substr(5);
+    return {};
+  }
+  std::string mapped = "ok";
+  if (rank != 0) {
+    try {
+      segment = SharedMemorySegment::open(decision.substr(4), bytes);
+      on_mapped(segment.data());
+    } catch (const std::exception& e) {
+      mapped = detail::str("rank ", rank, " could not map it: ", e.what());
+    }
+  }
+  store.set(detail::str(key, "/mapped/", rank), mapped);
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) keys.push_back(detail::str(key, "/mapped/", r));
+  std::string failure;
+  try {
+    store.wait(keys, timeout);
+    for (const auto& k : keys)
+      if (std::string v = store.get(k); v != "ok" && failure.empty()) failure = v;
+  } catch (...) {
+    segment.unlink();  // rank 0: see Note [Unlink as soon as everyone has mapped]
+    throw;
+  }
+  segment.unlink();
+  if (!failure.empty()) {
+    *why_not = failure;
+    return {};
+  }
+  return segment;
+}
 
 std::unique_ptr<ShmCollectives> ShmCollectives::connect(TCPStore& store, const std::string& prefix, int rank,
                                                         int size, bool wanted, ShmOptions options,
@@ -150,59 +210,26 @@ std::unique_ptr<ShmCollectives> ShmCollectives::connect(TCPStore& store, const s
   const size_t total = controls + size_t(size) * 2 * half;
 
   // Rank 0 decides for everyone, so that every rank takes the same path.
-  SharedMemorySegment segment;
+  std::string refusal;
   if (rank == 0) {
-    std::string decision;
-    for (int r = 0; r < size && decision.empty(); ++r) {
+    for (int r = 0; r < size && refusal.empty(); ++r) {
       std::string entry = store.get(detail::str(base, "/host/", r));
-      if (entry[0] != '1') decision = detail::str("tcp:rank ", r, " has shared memory turned off");
+      if (entry[0] != '1') refusal = detail::str("rank ", r, " has shared memory turned off");
       else if (entry.substr(1) != identity)
-        decision = detail::str("tcp:rank ", r, " runs on another host (", entry.substr(1), " vs ", identity, ")");
-    }
-    if (decision.empty()) {
-      try {
-        segment = SharedMemorySegment::create(unique_segment_name(prefix), total);
-        new (segment.data()) Header{kMagic, size, static_cast<int64_t>(half), {0}};
-        decision = "shm:" + segment.name();
-      } catch (const std::exception& e) {
-        decision = detail::str("tcp:rank 0 could not create the shared-memory segment: ", e.what());
-      }
-    }
-    store.set(base + "/decision", decision);
-  }
-  const std::string decision = store.get(base + "/decision");
-  if (decision.rfind("tcp:", 0) == 0) {
-    if (why_not) *why_not = decision.substr(4);
-    return nullptr;
-  }
-  std::string mapped = "ok";
-  if (rank != 0) {
-    try {
-      segment = SharedMemorySegment::open(decision.substr(4), total);
-    } catch (const std::exception& e) {
-      mapped = detail::str("rank ", rank, " could not map it: ", e.what());
+        refusal = detail::str("rank ", r, " runs on another host (", entry.substr(1), " vs ", identity, ")");
     }
   }
-  if (segment.mapped()) {
-    auto* control = reinterpret_cast<RankControl*>(static_cast<uint8_t*>(segment.data()) + control_offset()) + rank;
+  auto on_mapped = [&](void* data) {
+    if (rank == 0) new (data) Header{kMagic, size, static_cast<int64_t>(half), {0}};
+    auto* control = reinterpret_cast<RankControl*>(static_cast<uint8_t*>(data) + control_offset()) + rank;
     control->pid = ::getpid();
     control->pid_namespace = pid_namespace();
-  }
-  store.set(detail::str(base, "/mapped/", rank), mapped);
-  std::vector<std::string> keys;
-  for (int r = 0; r < size; ++r) keys.push_back(detail::str(base, "/mapped/", r));
-  std::string failure;
-  try {
-    store.wait(keys, options.timeout);
-    for (const auto& key : keys)
-      if (std::string v = store.get(key); v != "ok" && failure.empty()) failure = v;
-  } catch (...) {
-    segment.unlink();  // rank 0: see Note [Unlink as soon as everyone has mapped]
-    throw;
-  }
-  segment.unlink();
-  if (!failure.empty()) {
-    if (why_not) *why_not = failure;
+  };
+  std::string why;
+  SharedMemorySegment segment =
+      share_segment(store, base, rank, size, total, prefix, options.timeout, refusal, on_mapped, &why);
+  if (!segment.mapped()) {
+    if (why_not) *why_not = why;
     return nullptr;
   }
   return std::unique_ptr<ShmCollectives>(new ShmCollectives(std::move(segment), rank, size, options));
@@ -273,14 +300,32 @@ void ShmCollectives::wait_for(int peer, uint32_t target, const Op& op, Deadline 
   }
 }
 
-void ShmCollectives::publish_fingerprint(const Op& op, uint64_t round) {
-  control(rank_).fingerprints[round % 2] = fingerprint(op);
+void ShmCollectives::publish_fingerprint(const Op& op, uint64_t round, int64_t symmetric_id,
+                                         int64_t symmetric_offset) {
+  RankControl& mine = control(rank_);
+  mine.fingerprints[round % 2] = fingerprint(op);
+  mine.symmetric_id[round % 2] = symmetric_id;
+  mine.symmetric_offset[round % 2] = symmetric_offset;
 }
 
 void ShmCollectives::check_fingerprints(const Op& op, uint64_t round) const {
   std::vector<Fingerprint> all;
   for (int r = 0; r < size_; ++r) all.push_back(control(r).fingerprints[round % 2]);
   check_same_collective(all, op);  // every rank sees the same ones: the same decision everywhere
+  auto place_of = [&](int r) {
+    const RankControl& c = control(r);
+    return c.symmetric_id[round % 2] < 0 ? std::string("ordinary memory")
+                                         : detail::str("symmetric allocation #", c.symmetric_id[round % 2],
+                                                       " at byte ", c.symmetric_offset[round % 2]);
+  };
+  for (int r = 1; r < size_; ++r) {
+    if (place_of(r) == place_of(0)) continue;
+    std::string places;
+    for (int p = 0; p < size_; ++p) places += detail::str("\n  rank ", p, ": ", place_of(p));
+    LOOM_FAIL(op.describe(), ": the ranks' tensors are not at the same place in symmetric memory:", places,
+              "\nSee Note [Symmetric memory]: every rank calls zeros_symmetric together and passes the same slice "
+              "of it to the collective (or every rank passes ordinary tensors). Nothing was moved");
+  }
 }
 
 // ---- the collectives --------------------------------------------------------------------
@@ -306,6 +351,7 @@ static std::string chunk_text(const char* what, size_t chunk, size_t chunks) {
 
 void ShmCollectives::all_reduce(const Op& op, Deadline deadline) {
   const Tensor& t = op.tensor;
+  if (SymmetricPlace place = find_symmetric(t); place.id >= 0) return all_reduce_symmetric(op, deadline, place);
   const size_t elem = element_size(t.dtype()), n = static_cast<size_t>(t.numel());
   const size_t per_round = half_bytes_ / elem;
   const size_t chunks = std::max<size_t>(1, (n + per_round - 1) / per_round);
@@ -330,6 +376,34 @@ void ShmCollectives::all_reduce(const Op& op, Deadline deadline) {
     }
     done += count;
   }
+}
+
+// Note [Symmetric memory] (communicator.h): every rank's tensor is already in the
+// segment, at place.block(rank). One round of three phases, no staging: reduce my share
+// in place from every rank's block | phase | copy the others' reduced shares into my
+// block | phase. The last phase is what the staged algorithm does not need: there the
+// data peers read is in staging, here it is the caller's tensor, which the caller may
+// overwrite as soon as all_reduce returns (DDP's next backward writes its buckets), so
+// no rank returns before every rank has finished reading from it.
+void ShmCollectives::all_reduce_symmetric(const Op& op, Deadline deadline, const SymmetricPlace& place) {
+  const Tensor& t = op.tensor;
+  const size_t elem = element_size(t.dtype()), count = static_cast<size_t>(t.numel());
+  const uint64_t round = round_++;
+  publish_fingerprint(op, round, place.id, place.offset);
+  phase(op, deadline, "arrive (symmetric memory)");
+  check_fingerprints(op, round);
+  uint8_t* mine = place.block(rank_);
+  const auto [lo, hi] = share(count, rank_, size_);
+  std::vector<const uint8_t*> sources(size_);
+  for (int s = 0; s < size_; ++s) sources[s] = place.block(s) + lo * elem;
+  reduce(t.dtype(), mine + lo * elem, sources, hi - lo, op.reduce, size_);
+  phase(op, deadline, "reduce its share (symmetric memory)");
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    const auto [plo, phi] = share(count, p, size_);
+    std::memcpy(mine + plo * elem, place.block(p) + plo * elem, (phi - plo) * elem);
+  }
+  phase(op, deadline, "copy the reduced shares (symmetric memory)");
 }
 
 void ShmCollectives::broadcast(const Op& op, Deadline deadline) {

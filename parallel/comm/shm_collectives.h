@@ -52,8 +52,11 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "parallel/comm/op.h"
 #include "parallel/comm/shm_segment.h"
@@ -89,8 +92,34 @@ class ShmCollectives {
   // hangs forever] in communicator.h).
   void run(const Op& op, Deadline deadline);
 
+  // Note [Symmetric memory] (communicator.h): every rank calls this together, with the
+  // same shape and dtype; each gets a zero-filled tensor in a segment they all map. An
+  // all_reduce of a tensor in it then skips the staging copies (shm_symmetric.cpp). When
+  // the segment cannot be made or mapped, every rank gets plain zeros and *why_not says
+  // why. A collective over the store, not through the communicator's queue.
+  Tensor zeros_symmetric(TCPStore& store, const std::string& prefix, const Shape& shape, TensorOptions options,
+                         std::string* why_not);
+
  private:
   ShmCollectives(SharedMemorySegment segment, int rank, int size, ShmOptions options);
+  static SharedMemorySegment share_segment(TCPStore& store, const std::string& key, int rank, int size, size_t bytes,
+                                           const std::string& name_tag, std::chrono::milliseconds timeout,
+                                           std::string refusal, const std::function<void(void*)>& on_mapped,
+                                           std::string* why_not);
+
+  // Where a tensor lies in symmetric memory: allocation `id`, whose rank-p block starts
+  // at base + p * stride, at byte `offset` of it. `segment` keeps the mapping alive
+  // while a collective runs.
+  struct SymmetricPlace {
+    std::shared_ptr<SharedMemorySegment> segment;
+    uint8_t* base = nullptr;
+    size_t stride = 0;
+    int64_t id = -1;  // -1: not in symmetric memory
+    int64_t offset = -1;
+    uint8_t* block(int rank) const { return base + size_t(rank) * stride + size_t(offset); }
+  };
+  SymmetricPlace find_symmetric(const Tensor& tensor);
+  void all_reduce_symmetric(const Op& op, Deadline deadline, const SymmetricPlace& place);
 
   struct Header;
   struct RankControl;
@@ -106,7 +135,9 @@ class ShmCollectives {
 
   // Round 0 of every collective: my fingerprint goes with my first phase; after it,
   // every rank checks everyone's (Note [Why a fingerprint before every collective]).
-  void publish_fingerprint(const Op& op, uint64_t round);
+  // `place` travels with it: ranks must agree on whether (and where) the tensor lies in
+  // symmetric memory, which decides the algorithm.
+  void publish_fingerprint(const Op& op, uint64_t round, int64_t symmetric_id = -1, int64_t symmetric_offset = -1);
   void check_fingerprints(const Op& op, uint64_t round) const;
   // One phase (Note [Rounds and phases]): bump my counter, wake waiters, wait for all.
   // `step` names what the peers are waited for, for messages.
@@ -123,6 +154,18 @@ class ShmCollectives {
   uint32_t phase_ = 0;   // my phases so far (mirrors my counter in the segment)
   uint64_t round_ = 0;   // my rounds so far; its parity picks the staging half
   std::string broken_;   // the first failure; empty while usable
+
+  // Symmetric allocations, registered by zeros_symmetric (the caller's thread) and
+  // looked up by all_reduce (the communicator's thread).
+  struct SymmetricRegion {
+    std::weak_ptr<SharedMemorySegment> segment;  // the tensors own it
+    uint8_t* base;
+    size_t stride;
+    int64_t id;
+  };
+  std::mutex symmetric_mutex_;
+  std::vector<SymmetricRegion> symmetric_;
+  int64_t symmetric_allocations_ = 0;  // on the caller's thread only
 };
 
 }  // namespace loom::distributed

@@ -85,7 +85,8 @@ void Reducer::build_buckets() {
       total += params_[i].numel();
     }
     const Tensor& first = params_[indices.front()];
-    bucket.flat = zeros({total}, TensorOptions(first.dtype()).device(first.device()));
+    // In the communicator's symmetric memory where it has some: Note [Symmetric memory].
+    bucket.flat = comm_->zeros_symmetric({total}, TensorOptions(first.dtype()).device(first.device()));
     for (size_t k = 0; k < indices.size(); ++k) {
       const Tensor& p = params_[indices[k]];
       bucket.views.push_back(bucket.flat.narrow(0, bucket.offsets[k], p.numel()).view(p.shape()));

@@ -1,0 +1,177 @@
+// Symmetric memory (Note [Symmetric memory], parallel/comm/communicator.h): tensors every
+// rank allocates together in the gloo backend's shared-memory segment, and the
+// all_reduce that reduces them in place without staging copies. Checked against values
+// computed here on 2 and 3 ranks, for whole tensors and same-offset slices; back-to-back
+// reductions of one tensor rewritten between them (the algorithm's last phase); ranks
+// whose tensors are not at the same place (a clear error, nothing moved); the TCP
+// fallback (plain zeros); and the memory outliving the communicator.
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "core/factory.h"
+#include "rank_threads.h"   // defines: run_ranks, require_no_errors, contains
+#include "collective_checks.h"  // defines: value, expected, values_of, loom_segments_in_dev_shm
+
+using namespace loom;
+using namespace loom::distributed;
+using namespace loom::testing;
+
+namespace {
+
+GlooCommunicator& as_gloo(const std::shared_ptr<Communicator>& comm) { return dynamic_cast<GlooCommunicator&>(*comm); }
+
+// The first element of `t` that differs from expected(op, world, i + salt), or "".
+std::string first_mismatch(const Tensor& t, ReduceOp op, int world, int64_t salt = 0) {
+  auto got = t.to(kFloat64).tolist<double>();
+  for (int64_t i = 0; i < static_cast<int64_t>(got.size()); ++i) {
+    const double want = expected(op, world, i + salt);
+    if (std::abs(got[size_t(i)] - want) > 1e-6 * (1 + std::abs(want)))
+      return detail::str(reduce_op_name(op), " [", i, "]: got ", got[size_t(i)], ", expected ", want);
+  }
+  return "";
+}
+
+
+}  // namespace
+
+TEST_CASE("zeros_symmetric: zero-filled, in the segment; all_reduce of it and of same-offset slices is exact") {
+  for (int n : {2, 3}) {
+    CAPTURE(n);
+    std::vector<std::string> problems(n);
+    require_no_errors(run_ranks(n, [&](std::shared_ptr<Communicator> comm) {
+      const int r = comm->rank();
+      std::string& problem = problems[r];
+      for (DType dtype : {kFloat32, kFloat64, kInt32, kInt64}) {
+        for (int64_t size : {int64_t(1), int64_t(17), int64_t(100003)}) {
+          Tensor t = comm->zeros_symmetric({size}, TensorOptions(dtype));
+          if (!as_gloo(comm).why_not_symmetric().empty()) problem = "not symmetric: " + as_gloo(comm).why_not_symmetric();
+          if (t.to(kFloat64).abs().sum().item<double>() != 0) problem = "not zero-filled";
+          for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
+            if (op == ReduceOp::Avg && !is_floating(dtype)) continue;
+            t.copy_(values_of(r, size, dtype));
+            comm->all_reduce(t, op)->wait();
+            if (std::string m = first_mismatch(t, op, n); !m.empty() && problem.empty())
+              problem = detail::str(dtype_name(dtype), " size ", size, " ", m);
+          }
+        }
+      }
+      // A slice at the same offset on every rank (a DDP bucket inside one allocation).
+      Tensor whole = comm->zeros_symmetric({1000}, TensorOptions(kFloat32));
+      Tensor slice = whole.narrow(0, 333, 401);
+      slice.copy_(values_of(r, 401, kFloat32, /*salt=*/333));
+      whole.narrow(0, 0, 333).fill_(-1.0);
+      comm->all_reduce(slice)->wait();
+      if (std::string m = first_mismatch(slice, ReduceOp::Sum, n, 333); !m.empty()) problem = "slice: " + m;
+      if (whole.narrow(0, 0, 333).max().item<float>() != -1.0f) problem = "the slice's all_reduce wrote outside it";
+    }));
+    for (int r = 0; r < n; ++r) CHECK_MESSAGE(problems[r].empty(), "rank ", r, ": ", problems[r]);
+  }
+}
+
+TEST_CASE("symmetric all_reduce: bitwise identical on every rank, and the same bits as the staged algorithm") {
+  std::vector<Tensor> inputs;  // on this thread: the default generator is not shared safely
+  for (int r = 0; r < 3; ++r) inputs.push_back(randn({50001}).mul_(1.0 + r));
+  std::vector<std::vector<float>> symmetric(3), staged(3);
+  require_no_errors(run_ranks(3, [&](std::shared_ptr<Communicator> comm) {
+    const int r = comm->rank();
+    Tensor s = comm->zeros_symmetric({50001}, TensorOptions(kFloat32));
+    s.copy_(inputs[r]);
+    comm->all_reduce(s, ReduceOp::Avg)->wait();
+    symmetric[r] = s.tolist<float>();
+    Tensor plain = inputs[r].clone();
+    comm->all_reduce(plain, ReduceOp::Avg)->wait();
+    staged[r] = plain.tolist<float>();
+  }));
+  CHECK(symmetric[0] == symmetric[1]);
+  CHECK(symmetric[0] == symmetric[2]);
+  CHECK(symmetric[0] == staged[0]);  // the same shares, reduced in the same order
+}
+
+TEST_CASE("back-to-back symmetric all_reduces of one tensor rewritten in between: no rank reads the next values") {
+  // A rank that returned before its peers finished reading its block would let them read
+  // the next iteration's values (Note [Symmetric memory]; all_reduce_symmetric's last
+  // phase). Rank 1 sleeps now and then, so that rank 0 races ahead whenever it can.
+  std::vector<std::string> problems(2);
+  require_no_errors(run_ranks(2, [&](std::shared_ptr<Communicator> comm) {
+    const int r = comm->rank();
+    Tensor t = comm->zeros_symmetric({20000}, TensorOptions(kFloat64));
+    for (int step = 0; step < 200 && problems[r].empty(); ++step) {
+      t.fill_(double(step * 10 + r));
+      if (r == 1 && step % 20 == 0) std::this_thread::sleep_for(2ms);
+      comm->all_reduce(t)->wait();
+      const double want = double(step * 20 + 1);
+      if (t.min().item<double>() != want || t.max().item<double>() != want)
+        problems[r] = detail::str("step ", step, ": got [", t.min().item<double>(), ", ", t.max().item<double>(),
+                                  "], expected ", want);
+    }
+  }));
+  CHECK_MESSAGE(problems[0].empty(), problems[0]);
+  CHECK_MESSAGE(problems[1].empty(), problems[1]);
+}
+
+TEST_CASE("ranks whose tensors are not at the same place get one clear error; nothing moved, the group goes on") {
+  std::vector<std::string> messages(4);
+  std::vector<float> after(2);
+  require_no_errors(run_ranks(2, [&](std::shared_ptr<Communicator> comm) {
+    const int r = comm->rank();
+    Tensor s = comm->zeros_symmetric({8}, TensorOptions(kFloat32));
+    // Rank 0 in symmetric memory, rank 1 in ordinary memory.
+    try {
+      comm->all_reduce(r == 0 ? s.narrow(0, 0, 4) : zeros({4}))->wait();
+    } catch (const Error& e) {
+      messages[r] = e.what();
+    }
+    // Both symmetric, at different offsets.
+    try {
+      comm->all_reduce(s.narrow(0, r * 4, 4))->wait();
+    } catch (const Error& e) {
+      messages[2 + r] = e.what();
+    }
+    s.fill_(1.0);
+    comm->all_reduce(s)->wait();
+    after[r] = s.tolist<float>()[7];
+  }));
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(messages[r]);
+    CHECK(contains(messages[r], "not at the same place in symmetric memory"));
+    CHECK(contains(messages[r], "rank 0: symmetric allocation #0 at byte 0"));
+    CHECK(contains(messages[r], "rank 1: ordinary memory"));
+    CAPTURE(messages[2 + r]);
+    CHECK(contains(messages[2 + r], "rank 0: symmetric allocation #0 at byte 0"));
+    CHECK(contains(messages[2 + r], "rank 1: symmetric allocation #0 at byte 16"));
+  }
+  CHECK(after == std::vector<float>{2, 2});
+}
+
+TEST_CASE("over TCP zeros_symmetric is plain zeros, says why, and all_reduce works as usual") {
+  std::vector<std::string> why_tcp(2);
+  std::vector<float> sums(2);
+  require_no_errors(run_ranks(
+      2,
+      [&](std::shared_ptr<Communicator> comm) {
+        const int r = comm->rank();
+        Tensor t = comm->zeros_symmetric({5}, TensorOptions(kFloat32));
+        why_tcp[r] = as_gloo(comm).why_not_symmetric();
+        t.fill_(r + 1.0);
+        comm->all_reduce(t)->wait();
+        sums[r] = t.tolist<float>()[4];
+      },
+      20s, /*shared_memory=*/false));
+  for (int r = 0; r < 2; ++r) CHECK(contains(why_tcp[r], "collectives go over TCP"));
+  CHECK(sums == std::vector<float>{3, 3});
+}
+
+TEST_CASE("a symmetric tensor outlives its communicator, and nothing is left in /dev/shm") {
+  const size_t before = loom_segments_in_dev_shm();
+  std::vector<Tensor> kept(2);
+  require_no_errors(run_ranks(2, [&](std::shared_ptr<Communicator> comm) {
+    Tensor t = comm->zeros_symmetric({1000}, TensorOptions(kFloat32));
+    t.fill_(comm->rank() + 1.0);
+    comm->all_reduce(t)->wait();
+    kept[comm->rank()] = t;
+  }));  // the communicators are gone here
+  CHECK(kept[0].sum().item<float>() == 3000.0f);
+  CHECK(kept[1].sum().item<float>() == 3000.0f);
+  CHECK(loom_segments_in_dev_shm() == before);
+}
