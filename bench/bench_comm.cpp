@@ -1,12 +1,17 @@
-// all_reduce latency of the gloo backend's two transports, shared memory and TCP, on 2
-// ranks (threads of this process, each with its own communicator, as the tests run them).
+// all_reduce latency of the gloo backend's transports on 2 ranks (threads of this
+// process, each with its own communicator, as the tests run them): shared memory with an
+// ordinary tensor (staged through the segment), shared memory with a tensor from
+// zeros_symmetric (reduced in place, Note [Symmetric memory]: how DDP's buckets go), and TCP.
 //
 //   build/bench/bench_comm                      # 1, 8 and 25 MiB float32, 15 repeats each
 //
-// The sizes are ResNet18's DDP buckets (25 MiB, ~8 MiB) and a small one. The number is
+// The sizes are ResNet18's DDP buckets (25 MiB, ~8 MiB) and a small one. "median ms" is
 // the median time from issuing all_reduce to wait() returning, after a barrier so that
-// both ranks start together. It measures the transport alone: in DDP, the same copies
-// also compete with the training threads for the cores (see docs/ddp.md).
+// both ranks start together; "CPU ms" is the CPU time of the whole process (both ranks,
+// their communicator threads, Gloo's I/O threads) per all_reduce, barriers included. In
+// DDP the same CPU is taken from the training threads when every core trains (docs/ddp.md).
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -30,8 +35,16 @@ int main() {
   using namespace loom::distributed;
   constexpr int kRepeats = 15;
   const std::vector<int64_t> mib = {1, 8, 25};
-  std::printf("%-10s %10s %14s %12s\n", "transport", "MiB", "median ms", "GB/s");
-  for (bool shared_memory : {true, false}) {
+  auto process_cpu_ms = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return double(ts.tv_sec) * 1e3 + double(ts.tv_nsec) / 1e6;
+  };
+  std::printf("%-15s %6s %10s %8s %8s\n", "transport", "MiB", "median ms", "GB/s", "CPU ms");
+  struct Config {
+    bool shared_memory, symmetric;
+  };
+  for (Config config : {Config{true, false}, Config{true, true}, Config{false, false}}) {
     auto server = std::make_shared<TCPStore>("127.0.0.1", 0, /*is_server=*/true, std::chrono::seconds(30));
     std::vector<std::string> lines(mib.size());
     std::vector<std::thread> ranks;
@@ -40,22 +53,30 @@ int main() {
         auto store = r == 0 ? server
                             : std::make_shared<TCPStore>("127.0.0.1", server->port(), false, std::chrono::seconds(30));
         GlooOptions options;
-        options.shared_memory = shared_memory;
+        options.shared_memory = config.shared_memory;
         GlooCommunicator comm(store, "bench", r, 2, options);
         for (size_t k = 0; k < mib.size(); ++k) {
-          Tensor t = full({mib[k] << 18}, 1.0);  // 2^18 float32 = 1 MiB
+          const Shape shape = {mib[k] << 18};  // 2^18 float32 = 1 MiB
+          Tensor t = config.symmetric ? comm.zeros_symmetric(shape, TensorOptions(kFloat32)) : zeros(shape);
+          t.fill_(1.0);
           std::vector<double> ms;
+          comm.barrier()->wait();
+          const double cpu_start = process_cpu_ms();
           for (int i = 0; i < kRepeats; ++i) {
             comm.barrier()->wait();
             const auto start = std::chrono::steady_clock::now();
             comm.all_reduce(t)->wait();
             ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
           }
+          comm.barrier()->wait();
+          const double cpu = (process_cpu_ms() - cpu_start) / kRepeats;  // both ranks: the same window
           std::sort(ms.begin(), ms.end());
           const double median = ms[ms.size() / 2];
+          const std::string name = std::string(comm.collective_transport()) +
+                                   (config.symmetric && comm.why_not_symmetric().empty() ? " symmetric" : "");
           char line[128];
-          std::snprintf(line, sizeof(line), "%-10s %10lld %14.2f %12.2f", comm.collective_transport(),
-                        static_cast<long long>(mib[k]), median, double(mib[k] << 20) / (median * 1e6));
+          std::snprintf(line, sizeof(line), "%-15s %6lld %10.2f %8.2f %8.2f", name.c_str(),
+                        static_cast<long long>(mib[k]), median, double(mib[k] << 20) / (median * 1e6), cpu);
           if (r == 0) lines[k] = line;
         }
       });
