@@ -11,6 +11,7 @@
 #include "core/factory.h"
 #include "cuda/device.h"  // defines: is_available
 #include "parallel/comm/communicator.h"
+#include "never_arrives.h"  // defines: NeverArrives
 
 using namespace loom;
 using namespace loom::distributed;
@@ -296,33 +297,9 @@ TEST_CASE("a recv whose tensor does not match the sender's fails with both shape
 }
 
 TEST_CASE("a rank that never arrives: timeout naming rank, op, number and shape; then the group is unusable") {
-  std::string first, second;
-  double seconds = 0;
-  auto errors = run_ranks(2, [&](Communicator& comm) {
-    if (comm.rank() == 1) {
-      std::this_thread::sleep_for(1500ms);  // never calls all_reduce
-      return;
-    }
-    auto start = Clock::now();
-    try {
-      comm.all_reduce(zeros({3, 2}))->wait();
-    } catch (const Error& e) {
-      first = e.what();
-    }
-    seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    try {
-      comm.all_reduce(zeros({1}))->wait();
-    } catch (const Error& e) {
-      second = e.what();
-    }
-  }, 700ms);
-  require_no_errors(errors);
-  CAPTURE(first);
-  CHECK(seconds < 3.0);
-  CHECK(contains(first, "all_reduce #0 (sum) of float32 [3, 2] on rank 0 of 2 failed: timed out after 700 ms"));
-  CAPTURE(second);
-  CHECK(contains(second, "all_reduce #1 (sum) of float32 [1] on rank 0 of 2 was not run"));
-  CHECK(contains(second, "failed earlier"));
+  loom::testing::NeverArrives seen;
+  require_no_errors(run_ranks(2, [&](Communicator& comm) { seen.run(comm, 1500ms, {}); }, 700ms));
+  seen.check(700ms, /*why=*/"", /*at_most_seconds=*/3.0);
 }
 
 TEST_CASE("destroying a communicator with queued work fails that work instead of hanging") {

@@ -37,6 +37,7 @@
 #include "parallel/comm/store_fingerprints.h"
 #include "parallel/store/socket.h"
 #include "rank_threads.h"  // defines: require_no_errors, contains
+#include "never_arrives.h"  // defines: NeverArrives
 
 using namespace loom;
 using namespace loom::distributed;
@@ -406,33 +407,11 @@ TEST_CASE("2 ranks: mismatched collectives and messages are errors on both sides
 
 TEST_CASE("2 ranks: a rank that never arrives, seen through the store: timeout, then the group is unusable" *
           doctest::skip(kGpus < 2)) {
-  std::string first, second;
-  double seconds = 0;
+  loom::testing::NeverArrives seen;
   require_no_errors(run_ranks(2, [&](NcclCommunicator& comm) {
-    if (comm.rank() == 1) {
-      std::this_thread::sleep_for(2500ms);  // never calls all_reduce
-      return;
-    }
-    auto start = Clock::now();
-    try {
-      comm.all_reduce(zeros({3, 2}, TensorOptions().device(Device("cuda:0"))))->wait();
-    } catch (const Error& e) {
-      first = e.what();
-    }
-    seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    try {
-      comm.all_reduce(zeros({1}, TensorOptions().device(Device("cuda:0"))))->wait();
-    } catch (const Error& e) {
-      second = e.what();
-    }
+    seen.run(comm, 2500ms, TensorOptions().device(Device("cuda:0")));
   }, 1000ms));
-  CAPTURE(first);
-  CHECK(seconds < 4.0);
-  CHECK(contains(first, "all_reduce #0 (sum) of float32 [3, 2] on rank 0 of 2 failed: timed out after 1000 ms"));
-  CHECK(contains(first, "rank 1 did not reach this collective"));
-  CAPTURE(second);
-  CHECK(contains(second, "all_reduce #1 (sum) of float32 [1] on rank 0 of 2 was not run"));
-  CHECK(contains(second, "failed earlier"));
+  seen.check(1000ms, "rank 1 did not reach this collective", /*at_most_seconds=*/4.0);
 }
 
 TEST_CASE("2 ranks: a rank that never arrives, without verification: the watchdog aborts NCCL" *

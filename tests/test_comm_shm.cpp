@@ -18,6 +18,7 @@
 #include "core/factory.h"
 #include "parallel/comm/shm_segment.h"
 #include "collective_checks.h"  // defines: value, expected, values_of, loom_segments_in_dev_shm
+#include "never_arrives.h"  // defines: NeverArrives
 
 using namespace loom;
 using namespace loom::distributed;
@@ -315,34 +316,9 @@ TEST_CASE("ranks that disagree get the same clear error; nothing moved and the g
 }
 
 TEST_CASE("a rank that never arrives: timeout naming the rank, op, number and shape; then the group is unusable") {
-  std::string first, second;
-  double seconds = 0;
-  require_no_errors(run_ranks(2, [&](GlooCommunicator& comm) {
-    if (comm.rank() == 1) {
-      std::this_thread::sleep_for(1500ms);  // never calls all_reduce
-      return;
-    }
-    auto start = Clock::now();
-    try {
-      comm.all_reduce(zeros({3, 2}))->wait();
-    } catch (const Error& e) {
-      first = e.what();
-    }
-    seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    try {
-      comm.all_reduce(zeros({1}))->wait();
-    } catch (const Error& e) {
-      second = e.what();
-    }
-  }, {.timeout = 700ms}));
-  CAPTURE(first);
-  CHECK(seconds >= 0.6);
-  CHECK(seconds < 3.0);
-  CHECK(contains(first, "all_reduce #0 (sum) of float32 [3, 2] on rank 0 of 2 failed: timed out after 700 ms"));
-  CHECK(contains(first, "waiting for rank 1"));
-  CAPTURE(second);
-  CHECK(contains(second, "all_reduce #1 (sum) of float32 [1] on rank 0 of 2 was not run"));
-  CHECK(contains(second, "failed earlier"));
+  loom::testing::NeverArrives seen;
+  require_no_errors(run_ranks(2, [&](GlooCommunicator& comm) { seen.run(comm, 1500ms, {}); }, {.timeout = 700ms}));
+  seen.check(700ms, "waiting for rank 1", /*at_most_seconds=*/3.0);
 }
 
 #endif  // LOOM_WITH_GLOO
