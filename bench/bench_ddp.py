@@ -12,7 +12,8 @@ thread on synthetic CIFAR-shaped data:
                    communication): the ceiling DDP is measured against
   torch ddp        bench/ddp_torch.py: torch.nn.parallel.DistributedDataParallel, gloo
 and prints img/s (the median over repeats of world * batch / median step time) and the
-ratios. Targets: loom ddp >= 99% of loom independent, and >= torch ddp.
+ratios, both of the medians and the median of each repeat's own ratio (configurations of
+one repeat run minutes apart at most, so that one is robust to the host's drift). Targets: loom ddp >= 99% of loom independent, and >= torch ddp.
 
 On a shared machine the wall-clock numbers move with the neighbours' load, and DDP
 (whose ranks wait for each other every step) suffers from it more than independent
@@ -138,8 +139,12 @@ def main():
     for name in ("loom ddp (shm)", "loom ddp (tcp)"):
         if name not in medians:
             continue
+        # Each repeat runs the configurations back to back, so the ratio within a repeat
+        # sees (nearly) the same machine; its median resists the drift of a shared host's
+        # speed over minutes better than the ratio of the two medians does.
+        paired = statistics.median(d / i for d, i in zip(results[name], results["loom independent"]))
         print(f"{name} / loom independent = {medians[name] / independent:.3f}  (target >= 0.99); "
-              f"CPU per image: {cpu[name] / cpu['loom independent']:.3f}x")
+              f"median of per-repeat ratios {paired:.3f}; CPU per image: {cpu[name] / cpu['loom independent']:.3f}x")
         if "torch ddp (gloo)" in medians:
             print(f"{name} / torch ddp        = {medians[name] / medians['torch ddp (gloo)']:.3f}  (target >= 1.00)")
     print(f"load average (1 min) after the runs: median {statistics.median(loads):.2f}, "
