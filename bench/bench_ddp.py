@@ -8,8 +8,11 @@ thread on synthetic CIFAR-shaped data:
   loom ddp (shm)   loomrun --nproc_per_node W train_cifar10 --mode ddp: the gloo backend,
                    whose collectives go through shared memory on one host (the default)
   loom ddp (tcp)   the same with LOOM_GLOO_SHM=0: collectives over Gloo's loopback TCP
+  loom ddp (shm, bound)   the same with loomrun --numa-binding exclusive: each rank on its
+                   own cores (Note [Why bind DDP workers to cores])
   loom independent W x train_cifar10 --mode single at the same time (same flags, no
                    communication): the ceiling DDP is measured against
+  loom independent (bound) the same, each process on the cores a bound rank would get
   torch ddp        bench/ddp_torch.py: torch.nn.parallel.DistributedDataParallel, gloo
 and prints img/s (the median over repeats of world * batch / median step time) and the
 ratios, both of the medians and the median of each repeat's own ratio (configurations of
@@ -54,10 +57,17 @@ def loom_args(args, metrics):
             "--metrics-json", metrics]
 
 
-def loom_ddp(args, env, tmp, shared_memory=True):
+def cpu_sets(world):
+    """loomrun --numa-binding exclusive's split (parallel/launcher/cpu_binding.h)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return [set(cpus[i * len(cpus) // world:(i + 1) * len(cpus) // world]) for i in range(world)]
+
+
+def loom_ddp(args, env, tmp, shared_memory=True, bound=False):
     metrics = os.path.join(tmp, "ddp.json")
     env = dict(env, LOOM_GLOO_SHM="1" if shared_memory else "0")
-    run([args.loomrun, "--standalone", "--nproc_per_node", str(args.world_size), args.train, "--mode", "ddp",
+    binding = ["--numa-binding", "exclusive"] if bound else []
+    run([args.loomrun, "--standalone", "--nproc_per_node", str(args.world_size), *binding, args.train, "--mode", "ddp",
          *loom_args(args, metrics)], env)
     with open(metrics) as f:
         step = json.load(f)["median_step_s"]
@@ -68,12 +78,22 @@ def loom_ddp_tcp(args, env, tmp):
     return loom_ddp(args, env, tmp, shared_memory=False)
 
 
-def loom_independent(args, env, tmp):
+def loom_ddp_bound(args, env, tmp):
+    return loom_ddp(args, env, tmp, bound=True)
+
+
+def loom_independent_bound(args, env, tmp):
+    return loom_independent(args, env, tmp, bound=True)
+
+
+def loom_independent(args, env, tmp, bound=False):
     procs, files = [], []
+    sets = cpu_sets(args.world_size) if bound else None
     for i in range(args.world_size):
         files.append(os.path.join(tmp, f"single{i}.json"))
+        pin = (lambda cpus: (lambda: os.sched_setaffinity(0, cpus)))(sets[i]) if bound else None
         procs.append(subprocess.Popen([args.train, "--mode", "single", "--seed", str(i), *loom_args(args, files[-1])],
-                                      env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
+                                      env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, preexec_fn=pin))
     if any(p.wait() != 0 for p in procs):
         sys.exit("bench_ddp.py: an independent train_cifar10 failed")
     total = 0.0
@@ -100,6 +120,7 @@ def main():
     parser.add_argument("--repeat", type=int, default=3, help="interleaved runs of each configuration")
     parser.add_argument("--build", default=os.path.join(ROOT, "build"))
     parser.add_argument("--no-tcp", action="store_true", help="skip the loom ddp (tcp) configuration")
+    parser.add_argument("--no-bound", action="store_true", help="skip the --numa-binding exclusive configurations")
     parser.add_argument("--torch-python", default="/usr/bin/python3", help="a python that imports torch ('' skips)")
     args = parser.parse_args()
     args.loomrun = os.path.join(args.build, "parallel", "loomrun")
@@ -109,6 +130,10 @@ def main():
             sys.exit(f"bench_ddp.py: {exe} not found; build loom first (meson setup build && ninja -C build)")
     env = dict(os.environ, OMP_NUM_THREADS="1")
     configs = [("loom ddp (shm)", loom_ddp), ("loom ddp (tcp)", loom_ddp_tcp), ("loom independent", loom_independent)]
+    if not args.no_bound:
+        if len(os.sched_getaffinity(0)) < args.world_size:
+            sys.exit(f"bench_ddp.py: binding needs a CPU per rank; pass --no-bound")
+        configs += [("loom ddp (shm, bound)", loom_ddp_bound), ("loom independent (bound)", loom_independent_bound)]
     if args.no_tcp:
         configs = [c for c in configs if c[0] != "loom ddp (tcp)"]
     if args.torch_python:
@@ -128,25 +153,29 @@ def main():
                 cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
                 cpu_ms[name].append(1e3 * cpu / images)
                 loads.append(os.getloadavg()[0])
-                print(f"#   repeat {r + 1}: {name:18s} {results[name][-1]:8.1f} img/s  "
+                print(f"#   repeat {r + 1}: {name:26s} {results[name][-1]:8.1f} img/s  "
                       f"{cpu_ms[name][-1]:7.1f} CPU ms/img  load {loads[-1]:.2f}", flush=True)
     medians = {name: statistics.median(v) for name, v in results.items()}
     cpu = {name: statistics.median(v) for name, v in cpu_ms.items()}
-    print(f"{'configuration':20s} {'img/s (median)':>15s} {'CPU ms/img':>11s}  img/s of each run")
+    print(f"{'configuration':26s} {'img/s (median)':>15s} {'CPU ms/img':>11s}  img/s of each run")
     for name, v in results.items():
-        print(f"{name:20s} {medians[name]:15.1f} {cpu[name]:11.1f}  {' '.join(f'{x:.1f}' for x in v)}")
-    independent = medians["loom independent"]
-    for name in ("loom ddp (shm)", "loom ddp (tcp)"):
-        if name not in medians:
+        print(f"{name:26s} {medians[name]:15.1f} {cpu[name]:11.1f}  {' '.join(f'{x:.1f}' for x in v)}")
+    # Each DDP row against each independent row it can be fairly compared with: unbound
+    # DDP against unbound processes; bound DDP against both (the ceiling is the better one).
+    pairs = [("loom ddp (shm)", "loom independent"), ("loom ddp (tcp)", "loom independent"),
+             ("loom ddp (shm, bound)", "loom independent"), ("loom ddp (shm, bound)", "loom independent (bound)")]
+    for name, base in pairs:
+        if name not in medians or base not in medians:
             continue
         # Each repeat runs the configurations back to back, so the ratio within a repeat
         # sees (nearly) the same machine; its median resists the drift of a shared host's
         # speed over minutes better than the ratio of the two medians does.
-        paired = statistics.median(d / i for d, i in zip(results[name], results["loom independent"]))
-        print(f"{name} / loom independent = {medians[name] / independent:.3f}  (target >= 0.99); "
-              f"median of per-repeat ratios {paired:.3f}; CPU per image: {cpu[name] / cpu['loom independent']:.3f}x")
-        if "torch ddp (gloo)" in medians:
-            print(f"{name} / torch ddp        = {medians[name] / medians['torch ddp (gloo)']:.3f}  (target >= 1.00)")
+        paired = statistics.median(d / i for d, i in zip(results[name], results[base]))
+        print(f"{name} / {base} = {medians[name] / medians[base]:.3f}  (target >= 0.99); "
+              f"median of per-repeat ratios {paired:.3f}; CPU per image: {cpu[name] / cpu[base]:.3f}x")
+    for name in ("loom ddp (shm)", "loom ddp (tcp)", "loom ddp (shm, bound)"):
+        if name in medians and "torch ddp (gloo)" in medians:
+            print(f"{name} / torch ddp (gloo) = {medians[name] / medians['torch ddp (gloo)']:.3f}  (target >= 1.00)")
     print(f"load average (1 min) after the runs: median {statistics.median(loads):.2f}, "
           f"min {min(loads):.2f}, max {max(loads):.2f} on {os.cpu_count()} cores")
 

@@ -1,6 +1,7 @@
 // A tiny worker program for test_loomrun: what loomrun starts, in several behaviours.
 //
 //   loomrun_worker env              print the variables loomrun set
+//   loomrun_worker affinity         print the CPUs this worker may run on (the kernel's list)
 //   loomrun_worker allreduce        init_process_group, all_reduce(rank + 1), print the sum
 //   loomrun_worker crash DIR        record pids in DIR; rank 1 exits with status 3
 //   loomrun_worker stubborn DIR     as crash, but the others ignore SIGTERM
@@ -51,6 +52,15 @@ int main(int argc, char** argv) {
                 env("LOCAL_WORLD_SIZE").c_str(), env("MASTER_ADDR").c_str(), env("MASTER_PORT").c_str());
     return 0;
   }
+  if (mode == "affinity") {
+    std::ifstream status("/proc/self/status");
+    std::string line, cpus = "<unknown>";
+    while (std::getline(status, line))
+      if (line.rfind("Cpus_allowed_list:", 0) == 0) cpus = line.substr(line.find_first_not_of(" \t", 18));
+    std::printf("affinity RANK=%s CPUS=%s OMP_NUM_THREADS=%s\n", env("RANK").c_str(), cpus.c_str(),
+                env("OMP_NUM_THREADS").c_str());
+    return 0;
+  }
   if (mode == "allreduce") {
     namespace dist = loom::distributed;
     try {
@@ -79,6 +89,6 @@ int main(int argc, char** argv) {
     ::sleep(60);
     return 0;
   }
-  std::fprintf(stderr, "usage: loomrun_worker env|allreduce|crash DIR|stubborn DIR|sleep DIR\n");
+  std::fprintf(stderr, "usage: loomrun_worker env|affinity|allreduce|crash DIR|stubborn DIR|sleep DIR\n");
   return 2;
 }

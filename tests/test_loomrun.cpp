@@ -17,6 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/error.h"
+#include "parallel/launcher/cpu_binding.h"
 #include "parallel/store/socket.h"
 #include "process_launch.h"  // defines: Launch, Result, TempDir, path_from_env, contains
 
@@ -98,6 +100,42 @@ TEST_CASE("workers see torchrun's environment variables, and --prefix-output lab
   Result standalone = run("--standalone " + worker() + " env");
   CHECK(contains(standalone.output, "MASTER_ADDR=127.0.0.1"));
   CHECK_FALSE(contains(standalone.output, "MASTER_PORT=29500"));
+}
+
+TEST_CASE("exclusive_cpu_sets: contiguous, disjoint, sizes within one; too few CPUs is an error naming both") {
+  using loom::launcher::exclusive_cpu_sets;
+  CHECK(exclusive_cpu_sets({0, 1}, 2) == std::vector<std::vector<int>>{{0}, {1}});
+  CHECK(exclusive_cpu_sets({0, 1, 2, 3, 4}, 2) == std::vector<std::vector<int>>{{0, 1}, {2, 3, 4}});
+  CHECK(exclusive_cpu_sets({2, 3, 8, 9}, 1) == std::vector<std::vector<int>>{{2, 3, 8, 9}});
+  CHECK(loom::launcher::cpu_list_string({0, 1, 2, 5, 7, 8}) == "0-2,5,7-8");
+  try {
+    exclusive_cpu_sets({0, 1}, 3);
+    FAIL("expected an error");
+  } catch (const loom::Error& e) {
+    CHECK(contains(e.what(), "3 workers were asked for and loomrun may run on only 2 (0-1)"));
+  }
+}
+
+TEST_CASE("--numa-binding exclusive: each worker runs on its own CPUs; other modes are a clear error") {
+  const std::vector<int> cpus = loom::launcher::allowed_cpus();
+  const int workers = std::min<int>(2, static_cast<int>(cpus.size()));
+  const auto sets = loom::launcher::exclusive_cpu_sets(cpus, workers);
+  Result r = run("--nproc_per_node " + std::to_string(workers) + " --numa-binding exclusive --standalone " + worker() +
+                 " affinity");
+  CHECK(r.code == 0);
+  for (int rank = 0; rank < workers; ++rank)
+    CHECK_MESSAGE(contains(r.output, "affinity RANK=" + std::to_string(rank) +
+                                         " CPUS=" + loom::launcher::cpu_list_string(sets[size_t(rank)])),
+                  r.output);
+  Result unbound = run("--standalone " + worker() + " affinity");
+  CHECK(contains(unbound.output, "CPUS=" + loom::launcher::cpu_list_string(cpus)));
+  Result too_many = run("--nproc_per_node " + std::to_string(cpus.size() + 1) +
+                        " --numa-binding exclusive --standalone " + worker() + " affinity");
+  CHECK(too_many.code != 0);
+  CHECK(contains(too_many.output, "gives each worker its own CPUs"));
+  Result node = run("--numa-binding node --standalone " + worker() + " affinity");
+  CHECK(node.code == 2);
+  CHECK(contains(node.output, "--numa-binding 'node' is not supported"));
 }
 
 TEST_CASE("a crashing worker stops the others; loomrun names it, exits non-zero, leaves no process") {

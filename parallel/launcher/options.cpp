@@ -27,6 +27,9 @@ options:
   --tee N              prefix each output line with "[rank N]: ": 1 stdout, 2 stderr, 3 both
   --prefix-output      same as --tee 3
   --grace_period S     seconds between SIGTERM and SIGKILL when stopping workers (default 5)
+  --numa-binding exclusive
+                       bind each worker to its own share of loomrun's CPUs (split in order,
+                       disjoint); helps DDP when every core trains. Default: no binding
   -h, --help           this text
 
 Options may be written --nproc-per-node as well, and as --option=value.
@@ -99,6 +102,11 @@ LaunchOptions parse_launch_options(int argc, const char* const* argv) {
       o.grace_period_s = std::strtod(text.c_str(), &end);
       LOOM_CHECK(!text.empty() && *end == '\0' && o.grace_period_s >= 0, "loomrun: --grace_period expects seconds "
                  ">= 0, got '", text, "'");
+    } else if (name == "--numa_binding") {
+      o.numa_binding = take_value();
+      LOOM_CHECK(o.numa_binding == "exclusive", "loomrun: --numa-binding '", o.numa_binding, "' is not supported; "
+                 "loomrun knows 'exclusive' (each worker its own CPUs). torchrun's node, socket and core-complex "
+                 "follow each worker's GPU to its NUMA node, which loomrun does not look up");
     } else {
       LOOM_FAIL("loomrun: unknown option '", arg, "'; see loomrun --help");
     }

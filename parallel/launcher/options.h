@@ -25,6 +25,8 @@ struct LaunchOptions {
   // stderr), as torchrun's --tee. 0: workers write straight to loomrun's streams.
   int prefix_streams = 0;
   double grace_period_s = 5.0;  // after SIGTERM, how long workers get before SIGKILL
+  // torchrun's --numa-binding: "" (none, the default) or "exclusive" (cpu_binding.h).
+  std::string numa_binding;
   bool help = false;
   std::vector<std::string> command;  // the program and its arguments
 

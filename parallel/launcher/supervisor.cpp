@@ -16,6 +16,9 @@
 #include <thread>
 #include <vector>
 
+#include <sched.h>
+
+#include "parallel/launcher/cpu_binding.h"
 #include "parallel/launcher/prefixed_output.h"
 #include "parallel/system_error.h"  // defines: LOOM_CHECK_ERRNO
 
@@ -36,6 +39,7 @@ struct Stream {
 struct Worker {
   int local_rank = 0;
   int rank = 0;
+  std::vector<int> cpus;  // --numa-binding exclusive: its CPUs; empty: not bound
   pid_t pid = -1;
   bool running = false;
   int status = 0;  // from waitpid, once it exited
@@ -119,6 +123,10 @@ void Supervisor::spawn(Worker& w) {
   for (auto& a : command) argv.push_back(a.data());
   argv.push_back(nullptr);
 
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  for (int c : w.cpus) CPU_SET(c, &cpus);
+
   int pipes[2][2] = {{-1, -1}, {-1, -1}};
   for (int s = 0; s < 2; ++s)
     if (o_.prefix_streams & (1 << s)) LOOM_CHECK_ERRNO(::pipe2(pipes[s], O_CLOEXEC) == 0, "pipe2() for worker output");
@@ -135,6 +143,12 @@ void Supervisor::spawn(Worker& w) {
     if (::getppid() != parent) ::_exit(1);  // loomrun died before prctl took effect
     ::signal(SIGPIPE, SIG_DFL);
     ::sigprocmask(SIG_SETMASK, &original_mask_, nullptr);
+    if (!w.cpus.empty() && ::sched_setaffinity(0, sizeof(cpus), &cpus) != 0) {
+      int error = -errno;  // negative: the binding failed, not the exec
+      ssize_t ignored = ::write(exec_status[1], &error, sizeof(error));
+      (void)ignored;
+      ::_exit(127);
+    }
     for (int s = 0; s < 2; ++s)
       if (pipes[s][1] >= 0) ::dup2(pipes[s][1], s + 1);  // stdout is 1, stderr 2; dup2 clears O_CLOEXEC
     ::execvpe(argv[0], argv.data(), envp.data());
@@ -157,6 +171,10 @@ void Supervisor::spawn(Worker& w) {
   do n = ::read(exec_status[0], &error, sizeof(error));
   while (n < 0 && errno == EINTR);
   ::close(exec_status[0]);
+  if (n > 0 && error < 0) {
+    LOOM_FAIL("cannot bind rank ", w.rank, " to CPUs ", cpu_list_string(w.cpus), " (--numa-binding exclusive): "
+              "sched_setaffinity: ", std::strerror(-error));
+  }
   if (n > 0) {
     LOOM_FAIL("cannot run '", o_.command[0], "' for rank ", w.rank, ": ", std::strerror(error),
               ". Check the program's path (a program in the current directory needs ./) and that it is executable");
@@ -256,9 +274,12 @@ int Supervisor::run() {
 
   workers_.resize(o_.nproc_per_node);
   try {
+    std::vector<std::vector<int>> cpu_sets;  // See Note [Why bind DDP workers to cores]
+    if (o_.numa_binding == "exclusive") cpu_sets = exclusive_cpu_sets(allowed_cpus(), o_.nproc_per_node);
     for (int i = 0; i < o_.nproc_per_node; ++i) {
       workers_[i].local_rank = i;
       workers_[i].rank = o_.global_rank(i);
+      if (!cpu_sets.empty()) workers_[i].cpus = cpu_sets[size_t(i)];
       spawn(workers_[i]);
     }
   } catch (const std::exception& e) {
