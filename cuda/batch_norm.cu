@@ -53,6 +53,19 @@ __device__ inline int64_t channel_element(const Layout& l, int64_t c, int64_t j)
   return (n * l.c + c) * l.s + (j - n * l.s);
 }
 
+// Channel c's statistics, saved for the backward when asked, and folded into
+// y = x * scale + shift: coef[c] = scale, coef[C + c] = shift.
+template <typename T>
+__device__ inline void save_and_fold(Layout l, int64_t c, double mean, double invstd, const T* w, const T* b,
+                                     T* save_mean, T* save_invstd, compute_t<T>* coef) {
+  using Acc = compute_t<T>;
+  if (save_mean) save_mean[c] = narrow<T>(static_cast<Acc>(mean));
+  if (save_invstd) save_invstd[c] = narrow<T>(static_cast<Acc>(invstd));
+  const Acc scale = static_cast<Acc>(invstd) * (w ? widen(w[c]) : Acc(1));
+  coef[c] = scale;
+  coef[l.c + c] = (b ? widen(b[c]) : Acc(0)) - static_cast<Acc>(mean) * scale;
+}
+
 // Forward, training: one block per channel. `coef` receives scale[c] and shift[c] (the
 // normalisation folded into one multiply-add, as the CPU) at coef[c] and coef[C + c].
 template <typename T>
@@ -80,11 +93,7 @@ __global__ void __launch_bounds__(kBlockSize)
         const double unbiased = squares / static_cast<double>(count - 1);
         running_var[c] = narrow<T>(static_cast<Acc>((1 - momentum) * static_cast<double>(widen(running_var[c])) + momentum * unbiased));
       }
-      if (save_mean) save_mean[c] = narrow<T>(static_cast<Acc>(mean));
-      if (save_invstd) save_invstd[c] = narrow<T>(static_cast<Acc>(invstd));
-      const Acc scale = static_cast<Acc>(invstd) * (w ? widen(w[c]) : Acc(1));
-      coef[c] = scale;
-      coef[l.c + c] = (b ? widen(b[c]) : Acc(0)) - static_cast<Acc>(mean) * scale;
+      save_and_fold(l, c, mean, invstd, w, b, save_mean, save_invstd, coef);
     }
   }
 }
@@ -94,16 +103,11 @@ template <typename T>
 __global__ void __launch_bounds__(kBlockSize)
     eval_stats(Layout l, const T* w, const T* b, const T* running_mean, const T* running_var, double eps, T* save_mean,
                T* save_invstd, compute_t<T>* coef) {
-  using Acc = compute_t<T>;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= l.c) return;
   const double mean = static_cast<double>(widen(running_mean[c]));
   const double invstd = 1.0 / sqrt(static_cast<double>(widen(running_var[c])) + eps);
-  if (save_mean) save_mean[c] = narrow<T>(static_cast<Acc>(mean));
-  if (save_invstd) save_invstd[c] = narrow<T>(static_cast<Acc>(invstd));
-  const Acc scale = static_cast<Acc>(invstd) * (w ? widen(w[c]) : Acc(1));
-  coef[c] = scale;
-  coef[l.c + c] = (b ? widen(b[c]) : Acc(0)) - static_cast<Acc>(mean) * scale;
+  save_and_fold(l, c, mean, invstd, w, b, save_mean, save_invstd, coef);
 }
 
 // y = x * scale[c] + shift[c] (+ r), then max(0, .) when relu (as UnaryOp::Relu).

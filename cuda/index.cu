@@ -18,6 +18,7 @@
 // scatter_add_ are non-deterministic for the same reason). Integer sums are exact.
 //
 // Out-of-range indices: Note [Index validation on the GPU] (cuda/kernel_utils.cuh).
+#include "core/index_layout.h"  // defines: without_dim, along_dim, check_index_*
 #include "core/kernels.h"
 #include "cuda/kernel_utils.cuh"  // defines: BadIndexFlag, report_bad_index
 #include "cuda/loops.cuh"         // defines: StridedIndexer, make_indexer, dispatch_types
@@ -78,25 +79,12 @@ __global__ void __launch_bounds__(kBlockSize)
   }
 }
 
-// `strides` with the `dim` entry zeroed: base(p).
-Shape without_dim(Shape strides, int64_t dim) {
-  strides[dim] = 0;
-  return strides;
-}
-
-// A 1-D (or 0-dim) index viewed with `shape`, varying only along `dim`.
-Tensor along_dim(const Tensor& index, int64_t dim, const Shape& shape) {
-  Shape strides(shape.size(), 0);
-  strides[dim] = index.dim() == 0 ? 0 : index.stride(0);
-  return make_tensor(index.storage(), shape, std::move(strides), index.storage_offset(), index.dtype());
-}
-
 // Runs `launch(loop, bad_flag_ptr, grid, stream)` over index's positions and turns a
 // recorded bad index into the CPU kernels' error.
 template <typename Launch>
 void run_index_loop(const char* op, const Tensor& positions_of, const Shape& operand0_strides, const Tensor& index,
                     const Shape& indexed_strides, int64_t dim, int64_t step, int64_t size, int device, Launch launch) {
-  LOOM_CHECK(index.dtype() == kInt64, op, ": expected an int64 index tensor, got ", index.dtype());
+  check_index_dtype(op, index);
   const int64_t n = positions_of.numel();
   if (n == 0) return;
   DeviceGuard guard(device);
@@ -107,8 +95,7 @@ void run_index_loop(const char* op, const Tensor& positions_of, const Shape& ope
   launch(loop, bad.ptr, grid_size(n, device), current_stream(device).handle);
   LOOM_CUDA_CHECK_LAUNCH(op);
   const auto [seen, value] = bad.read(device);
-  LOOM_CHECK(!seen, op, ": index ", value, " is out of bounds for dimension ", dim, " with size ", size,
-             " (valid indices are 0..", size - 1, ")");
+  check_index_in_bounds(op, seen, value, dim, size);
 }
 
 void gather_impl(const char* op, const Tensor& in, int64_t dim, const Tensor& index, Tensor& out) {

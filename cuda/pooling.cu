@@ -24,24 +24,12 @@
 #include <limits>
 
 #include "core/kernels.h"
+#include "core/pooling_geometry.h"  // defines: PoolPlanes, pool_planes_of, first_inside
 #include "cuda/kernel_utils.cuh"  // defines: dense, check_dense_output
 #include "cuda/loops.cuh"         // defines: dispatch_types, widen, narrow, grid_size
 
 namespace loom::cuda {
 namespace {
-
-struct Planes {
-  int64_t count, in_h, in_w, out_h, out_w;
-};
-
-Planes planes_of(const Tensor& in, const Tensor& out) {
-  const int64_t d = in.dim();
-  LOOM_CHECK(d >= 3 && out.dim() == d, "pooling kernel: expected [N, C, H, W] or [C, H, W] tensors, got input ",
-             in.shape(), " and output ", out.shape());
-  Planes p{1, in.size(d - 2), in.size(d - 1), out.size(d - 2), out.size(d - 1)};
-  for (int64_t i = 0; i < d - 2; ++i) p.count *= in.size(i);
-  return p;
-}
 
 // Pool2dParams as plain values a kernel can take by value.
 struct Window {
@@ -55,10 +43,6 @@ Window window_of(const Pool2dParams& p) {
           static_cast<int>(p.dilation[0]), static_cast<int>(p.dilation[1]), p.count_include_pad};
 }
 
-// The first index >= 0 of the sequence start, start + step, ... (start may be negative).
-__device__ inline int64_t first_inside(int64_t start, int64_t step) {
-  return start >= 0 ? start : start + ((-start + step - 1) / step) * step;
-}
 
 #define LOOM_GRID_STRIDE_LOOP(i, n)                                                                    \
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n);             \
@@ -66,7 +50,7 @@ __device__ inline int64_t first_inside(int64_t start, int64_t step) {
 
 template <typename T>
 __global__ void __launch_bounds__(kBlockSize)
-    max_pool_forward(Planes g, Window k, const T* x, T* y, int64_t* arg) {
+    max_pool_forward(PoolPlanes g, Window k, const T* x, T* y, int64_t* arg) {
   using Acc = compute_t<T>;
   LOOM_GRID_STRIDE_LOOP(o, g.count * g.out_h * g.out_w) {
     const int64_t plane = o / (g.out_h * g.out_w), oh = o / g.out_w % g.out_h, ow = o % g.out_w;
@@ -102,7 +86,7 @@ __device__ inline void outputs_touching(int64_t i, int64_t pad, int64_t kernel_e
 // See Note [Pooling backward as a gather]: max pooling scatters, into a zeroed grad_in.
 template <typename T>
 __global__ void __launch_bounds__(kBlockSize)
-    max_pool_backward(Planes g, const T* gy, const int64_t* arg, T* gx) {
+    max_pool_backward(PoolPlanes g, const T* gy, const int64_t* arg, T* gx) {
   const int64_t in_plane = g.in_h * g.in_w, out_plane = g.out_h * g.out_w;
   LOOM_GRID_STRIDE_LOOP(o, g.count * out_plane) {
     const int64_t a = arg[o];
@@ -115,7 +99,7 @@ struct AvgWindow {
   int64_t h_begin, h_end, w_begin, w_end, divisor;
 };
 
-__device__ inline AvgWindow avg_window(const Window& k, const Planes& g, int64_t oh, int64_t ow) {
+__device__ inline AvgWindow avg_window(const Window& k, const PoolPlanes& g, int64_t oh, int64_t ow) {
   int64_t h0 = oh * k.sh - k.ph, w0 = ow * k.sw - k.pw;
   int64_t h1 = min(h0 + k.kh, g.in_h + k.ph);
   int64_t w1 = min(w0 + k.kw, g.in_w + k.pw);
@@ -128,7 +112,7 @@ __device__ inline AvgWindow avg_window(const Window& k, const Planes& g, int64_t
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kBlockSize) avg_pool_forward(Planes g, Window k, const T* x, T* y) {
+__global__ void __launch_bounds__(kBlockSize) avg_pool_forward(PoolPlanes g, Window k, const T* x, T* y) {
   using Acc = compute_t<T>;
   LOOM_GRID_STRIDE_LOOP(o, g.count * g.out_h * g.out_w) {
     const int64_t plane = o / (g.out_h * g.out_w), oh = o / g.out_w % g.out_h, ow = o % g.out_w;
@@ -143,7 +127,7 @@ __global__ void __launch_bounds__(kBlockSize) avg_pool_forward(Planes g, Window 
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kBlockSize) avg_pool_backward(Planes g, Window k, const T* gy, T* gx) {
+__global__ void __launch_bounds__(kBlockSize) avg_pool_backward(PoolPlanes g, Window k, const T* gy, T* gx) {
   using Acc = compute_t<T>;
   LOOM_GRID_STRIDE_LOOP(i, g.count * g.in_h * g.in_w) {
     const int64_t plane = i / (g.in_h * g.in_w), h = i / g.in_w % g.in_h, w = i % g.in_w;
@@ -168,7 +152,7 @@ __device__ inline int64_t adaptive_begin(int64_t i, int64_t out, int64_t size) {
 __device__ inline int64_t adaptive_end(int64_t i, int64_t out, int64_t size) { return ((i + 1) * size + out - 1) / out; }
 
 template <typename T>
-__global__ void __launch_bounds__(kBlockSize) adaptive_avg_forward(Planes g, const T* x, T* y) {
+__global__ void __launch_bounds__(kBlockSize) adaptive_avg_forward(PoolPlanes g, const T* x, T* y) {
   using Acc = compute_t<T>;
   LOOM_GRID_STRIDE_LOOP(o, g.count * g.out_h * g.out_w) {
     const int64_t plane = o / (g.out_h * g.out_w), oh = o / g.out_w % g.out_h, ow = o % g.out_w;
@@ -183,7 +167,7 @@ __global__ void __launch_bounds__(kBlockSize) adaptive_avg_forward(Planes g, con
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kBlockSize) adaptive_avg_backward(Planes g, const T* gy, T* gx) {
+__global__ void __launch_bounds__(kBlockSize) adaptive_avg_backward(PoolPlanes g, const T* gy, T* gx) {
   using Acc = compute_t<T>;
   LOOM_GRID_STRIDE_LOOP(i, g.count * g.in_h * g.in_w) {
     const int64_t plane = i / (g.in_h * g.in_w), h = i / g.in_w % g.in_h, w = i % g.in_w;
@@ -219,7 +203,7 @@ void max_pool2d_forward_cuda(const Tensor& in_any, const Pool2dParams& p, Tensor
   check_dense_output("max_pool2d", out);
   check_dense_output("max_pool2d", indices);
   const Tensor in = dense(in_any);
-  const Planes g = planes_of(in, out);
+  const PoolPlanes g = pool_planes_of(in, out);
   dispatch_types(FloatAndHalfTypes{}, in.dtype(), "max_pool2d", [&]<typename T>() {
     launch("max_pool2d", out, out.numel(), max_pool_forward<T>, g, window_of(p), static_cast<const T*>(in.raw_data()),
            static_cast<T*>(out.raw_data()), indices.data_ptr<int64_t>());
@@ -230,7 +214,7 @@ void max_pool2d_backward_cuda(const Tensor& grad_out_any, const Tensor& indices_
   check_dense_output("max_pool2d_backward", grad_in);
   const Tensor grad_out = dense(grad_out_any);
   const Tensor indices = dense(indices_any);
-  const Planes g = planes_of(grad_in, grad_out);
+  const PoolPlanes g = pool_planes_of(grad_in, grad_out);
   if (grad_in.numel() == 0) return;
   const int device = grad_in.device().index;
   DeviceGuard guard(device);
@@ -246,7 +230,7 @@ void max_pool2d_backward_cuda(const Tensor& grad_out_any, const Tensor& indices_
 void avg_pool2d_forward_cuda(const Tensor& in_any, const Pool2dParams& p, Tensor& out) {
   check_dense_output("avg_pool2d", out);
   const Tensor in = dense(in_any);
-  const Planes g = planes_of(in, out);
+  const PoolPlanes g = pool_planes_of(in, out);
   dispatch_types(FloatAndHalfTypes{}, in.dtype(), "avg_pool2d", [&]<typename T>() {
     launch("avg_pool2d", out, out.numel(), avg_pool_forward<T>, g, window_of(p), static_cast<const T*>(in.raw_data()),
            static_cast<T*>(out.raw_data()));
@@ -256,7 +240,7 @@ void avg_pool2d_forward_cuda(const Tensor& in_any, const Pool2dParams& p, Tensor
 void avg_pool2d_backward_cuda(const Tensor& grad_out_any, const Pool2dParams& p, Tensor& grad_in) {
   check_dense_output("avg_pool2d_backward", grad_in);
   const Tensor grad_out = dense(grad_out_any);
-  const Planes g = planes_of(grad_in, grad_out);
+  const PoolPlanes g = pool_planes_of(grad_in, grad_out);
   dispatch_types(FloatAndHalfTypes{}, grad_out.dtype(), "avg_pool2d_backward", [&]<typename T>() {
     launch("avg_pool2d_backward", grad_in, grad_in.numel(), avg_pool_backward<T>, g, window_of(p),
            static_cast<const T*>(grad_out.raw_data()), static_cast<T*>(grad_in.raw_data()));
@@ -266,7 +250,7 @@ void avg_pool2d_backward_cuda(const Tensor& grad_out_any, const Pool2dParams& p,
 void adaptive_avg_pool2d_forward_cuda(const Tensor& in_any, Tensor& out) {
   check_dense_output("adaptive_avg_pool2d", out);
   const Tensor in = dense(in_any);
-  const Planes g = planes_of(in, out);
+  const PoolPlanes g = pool_planes_of(in, out);
   dispatch_types(FloatAndHalfTypes{}, in.dtype(), "adaptive_avg_pool2d", [&]<typename T>() {
     launch("adaptive_avg_pool2d", out, out.numel(), adaptive_avg_forward<T>, g, static_cast<const T*>(in.raw_data()),
            static_cast<T*>(out.raw_data()));
@@ -276,7 +260,7 @@ void adaptive_avg_pool2d_forward_cuda(const Tensor& in_any, Tensor& out) {
 void adaptive_avg_pool2d_backward_cuda(const Tensor& grad_out_any, Tensor& grad_in) {
   check_dense_output("adaptive_avg_pool2d_backward", grad_in);
   const Tensor grad_out = dense(grad_out_any);
-  const Planes g = planes_of(grad_in, grad_out);
+  const PoolPlanes g = pool_planes_of(grad_in, grad_out);
   dispatch_types(FloatAndHalfTypes{}, grad_out.dtype(), "adaptive_avg_pool2d_backward", [&]<typename T>() {
     launch("adaptive_avg_pool2d_backward", grad_in, grad_in.numel(), adaptive_avg_backward<T>, g,
            static_cast<const T*>(grad_out.raw_data()), static_cast<T*>(grad_in.raw_data()));

@@ -26,24 +26,18 @@ namespace loom::testing {
 
 using namespace std::chrono_literals;
 
-// Runs body(comm) on n ranks, one thread each; returns each rank's error ("" if none).
-// Collectives time out after `timeout`, so a test that goes wrong fails instead of hanging.
-inline std::vector<std::string> run_ranks(int n,
-                                          const std::function<void(std::shared_ptr<distributed::Communicator>)>& body,
-                                          std::chrono::milliseconds timeout = 20s, bool shared_memory = true) {
+// The skeleton of every multi-rank test: n threads, each with its own TCPStore client of
+// one server (rank 0 uses the server itself); body(rank, store) builds that rank's
+// communicator(s) and runs. An exception becomes that rank's error ("" if none).
+inline std::vector<std::string> run_rank_threads(
+    int n, const std::function<void(int, std::shared_ptr<distributed::TCPStore>)>& body) {
   auto server = std::make_shared<distributed::TCPStore>("127.0.0.1", 0, /*is_server=*/true, 20s);
   std::vector<std::string> errors(static_cast<size_t>(n));
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
-      omp_set_num_threads(1);  // n ranks share this machine's cores, as n processes would
       try {
-        auto store = r == 0 ? server : std::make_shared<distributed::TCPStore>("127.0.0.1", server->port(), false, 20s);
-        distributed::GlooOptions options;
-        options.timeout = timeout;
-        options.shared_memory = shared_memory;
-        auto comm = std::make_shared<distributed::GlooCommunicator>(store, "ranks", r, n, options);
-        body(comm);
+        body(r, r == 0 ? server : std::make_shared<distributed::TCPStore>("127.0.0.1", server->port(), false, 20s));
       } catch (const std::exception& e) {
         errors[static_cast<size_t>(r)] = e.what();
       }
@@ -51,6 +45,20 @@ inline std::vector<std::string> run_ranks(int n,
   }
   for (auto& t : threads) t.join();
   return errors;
+}
+
+// Runs body(comm) on n ranks, one thread each; returns each rank's error ("" if none).
+// Collectives time out after `timeout`, so a test that goes wrong fails instead of hanging.
+inline std::vector<std::string> run_ranks(int n,
+                                          const std::function<void(std::shared_ptr<distributed::Communicator>)>& body,
+                                          std::chrono::milliseconds timeout = 20s, bool shared_memory = true) {
+  return run_rank_threads(n, [&](int r, std::shared_ptr<distributed::TCPStore> store) {
+    omp_set_num_threads(1);  // n ranks share this machine's cores, as n processes would
+    distributed::GlooOptions options;
+    options.timeout = timeout;
+    options.shared_memory = shared_memory;
+    body(std::make_shared<distributed::GlooCommunicator>(store, "ranks", r, n, options));
+  });
 }
 
 inline void require_no_errors(const std::vector<std::string>& errors) {

@@ -50,41 +50,28 @@ TEST_CASE("fingerprints: agreement, and a disagreement message that groups ranks
 #include "parallel/comm/process_group.h"
 #include "parallel/store/socket.h"
 
-// Runs body(comm) on `n` ranks, one thread each; returns each rank's error ("" if none).
+#include "rank_threads.h"  // defines: run_rank_threads, require_no_errors, contains
+
+using loom::testing::contains;
+using loom::testing::require_no_errors;
+
+// Runs body(comm) on `n` ranks, one thread each, over Gloo's own TCP collectives
+// (tests/test_comm_shm.cpp tests the shared-memory path); `groups` communicators per rank
+// in turn. Returns each rank's error ("" if none).
 static std::vector<std::string> run_ranks(int n, const std::function<void(Communicator&)>& body,
                                           std::chrono::milliseconds timeout = 10s, int groups = 1,
                                           bool verify_collectives = true) {
-  auto server = std::make_shared<TCPStore>("127.0.0.1", 0, /*is_server=*/true, 20s);
-  std::vector<std::string> errors(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        auto store = r == 0 ? server : std::make_shared<TCPStore>("127.0.0.1", server->port(), false, 20s);
-        GlooOptions options;
-        options.timeout = timeout;
-        options.verify_collectives = verify_collectives;
-        options.shared_memory = false;  // Gloo's own TCP collectives; tests/test_comm_shm.cpp tests the other path
-        for (int g = 0; g < groups; ++g) {
-          GlooCommunicator comm(store, "group" + std::to_string(g), r, n, options);
-          body(comm);
-        }
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errors;
+  return loom::testing::run_rank_threads(n, [&](int r, std::shared_ptr<TCPStore> store) {
+    GlooOptions options;
+    options.timeout = timeout;
+    options.verify_collectives = verify_collectives;
+    options.shared_memory = false;
+    for (int g = 0; g < groups; ++g) {
+      GlooCommunicator comm(store, "group" + std::to_string(g), r, n, options);
+      body(comm);
+    }
+  });
 }
-
-static void require_no_errors(const std::vector<std::string>& errors) {
-  for (size_t r = 0; r < errors.size(); ++r) {
-    if (!errors[r].empty()) FAIL("rank ", r, ": ", errors[r]);
-  }
-}
-
-static bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 TEST_CASE("all_reduce sum, avg, max and min on 2 and 3 ranks, in three dtypes") {
   for (int n : {2, 3}) {

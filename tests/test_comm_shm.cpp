@@ -54,9 +54,12 @@ TEST_CASE("a segment is shared between mappings, and unlinking keeps the memory 
 
 #ifdef LOOM_WITH_GLOO
 #include "parallel/comm/gloo_communicator.h"
+#include "rank_threads.h"  // defines: run_rank_threads, require_no_errors, contains
+
+using loom::testing::contains;
+using loom::testing::require_no_errors;
 
 namespace {
-
 
 struct RankSetup {
   std::chrono::milliseconds timeout = 10s;
@@ -66,34 +69,15 @@ struct RankSetup {
 
 // Runs body(comm) on n ranks, one thread each; returns each rank's error ("" if none).
 std::vector<std::string> run_ranks(int n, const std::function<void(GlooCommunicator&)>& body, RankSetup setup = {}) {
-  auto server = std::make_shared<TCPStore>("127.0.0.1", 0, /*is_server=*/true, 20s);
-  std::vector<std::string> errors(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        auto store = r == 0 ? server : std::make_shared<TCPStore>("127.0.0.1", server->port(), false, 20s);
-        GlooOptions options;
-        options.timeout = setup.timeout;
-        options.shared_memory = setup.shared_memory(r);
-        options.shm_staging_bytes = setup.staging_bytes;
-        GlooCommunicator comm(store, "shm_group", r, n, options);
-        body(comm);
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errors;
+  return loom::testing::run_rank_threads(n, [&](int r, std::shared_ptr<TCPStore> store) {
+    GlooOptions options;
+    options.timeout = setup.timeout;
+    options.shared_memory = setup.shared_memory(r);
+    options.shm_staging_bytes = setup.staging_bytes;
+    GlooCommunicator comm(store, "shm_group", r, n, options);
+    body(comm);
+  });
 }
-
-void require_no_errors(const std::vector<std::string>& errors) {
-  for (size_t r = 0; r < errors.size(); ++r)
-    if (!errors[r].empty()) FAIL("rank ", r, ": ", errors[r]);
-}
-
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 bool same_values(const Tensor& a, const Tensor& b) { return a.to(kFloat64).tolist<double>() == b.to(kFloat64).tolist<double>(); }
 

@@ -30,6 +30,7 @@
 #include <type_traits>
 
 #include "core/cpu/loops.h"
+#include "core/index_layout.h"  // defines: without_dim, along_dim, check_index_*
 #include "core/kernels.h"
 
 namespace loom::cpu {
@@ -98,7 +99,7 @@ int64_t split_dim(const Shape& shape, int64_t except) {
 }
 
 void check_indices(const char* op, const Tensor& index, int64_t dim, int64_t size) {
-  LOOM_CHECK(index.dtype() == kInt64, op, ": expected an int64 index tensor, got ", index.dtype());
+  check_index_dtype(op, index);
   const int64_t* values = index.data_ptr<int64_t>();
   bool bad = false;
   int64_t first_bad = 0;
@@ -111,21 +112,7 @@ void check_indices(const char* op, const Tensor& index, int64_t dim, int64_t siz
       }
     }
   });
-  LOOM_CHECK(!bad, op, ": index ", first_bad, " is out of bounds for dimension ", dim, " with size ", size,
-             " (valid indices are 0..", size - 1, ")");
-}
-
-// `strides` with the `dim` entry zeroed: base(p) of Note [Index kernels as one loop].
-Shape without_dim(Shape strides, int64_t dim) {
-  strides[dim] = 0;
-  return strides;
-}
-
-// A 1-D (or 0-dim) index viewed with `shape`, varying only along `dim`.
-Tensor along_dim(const Tensor& index, int64_t dim, const Shape& shape) {
-  Shape strides(shape.size(), 0);
-  strides[dim] = index.dim() == 0 ? 0 : index.stride(0);
-  return make_tensor(index.storage(), shape, std::move(strides), index.storage_offset(), index.dtype());
+  check_index_in_bounds(op, bad, first_bad, dim, size);
 }
 
 template <typename T>

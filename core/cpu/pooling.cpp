@@ -20,6 +20,7 @@
 
 #include "core/cpu/contiguous.h"
 #include "core/kernels.h"
+#include "core/pooling_geometry.h"  // defines: PoolPlanes, pool_planes_of, first_inside
 
 namespace loom::cpu {
 namespace {
@@ -27,28 +28,12 @@ namespace {
 // Below this much work (roughly, element visits) a thread team costs more than it saves.
 constexpr int64_t kPoolGrain = 1 << 15;
 
-struct Planes {
-  int64_t count, in_h, in_w, out_h, out_w;
-};
 
-Planes planes_of(const Tensor& in, const Tensor& out) {
-  const int64_t d = in.dim();
-  LOOM_CHECK(d >= 3 && out.dim() == d, "pooling kernel: expected [N, C, H, W] or [C, H, W] tensors, got input ",
-             in.shape(), " and output ", out.shape());
-  Planes p{1, in.size(d - 2), in.size(d - 1), out.size(d - 2), out.size(d - 1)};
-  for (int64_t i = 0; i < d - 2; ++i) p.count *= in.size(i);
-  return p;
-}
-
-// The first index >= 0 of the sequence start, start + step, ... (start may be negative).
-inline int64_t first_inside(int64_t start, int64_t step) {
-  return start >= 0 ? start : start + ((-start + step - 1) / step) * step;
-}
 
 template <typename T>
 void max_pool2d_forward_typed(const Tensor& in_any, const Pool2dParams& p, Tensor& out, Tensor& indices) {
   const Tensor in = contiguous_input(in_any);
-  const Planes g = planes_of(in, out);
+  const PoolPlanes g = pool_planes_of(in, out);
   const T* x = in.data_ptr<T>();
   T* y = out.data_ptr<T>();
   int64_t* arg = indices.data_ptr<int64_t>();
@@ -96,7 +81,7 @@ void max_pool2d_backward_cpu(const Tensor& grad_out_any, const Tensor& indices_a
   const Tensor grad_out = contiguous_input(grad_out_any);
   const Tensor indices = contiguous_input(indices_any);
   dispatch_floating(grad_out.dtype(), "max_pool2d_backward", [&]<typename T>() {
-    const Planes g = planes_of(grad_in, grad_out);
+    const PoolPlanes g = pool_planes_of(grad_in, grad_out);
     const T* gy = grad_out.data_ptr<T>();
     const int64_t* arg = indices.data_ptr<int64_t>();
     T* gx = grad_in.data_ptr<T>();
@@ -120,7 +105,7 @@ struct AvgWindow {
   int64_t h_begin, h_end, w_begin, w_end, divisor;
 };
 
-inline AvgWindow avg_window(const Pool2dParams& p, const Planes& g, int64_t oh, int64_t ow) {
+inline AvgWindow avg_window(const Pool2dParams& p, const PoolPlanes& g, int64_t oh, int64_t ow) {
   int64_t h0 = oh * p.stride[0] - p.padding[0], w0 = ow * p.stride[1] - p.padding[1];
   int64_t h1 = std::min(h0 + p.kernel[0], g.in_h + p.padding[0]);
   int64_t w1 = std::min(w0 + p.kernel[1], g.in_w + p.padding[1]);
@@ -136,7 +121,7 @@ void avg_pool2d_forward_cpu(const Tensor& in_any, const Pool2dParams& p, Tensor&
   check_output_dense("avg_pool2d", out);
   const Tensor in = contiguous_input(in_any);
   dispatch_floating(in.dtype(), "avg_pool2d", [&]<typename T>() {
-    const Planes g = planes_of(in, out);
+    const PoolPlanes g = pool_planes_of(in, out);
     const T* x = in.data_ptr<T>();
     T* y = out.data_ptr<T>();
     const int64_t work = g.count * g.out_h * g.out_w * p.kernel[0] * p.kernel[1];
@@ -162,7 +147,7 @@ void avg_pool2d_backward_cpu(const Tensor& grad_out_any, const Pool2dParams& p, 
   check_output_dense("avg_pool2d_backward", grad_in);
   const Tensor grad_out = contiguous_input(grad_out_any);
   dispatch_floating(grad_out.dtype(), "avg_pool2d_backward", [&]<typename T>() {
-    const Planes g = planes_of(grad_in, grad_out);
+    const PoolPlanes g = pool_planes_of(grad_in, grad_out);
     const T* gy = grad_out.data_ptr<T>();
     T* gx = grad_in.data_ptr<T>();
     const int64_t work = g.count * (g.in_h * g.in_w + g.out_h * g.out_w * p.kernel[0] * p.kernel[1]);
@@ -191,7 +176,7 @@ void adaptive_avg_pool2d_forward_cpu(const Tensor& in_any, Tensor& out) {
   check_output_dense("adaptive_avg_pool2d", out);
   const Tensor in = contiguous_input(in_any);
   dispatch_floating(in.dtype(), "adaptive_avg_pool2d", [&]<typename T>() {
-    const Planes g = planes_of(in, out);
+    const PoolPlanes g = pool_planes_of(in, out);
     const T* x = in.data_ptr<T>();
     T* y = out.data_ptr<T>();
     const int64_t area = g.in_h * g.in_w;
@@ -230,7 +215,7 @@ void adaptive_avg_pool2d_backward_cpu(const Tensor& grad_out_any, Tensor& grad_i
   check_output_dense("adaptive_avg_pool2d_backward", grad_in);
   const Tensor grad_out = contiguous_input(grad_out_any);
   dispatch_floating(grad_out.dtype(), "adaptive_avg_pool2d_backward", [&]<typename T>() {
-    const Planes g = planes_of(grad_in, grad_out);
+    const PoolPlanes g = pool_planes_of(grad_in, grad_out);
     const T* gy = grad_out.data_ptr<T>();
     T* gx = grad_in.data_ptr<T>();
     const int64_t area = g.in_h * g.in_w;
