@@ -4,12 +4,17 @@
 // computed here on 2 and 3 ranks, for whole tensors and same-offset slices; back-to-back
 // reductions of one tensor rewritten between them (the algorithm's last phase); ranks
 // whose tensors are not at the same place (a clear error, nothing moved); the TCP
-// fallback (plain zeros); and the memory outliving the communicator.
+// fallback (plain zeros); the memory outliving the communicator; and DDP's buckets
+// living there.
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <fstream>
 
 #include "core/factory.h"
+#include "nn/nn.h"
+#include "parallel/ddp/distributed_data_parallel.h"
 #include "rank_threads.h"   // defines: run_ranks, require_no_errors, contains
 #include "collective_checks.h"  // defines: value, expected, values_of, loom_segments_in_dev_shm
 
@@ -22,7 +27,7 @@ namespace {
 GlooCommunicator& as_gloo(const std::shared_ptr<Communicator>& comm) { return dynamic_cast<GlooCommunicator&>(*comm); }
 
 // The first element of `t` that differs from expected(op, world, i + salt), or "".
-std::string first_mismatch(const Tensor& t, ReduceOp op, int world, int64_t salt = 0) {
+std::string first_mismatch(const Tensor& t, distributed::ReduceOp op, int world, int64_t salt = 0) {
   auto got = t.to(kFloat64).tolist<double>();
   for (int64_t i = 0; i < static_cast<int64_t>(got.size()); ++i) {
     const double want = expected(op, world, i + salt);
@@ -47,8 +52,8 @@ TEST_CASE("zeros_symmetric: zero-filled, in the segment; all_reduce of it and of
           Tensor t = comm->zeros_symmetric({size}, TensorOptions(dtype));
           if (!as_gloo(comm).why_not_symmetric().empty()) problem = "not symmetric: " + as_gloo(comm).why_not_symmetric();
           if (t.to(kFloat64).abs().sum().item<double>() != 0) problem = "not zero-filled";
-          for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
-            if (op == ReduceOp::Avg && !is_floating(dtype)) continue;
+          for (distributed::ReduceOp op : {distributed::ReduceOp::Sum, distributed::ReduceOp::Avg, distributed::ReduceOp::Max, distributed::ReduceOp::Min}) {
+            if (op == distributed::ReduceOp::Avg && !is_floating(dtype)) continue;
             t.copy_(values_of(r, size, dtype));
             comm->all_reduce(t, op)->wait();
             if (std::string m = first_mismatch(t, op, n); !m.empty() && problem.empty())
@@ -62,7 +67,7 @@ TEST_CASE("zeros_symmetric: zero-filled, in the segment; all_reduce of it and of
       slice.copy_(values_of(r, 401, kFloat32, /*salt=*/333));
       whole.narrow(0, 0, 333).fill_(-1.0);
       comm->all_reduce(slice)->wait();
-      if (std::string m = first_mismatch(slice, ReduceOp::Sum, n, 333); !m.empty()) problem = "slice: " + m;
+      if (std::string m = first_mismatch(slice, distributed::ReduceOp::Sum, n, 333); !m.empty()) problem = "slice: " + m;
       if (whole.narrow(0, 0, 333).max().item<float>() != -1.0f) problem = "the slice's all_reduce wrote outside it";
     }));
     for (int r = 0; r < n; ++r) CHECK_MESSAGE(problems[r].empty(), "rank ", r, ": ", problems[r]);
@@ -77,10 +82,10 @@ TEST_CASE("symmetric all_reduce: bitwise identical on every rank, and the same b
     const int r = comm->rank();
     Tensor s = comm->zeros_symmetric({50001}, TensorOptions(kFloat32));
     s.copy_(inputs[r]);
-    comm->all_reduce(s, ReduceOp::Avg)->wait();
+    comm->all_reduce(s, distributed::ReduceOp::Avg)->wait();
     symmetric[r] = s.tolist<float>();
     Tensor plain = inputs[r].clone();
-    comm->all_reduce(plain, ReduceOp::Avg)->wait();
+    comm->all_reduce(plain, distributed::ReduceOp::Avg)->wait();
     staged[r] = plain.tolist<float>();
   }));
   CHECK(symmetric[0] == symmetric[1]);
@@ -174,4 +179,41 @@ TEST_CASE("a symmetric tensor outlives its communicator, and nothing is left in 
   CHECK(kept[0].sum().item<float>() == 3000.0f);
   CHECK(kept[1].sum().item<float>() == 3000.0f);
   CHECK(loom_segments_in_dev_shm() == before);
+}
+
+// Address ranges of this process's mappings of symmetric segments (their names end in
+// "_sym": unique_segment_name(prefix + "-sym"); unlinked, so /proc shows "(deleted)").
+static std::vector<std::pair<uintptr_t, uintptr_t>> symmetric_mappings() {
+  std::vector<std::pair<uintptr_t, uintptr_t>> out;
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    if (line.find("/dev/shm/loom-") == std::string::npos || line.find("_sym") == std::string::npos) continue;
+    const size_t dash = line.find('-');
+    out.emplace_back(std::stoull(line.substr(0, dash), nullptr, 16),
+                     std::stoull(line.substr(dash + 1, line.find(' ') - dash - 1), nullptr, 16));
+  }
+  return out;
+}
+
+TEST_CASE("DDP's buckets are symmetric memory: with gradient_as_bucket_view every .grad() lies in a segment") {
+  auto start = std::make_shared<nn::Linear>(64, 32);
+  std::vector<std::shared_ptr<nn::Module>> models = {start->clone(), start->clone()};
+  const Tensor x = randn({8, 64});
+  std::vector<int> outside(2, -1);
+  require_no_errors(run_ranks(2, [&](std::shared_ptr<Communicator> comm) {
+    const int r = comm->rank();
+    ddp::DistributedDataParallel ddp(models[r], comm, {.gradient_as_bucket_view = true});
+    ddp(x.narrow(0, r * 4, 4)).sum().backward();
+    const auto ranges = symmetric_mappings();
+    int count = 0;
+    for (const Tensor& p : models[r]->parameters()) {
+      const auto at = reinterpret_cast<uintptr_t>(p.grad().raw_data());
+      bool inside = false;
+      for (const auto& [lo, hi] : ranges) inside = inside || (at >= lo && at < hi);
+      count += !inside;
+    }
+    outside[r] = count;
+  }));
+  CHECK(outside == std::vector<int>{0, 0});
 }
