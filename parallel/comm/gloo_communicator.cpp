@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "parallel/comm/gloo_store.h"
+#include "parallel/comm/host_staging.h"  // defines: needs_host_staging, stage_on_host, copy_results_back
 
 namespace loom::distributed {
 
@@ -69,7 +70,7 @@ GlooCommunicator::GlooCommunicator(std::shared_ptr<TCPStore> store, const std::s
 // from another thread is not something its API supports.
 Tensor GlooCommunicator::zeros_symmetric(const Shape& shape, TensorOptions options) {
   if (!shm_) why_not_symmetric_ = "collectives go over TCP: " + why_not_shm_;
-  else if (options.device_.type != DeviceType::CPU) why_not_symmetric_ = "the gloo backend moves CPU tensors";
+  else if (options.device_.type != DeviceType::CPU) why_not_symmetric_ = "symmetric memory is host memory; CUDA tensors go through host copies";
   else {
     why_not_symmetric_.clear();
     return shm_->zeros_symmetric(*store_, prefix_, shape, options, &why_not_symmetric_);
@@ -89,13 +90,22 @@ static bool supported_dtype(DType dtype) {
 std::shared_ptr<Work> GlooCommunicator::launch(Op op) {
   // op.list was checked to match op.tensor's dtype and device (communicator.cpp).
   if (const Tensor& t = op.tensor; t.defined()) {
-    LOOM_CHECK(t.device().is_cpu(), op.describe(), ": the gloo backend moves CPU tensors, got one on ", t.device(),
-               ". Use the nccl backend for CUDA tensors, or move the tensor with .to(\"cpu\")");
+    LOOM_CHECK(t.device().is_cpu() || (t.device().is_cuda() && !is_point_to_point(op.kind)), op.describe(),
+               ": the gloo backend moves CPU tensors, and CUDA tensors in collectives (through the host), got one "
+               "on ", t.device(), ". Use the nccl backend for CUDA send/recv, or move the tensor with .to(\"cpu\")");
     LOOM_CHECK(supported_dtype(t.dtype()), op.describe(), ": the gloo backend supports float32, float64, int32 and "
                "int64 tensors, got ", dtype_name(t.dtype()), "; convert with .to(kFloat32)");
   }
   auto work = std::make_shared<Work>(op.describe());
   if (is_point_to_point(op.kind)) return launch_point_to_point(std::move(op), std::move(work));
+  if (needs_host_staging(op)) {  // See Note [CUDA tensors through gloo] (host_staging.h).
+    auto staged = std::make_shared<HostStaged>(stage_on_host(op));
+    queue_.push(work, [this, staged] {
+      run_collective(staged->op);
+      copy_results_back(*staged);
+    });
+    return work;
+  }
   queue_.push(work, [this, op = std::move(op)] { run_collective(op); });
   return work;
 }

@@ -16,7 +16,9 @@
 // SHM transport by itself). Point-to-point ops always use Gloo. GlooOptions::
 // shared_memory = false (LOOM_GLOO_SHM=0 for init_process_group) forces TCP.
 //
-// Tensors: CPU, contiguous, float32 / float64 / int32 / int64.
+// Tensors: contiguous, float32 / float64 / int32 / int64; on the CPU, or CUDA tensors in
+// collectives, which go through host copies (Note [CUDA tensors through gloo],
+// host_staging.h), as with PyTorch's gloo backend.
 #pragma once
 
 #include <atomic>
