@@ -62,15 +62,10 @@ GlooCommunicator::GlooCommunicator(std::shared_ptr<TCPStore> store, const std::s
   }
 }
 
-// Note [Destroying a communicator with work in flight]
-// Normally every Work has been waited for and destruction just closes the connections.
-// If not (an exception unwound past the waits), queued collectives fail without
-// running, posted point-to-point ops are aborted, and the one collective that may be
-// running is left to finish or reach its deadline: interrupting Gloo mid-collective
-// from another thread is not something its API supports.
 Tensor GlooCommunicator::zeros_symmetric(const Shape& shape, TensorOptions options) {
   if (!shm_) why_not_symmetric_ = "collectives go over TCP: " + why_not_shm_;
-  else if (options.device_.type != DeviceType::CPU) why_not_symmetric_ = "symmetric memory is host memory; CUDA tensors go through host copies";
+  else if (options.device_.type != DeviceType::CPU)
+    why_not_symmetric_ = "symmetric memory is host memory; CUDA tensors go through host copies";
   else {
     why_not_symmetric_.clear();
     return shm_->zeros_symmetric(*store_, prefix_, shape, options, &why_not_symmetric_);
@@ -78,6 +73,12 @@ Tensor GlooCommunicator::zeros_symmetric(const Shape& shape, TensorOptions optio
   return Communicator::zeros_symmetric(shape, options);
 }
 
+// Note [Destroying a communicator with work in flight]
+// Normally every Work has been waited for and destruction just closes the connections.
+// If not (an exception unwound past the waits), queued collectives fail without
+// running, posted point-to-point ops are aborted, and the one collective that may be
+// running is left to finish or reach its deadline: interrupting Gloo mid-collective
+// from another thread is not something its API supports.
 GlooCommunicator::~GlooCommunicator() {
   queue_.close("the communicator was destroyed before this operation started");
   reap_finished_peer_ops(/*all=*/true);

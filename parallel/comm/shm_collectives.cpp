@@ -26,7 +26,6 @@ using std::chrono::milliseconds;
 namespace {
 
 constexpr uint64_t kMagic = 0x316d68736d6f6f6cull;  // "loomshm1"
-constexpr size_t kPage = 4096;
 constexpr int kSpins = 500;                        // ~10 microseconds of _mm_pause
 constexpr milliseconds kSleepSlice{100};           // see Note [Waiting without burning a core]
 
@@ -205,8 +204,8 @@ std::unique_ptr<ShmCollectives> ShmCollectives::connect(TCPStore& store, const s
   const std::string identity = host_identity();
   store.set(detail::str(base, "/host/", rank), (wanted ? "1" : "0") + identity);
 
-  const size_t half = round_up(std::max<size_t>(options.staging_bytes, kPage), kPage);
-  const size_t controls = round_up(control_offset() + size_t(size) * sizeof(RankControl), kPage);
+  const size_t half = whole_pages(options.staging_bytes);
+  const size_t controls = whole_pages(control_offset() + size_t(size) * sizeof(RankControl));
   const size_t total = controls + size_t(size) * 2 * half;
 
   // Rank 0 decides for everyone, so that every rank takes the same path.
@@ -243,7 +242,7 @@ ShmCollectives::ShmCollectives(SharedMemorySegment segment, int rank, int size, 
   half_bytes_ = static_cast<size_t>(header().staging_bytes);
   LOOM_CHECK(half_bytes_ >= size_t(size) * 16, "shared-memory staging of ", half_bytes_, " bytes is too small for ",
              size, " ranks (reduce_scatter puts one slot per rank in it); raise GlooOptions::shm_staging_bytes");
-  staging_offset_ = round_up(control_offset() + size_t(size) * sizeof(RankControl), kPage);
+  staging_offset_ = whole_pages(control_offset() + size_t(size) * sizeof(RankControl));
 }
 
 ShmCollectives::Header& ShmCollectives::header() const { return *static_cast<Header*>(segment_.data()); }
@@ -312,20 +311,24 @@ void ShmCollectives::check_fingerprints(const Op& op, uint64_t round) const {
   std::vector<Fingerprint> all;
   for (int r = 0; r < size_; ++r) all.push_back(control(r).fingerprints[round % 2]);
   check_same_collective(all, op);  // every rank sees the same ones: the same decision everywhere
-  auto place_of = [&](int r) {
-    const RankControl& c = control(r);
-    return c.symmetric_id[round % 2] < 0 ? std::string("ordinary memory")
-                                         : detail::str("symmetric allocation #", c.symmetric_id[round % 2],
-                                                       " at byte ", c.symmetric_offset[round % 2]);
+  const size_t slot = round % 2;
+  auto same_place = [&](int r) {
+    return control(r).symmetric_id[slot] == control(0).symmetric_id[slot] &&
+           control(r).symmetric_offset[slot] == control(0).symmetric_offset[slot];
   };
-  for (int r = 1; r < size_; ++r) {
-    if (place_of(r) == place_of(0)) continue;
-    std::string places;
-    for (int p = 0; p < size_; ++p) places += detail::str("\n  rank ", p, ": ", place_of(p));
-    LOOM_FAIL(op.describe(), ": the ranks' tensors are not at the same place in symmetric memory:", places,
-              "\nSee Note [Symmetric memory]: every rank calls zeros_symmetric together and passes the same slice "
-              "of it to the collective (or every rank passes ordinary tensors). Nothing was moved");
+  bool agree = true;
+  for (int r = 1; r < size_ && agree; ++r) agree = same_place(r);
+  if (agree) return;
+  std::string places;
+  for (int r = 0; r < size_; ++r) {
+    const RankControl& c = control(r);
+    places += c.symmetric_id[slot] < 0 ? detail::str("\n  rank ", r, ": ordinary memory")
+                                       : detail::str("\n  rank ", r, ": symmetric allocation #", c.symmetric_id[slot],
+                                                     " at byte ", c.symmetric_offset[slot]);
   }
+  LOOM_FAIL(op.describe(), ": the ranks' tensors are not at the same place in symmetric memory:", places,
+            "\nSee Note [Symmetric memory]: every rank calls zeros_symmetric together and passes the same slice "
+            "of it to the collective (or every rank passes ordinary tensors). Nothing was moved");
 }
 
 // ---- the collectives --------------------------------------------------------------------

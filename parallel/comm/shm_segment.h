@@ -61,6 +61,14 @@ class SharedMemorySegment {
   bool linked_ = false;
 };
 
+// `bytes` rounded up to whole 4 KiB pages, at least one page: segment sizes and the
+// offsets of per-rank areas inside a segment, so that no two ranks' areas share a page
+// (nor a cache line) and vector loads stay aligned.
+constexpr size_t whole_pages(size_t bytes) {
+  constexpr size_t kPage = 4096;
+  return bytes == 0 ? kPage : (bytes + kPage - 1) / kPage * kPage;
+}
+
 // A name no other segment on this host has: "/loom-<pid>-<random>-<tag>", tag cut to
 // what shm names allow.
 std::string unique_segment_name(const std::string& tag);

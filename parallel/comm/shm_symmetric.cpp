@@ -1,8 +1,6 @@
 // ShmCollectives' symmetric memory: the allocation every rank makes together, and the
 // lookup that tells all_reduce a tensor lies in it. See Note [Symmetric memory] in
 // communicator.h; the all_reduce itself is all_reduce_symmetric in shm_collectives.cpp.
-#include <algorithm>
-
 #include "core/error.h"
 #include "core/factory.h"  // defines: zeros
 #include "core/storage.h"  // defines: StorageImpl (over external memory)
@@ -10,16 +8,12 @@
 
 namespace loom::distributed {
 
-// Each rank's block is page-aligned and a whole number of pages long, so that blocks
-// never share a page (nor a cache line) and the reductions' vector loads stay aligned.
-static constexpr size_t kPage = 4096;
-
 Tensor ShmCollectives::zeros_symmetric(TCPStore& store, const std::string& prefix, const Shape& shape,
                                        TensorOptions options, std::string* why_not) {
   const DType dtype = options.dtype_;
   const int64_t id = symmetric_allocations_++;  // the same on every rank: calls are collective
   const size_t nbytes = static_cast<size_t>(numel(shape)) * element_size(dtype);
-  const size_t stride = (std::max<size_t>(nbytes, 1) + kPage - 1) / kPage * kPage;
+  const size_t stride = whole_pages(nbytes);  // each rank's block: page-aligned
   std::string why;
   SharedMemorySegment mapped =
       share_segment(store, detail::str(prefix, "/shm/symmetric/", id), rank_, size_, stride * size_t(size_),
