@@ -2,7 +2,8 @@
 // rank allocates together in the gloo backend's shared-memory segment, and the
 // all_reduce that reduces them in place without staging copies. Checked against values
 // computed here on 2 and 3 ranks, for whole tensors and same-offset slices; back-to-back
-// reductions of one tensor rewritten between them (the algorithm's last phase); ranks
+// reductions of one tensor rewritten between them (no rank returns before every chunk is
+// done); a late rank that leaves the chunks to the others (Note [Whoever waits reduces]); ranks
 // whose tensors are not at the same place (a clear error, nothing moved); the TCP
 // fallback (plain zeros); the memory outliving the communicator; and DDP's buckets
 // living there.
@@ -11,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <fstream>
+#include <thread>
 
 #include "core/factory.h"
 #include "nn/nn.h"
@@ -23,6 +25,8 @@ using namespace loom::distributed;
 using namespace loom::testing;
 
 namespace {
+
+using Clock = std::chrono::steady_clock;
 
 GlooCommunicator& as_gloo(const std::shared_ptr<Communicator>& comm) { return dynamic_cast<GlooCommunicator&>(*comm); }
 
@@ -90,13 +94,13 @@ TEST_CASE("symmetric all_reduce: bitwise identical on every rank, and the same b
   }));
   CHECK(symmetric[0] == symmetric[1]);
   CHECK(symmetric[0] == symmetric[2]);
-  CHECK(symmetric[0] == staged[0]);  // the same shares, reduced in the same order
+  CHECK(symmetric[0] == staged[0]);  // every element summed in rank order by both
 }
 
 TEST_CASE("back-to-back symmetric all_reduces of one tensor rewritten in between: no rank reads the next values") {
   // A rank that returned before its peers finished reading its block would let them read
-  // the next iteration's values (Note [Symmetric memory]; all_reduce_symmetric's last
-  // phase). Rank 1 sleeps now and then, so that rank 0 races ahead whenever it can.
+  // the next iteration's values (Note [Symmetric memory]; all_reduce_symmetric waits for
+  // every chunk). Rank 1 sleeps now and then, so that rank 0 races ahead whenever it can.
   std::vector<std::string> problems(2);
   require_no_errors(run_ranks(2, [&](std::shared_ptr<Communicator> comm) {
     const int r = comm->rank();
@@ -113,6 +117,42 @@ TEST_CASE("back-to-back symmetric all_reduces of one tensor rewritten in between
   }));
   CHECK_MESSAGE(problems[0].empty(), problems[0]);
   CHECK_MESSAGE(problems[1].empty(), problems[1]);
+}
+
+TEST_CASE("whoever waits reduces: a rank busy elsewhere leaves every chunk to the others, unless its caller waits") {
+  // Note [Whoever waits reduces] (shm_collectives.h). 4 MiB of float32: 64 chunks.
+  for (bool late_rank_waits_at_once : {false, true}) {
+    CAPTURE(late_rank_waits_at_once);
+    std::vector<int64_t> chunks(2);
+    std::vector<std::string> problems(2);
+    bool done_before_late_rank_waited = false;
+    require_no_errors(run_ranks(2, [&](std::shared_ptr<Communicator> comm) {
+      const int r = comm->rank();
+      Tensor t = comm->zeros_symmetric({int64_t(1) << 20}, TensorOptions(kFloat32));
+      t.fill_(float(r + 1));
+      comm->barrier()->wait();
+      if (r == 1) std::this_thread::sleep_for(50ms);  // rank 1 arrives last
+      auto work = comm->all_reduce(t);
+      if (r == 1 && !late_rank_waits_at_once) {
+        // "Busy": rank 0, which waits, must finish the whole reduction meanwhile.
+        const auto give_up = Clock::now() + 10s;
+        while (!work->is_completed() && Clock::now() < give_up) std::this_thread::sleep_for(1ms);
+        done_before_late_rank_waited = work->is_completed();
+      }
+      work->wait();
+      if (t.min().item<float>() != 3.0f || t.max().item<float>() != 3.0f)
+        problems[r] = detail::str("got [", t.min().item<float>(), ", ", t.max().item<float>(), "], expected 3");
+      chunks[r] = as_gloo(comm).symmetric_chunks_reduced();
+    }));
+    CHECK_MESSAGE(problems[0].empty(), problems[0]);
+    CHECK_MESSAGE(problems[1].empty(), problems[1]);
+    CHECK(chunks[0] + chunks[1] == 64);
+    if (!late_rank_waits_at_once) {
+      CHECK(done_before_late_rank_waited);
+      CHECK(chunks[0] == 64);
+      CHECK(chunks[1] == 0);
+    }
+  }
 }
 
 TEST_CASE("ranks whose tensors are not at the same place get one clear error; nothing moved, the group goes on") {

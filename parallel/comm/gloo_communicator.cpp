@@ -101,13 +101,13 @@ std::shared_ptr<Work> GlooCommunicator::launch(Op op) {
   if (is_point_to_point(op.kind)) return launch_point_to_point(std::move(op), std::move(work));
   if (needs_host_staging(op)) {  // See Note [CUDA tensors through gloo] (host_staging.h).
     auto staged = std::make_shared<HostStaged>(stage_on_host(op));
-    queue_.push(work, [this, staged] {
-      run_collective(staged->op);
+    queue_.push(work, [this, staged, caller = work.get()] {  // the queue holds the Work while this runs
+      run_collective(staged->op, caller);
       copy_results_back(*staged);
     });
     return work;
   }
-  queue_.push(work, [this, op = std::move(op)] { run_collective(op); });
+  queue_.push(work, [this, op = std::move(op), caller = work.get()] { run_collective(op, caller); });
   return work;
 }
 
@@ -209,10 +209,10 @@ void GlooCommunicator::run_all_reduce(const Tensor& tensor, ReduceOp reduce, uin
 // all-reduces the concatenated inputs and keeps this rank's slice. It moves size()
 // times more data than a ring reduce-scatter; that is fine for CPU runs, and the NCCL
 // backend uses the real one.
-void GlooCommunicator::run_collective(const Op& op) {
+void GlooCommunicator::run_collective(const Op& op, Work* caller) {
   throw_if_broken(op);
   const auto deadline = Clock::now() + timeout();
-  if (shm_) return shm_->run(op, deadline);
+  if (shm_) return shm_->run(op, deadline, caller);
   const auto tag = static_cast<uint32_t>(op.seq * 2);  // fingerprint: 2n, data: 2n + 1
   if (verify_collectives_) exchange_fingerprints(op, tag, deadline);
   const Tensor& t = op.tensor;

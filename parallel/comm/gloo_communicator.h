@@ -68,6 +68,8 @@ class GlooCommunicator final : public Communicator {
   const char* backend() const override { return "gloo"; }
   // How collectives travel: "shm" (one host) or "tcp".
   const char* collective_transport() const { return shm_ ? "shm" : "tcp"; }
+  // See ShmCollectives::chunks_reduced; 0 over TCP.
+  int64_t symmetric_chunks_reduced() const { return shm_ ? shm_->chunks_reduced() : 0; }
   // Why collectives use TCP ("" when they use shared memory).
   const std::string& why_not_shared_memory() const { return why_not_shm_; }
 
@@ -84,7 +86,9 @@ class GlooCommunicator final : public Communicator {
   struct PeerOp;  // a posted send or recv; gloo_p2p.cpp
 
   // Collectives, on the worker thread (gloo_communicator.cpp).
-  void run_collective(const Op& op);
+  // `caller`: the operation's Work, which the shared-memory transport watches (Note
+  // [Whoever waits reduces], shm_collectives.h).
+  void run_collective(const Op& op, Work* caller);
   void exchange_fingerprints(const Op& op, uint32_t tag, std::chrono::steady_clock::time_point deadline);
   void run_all_reduce(const Tensor& tensor, ReduceOp reduce, uint32_t tag, std::chrono::milliseconds timeout);
   // Point-to-point, posted from the caller (gloo_p2p.cpp).

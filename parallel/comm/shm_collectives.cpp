@@ -28,6 +28,7 @@ namespace {
 constexpr uint64_t kMagic = 0x316d68736d6f6f6cull;  // "loomshm1"
 constexpr int kSpins = 500;                        // ~10 microseconds of _mm_pause
 constexpr milliseconds kSleepSlice{100};           // see Note [Waiting without burning a core]
+constexpr size_t kSymmetricChunkBytes = 64 << 10;  // Note [Whoever waits reduces]
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
@@ -66,53 +67,57 @@ std::pair<size_t, size_t> share(size_t count, int p, int size) {
   return {std::min(count, per * size_t(p)), std::min(count, per * size_t(p + 1))};
 }
 
-// srcs[0] may be dst itself, no other source may: every pass writes dst before the next
-// source is read. reduce() below puts the aliased source first.
+// Every dsts[d][i] = op over srcs[s][i], the sources taken in rank order, for `n`
+// elements. A destination may be a source (the same address): the sources are read a
+// block at a time into `acc`, on the stack, before the block is written anywhere. So
+// one reading and one writing pass over memory, however many sources and destinations,
+// and the same order of operations whichever rank runs it: results are bitwise
+// identical on every rank and between the staged and the symmetric algorithms.
 template <typename T>
-void reduce_typed(void* dst_bytes, const std::vector<const uint8_t*>& srcs, size_t n, ReduceOp op, int world) {
-  T* dst = static_cast<T*>(dst_bytes);
-  auto src = [&](size_t k) { return reinterpret_cast<const T*>(srcs[k]); };
-  // Two sources per pass, then one: loops simple enough for the compiler to vectorise.
-  const T* a = src(0);
-  if (srcs.size() == 1 && dst != a) std::memcpy(dst, a, n * sizeof(T));
-  for (size_t k = 1; k < srcs.size(); ++k) {
-    const T* x = k == 1 ? a : dst;
-    const T* y = src(k);
-    switch (op) {
-      case ReduceOp::Sum:
-      case ReduceOp::Avg:
-        for (size_t i = 0; i < n; ++i) dst[i] = x[i] + y[i];
-        break;
-      case ReduceOp::Max:
-        for (size_t i = 0; i < n; ++i) dst[i] = x[i] < y[i] ? y[i] : x[i];
-        break;
-      case ReduceOp::Min:
-        for (size_t i = 0; i < n; ++i) dst[i] = y[i] < x[i] ? y[i] : x[i];
-        break;
+void reduce_typed(const std::vector<uint8_t*>& dsts, const std::vector<const uint8_t*>& srcs, size_t n, ReduceOp op,
+                  int world) {
+  constexpr size_t kBlock = 4096 / sizeof(T);  // 4 KiB: stays in L1 between the passes
+  T acc[kBlock];
+  auto src = [&](size_t k, size_t lo) { return reinterpret_cast<const T*>(srcs[k]) + lo; };
+  for (size_t lo = 0; lo < n; lo += kBlock) {
+    const size_t m = std::min(kBlock, n - lo);
+    if (srcs.size() == 1) std::memcpy(acc, src(0, lo), m * sizeof(T));
+    // One source per pass (the first pass takes two): loops simple enough for the
+    // compiler to vectorise.
+    for (size_t k = 1; k < srcs.size(); ++k) {
+      const T* x = k == 1 ? src(0, lo) : acc;
+      const T* y = src(k, lo);
+      switch (op) {
+        case ReduceOp::Sum:
+        case ReduceOp::Avg:
+          for (size_t i = 0; i < m; ++i) acc[i] = x[i] + y[i];
+          break;
+        case ReduceOp::Max:
+          for (size_t i = 0; i < m; ++i) acc[i] = x[i] < y[i] ? y[i] : x[i];
+          break;
+        case ReduceOp::Min:
+          for (size_t i = 0; i < m; ++i) acc[i] = y[i] < x[i] ? y[i] : x[i];
+          break;
+      }
     }
-  }
-  if constexpr (std::is_floating_point_v<T>) {
-    if (op == ReduceOp::Avg) {
-      const T w = static_cast<T>(world);
-      for (size_t i = 0; i < n; ++i) dst[i] /= w;
+    if constexpr (std::is_floating_point_v<T>) {
+      if (op == ReduceOp::Avg) {
+        const T w = static_cast<T>(world);
+        for (size_t i = 0; i < m; ++i) acc[i] /= w;
+      }
     }
+    for (uint8_t* dst : dsts) std::memcpy(reinterpret_cast<T*>(dst) + lo, acc, m * sizeof(T));
   }
 }
 
-// dst[i] = op over k of srcs[k][i], for `n` elements of `dtype`. dst may be one of srcs
-// (a rank reduces its share in place in its own staging half): that source is taken
-// first, the others in rank order. The order is the same every time for a given share,
-// and only one rank reduces each share, so results stay deterministic and identical
-// on every rank.
-void reduce(DType dtype, void* dst, std::vector<const uint8_t*> srcs, size_t n, ReduceOp op, int world) {
+void reduce(DType dtype, const std::vector<uint8_t*>& dsts, const std::vector<const uint8_t*>& srcs, size_t n,
+            ReduceOp op, int world) {
   if (n == 0) return;
-  auto aliased = std::find(srcs.begin(), srcs.end(), static_cast<const uint8_t*>(dst));
-  if (aliased != srcs.end()) std::rotate(srcs.begin(), aliased, aliased + 1);
   switch (dtype) {
-    case kFloat32: return reduce_typed<float>(dst, srcs, n, op, world);
-    case kFloat64: return reduce_typed<double>(dst, srcs, n, op, world);
-    case kInt32: return reduce_typed<int32_t>(dst, srcs, n, op, world);
-    case kInt64: return reduce_typed<int64_t>(dst, srcs, n, op, world);
+    case kFloat32: return reduce_typed<float>(dsts, srcs, n, op, world);
+    case kFloat64: return reduce_typed<double>(dsts, srcs, n, op, world);
+    case kInt32: return reduce_typed<int32_t>(dsts, srcs, n, op, world);
+    case kInt64: return reduce_typed<int64_t>(dsts, srcs, n, op, world);
     default: LOOM_FAIL("shared-memory reduce: unsupported dtype ", dtype_name(dtype));  // the backend checked
   }
 }
@@ -124,6 +129,10 @@ struct alignas(64) ShmCollectives::Header {
   int64_t size;
   int64_t staging_bytes;
   std::atomic<int32_t> failed;  // 0, or 1 + the first rank that gave up
+  // Note [Whoever waits reduces]: symmetric all_reduce's chunks claimed and finished,
+  // over the communicator's life. chunks_done is a futex word, so 32 bits (it wraps).
+  alignas(64) std::atomic<uint64_t> chunks_claimed;
+  alignas(64) std::atomic<uint32_t> chunks_done;
 };
 
 struct ShmCollectives::RankControl {
@@ -133,6 +142,7 @@ struct ShmCollectives::RankControl {
   Fingerprint fingerprints[2];  // by round parity; see Note [Two of everything]
   int64_t symmetric_id[2];      // and where the tensor is: Note [Symmetric memory]
   int64_t symmetric_offset[2];
+  int64_t arrived_ns[2];        // Note [Whoever waits reduces]
 };
 
 // ---- setup ----------------------------------------------------------------------------
@@ -219,7 +229,7 @@ std::unique_ptr<ShmCollectives> ShmCollectives::connect(TCPStore& store, const s
     }
   }
   auto on_mapped = [&](void* data) {
-    if (rank == 0) new (data) Header{kMagic, size, static_cast<int64_t>(half), {0}};
+    if (rank == 0) new (data) Header{kMagic, size, static_cast<int64_t>(half), {0}, {0}, {0}};
     auto* control = reinterpret_cast<RankControl*>(static_cast<uint8_t*>(data) + control_offset()) + rank;
     control->pid = ::getpid();
     control->pid_namespace = pid_namespace();
@@ -269,29 +279,32 @@ void ShmCollectives::phase(const Op& op, Deadline deadline, const std::string& s
   control(rank_).phase.store(phase_, std::memory_order_release);
   futex_wake_all(control(rank_).phase);
   for (int p = 0; p < size_; ++p)
-    if (p != rank_) wait_for(p, phase_, op, deadline, step);
+    if (p != rank_) wait_until(control(p).phase, phase_, p, op, deadline, step);
 }
 
-void ShmCollectives::wait_for(int peer, uint32_t target, const Op& op, Deadline deadline, const std::string& step) {
-  std::atomic<uint32_t>& word = control(peer).phase;
+void ShmCollectives::wait_until(std::atomic<uint32_t>& word, uint32_t target, int peer, const Op& op,
+                                Deadline deadline, const std::string& step, const std::function<bool()>& unless) {
   for (int i = 0; i < kSpins; ++i) {
     if (reached(word.load(std::memory_order_acquire), target)) return;
     cpu_relax();
   }
-  const RankControl& peer_control = control(peer);
-  const bool can_see_pid = peer_control.pid_namespace == pid_namespace();
+  const std::string who = peer >= 0 ? detail::str("rank ", peer) : std::string("the other ranks");
   while (true) {
     const uint32_t seen = word.load(std::memory_order_acquire);
-    if (reached(seen, target)) return;
+    if (reached(seen, target) || (unless && unless())) return;
     if (int32_t failed = header().failed.load(std::memory_order_relaxed); failed != 0)
       fail(op, detail::str("rank ", failed - 1, " gave up on a collective (its own output says why) while rank ",
-                           rank_, " waited for rank ", peer, " to ", step));
-    if (can_see_pid && ::kill(static_cast<pid_t>(peer_control.pid), 0) != 0 && errno == ESRCH)
-      fail(op, detail::str("rank ", peer, " (pid ", peer_control.pid, ") exited while rank ", rank_,
-                           " waited for it to ", step, ". Check that rank's output for why it stopped"));
+                           rank_, " waited for ", who, " to ", step));
+    for (int p = 0; p < size_; ++p) {
+      const RankControl& c = control(p);
+      if (p == rank_ || (peer >= 0 && p != peer) || c.pid_namespace != pid_namespace()) continue;
+      if (::kill(static_cast<pid_t>(c.pid), 0) != 0 && errno == ESRCH)
+        fail(op, detail::str("rank ", p, " (pid ", c.pid, ") exited while rank ", rank_, " waited for ", who,
+                             " to ", step, ". Check that rank's output for why it stopped"));
+    }
     const auto now = Clock::now();
     if (now >= deadline)
-      fail(op, detail::str("timed out after ", options_.timeout.count(), " ms waiting for rank ", peer, " to ", step,
+      fail(op, detail::str("timed out after ", options_.timeout.count(), " ms waiting for ", who, " to ", step,
                            ". That rank did not reach this operation in time: it may be stuck, slower than the "
                            "timeout, or calling collectives in a different order. Check the other ranks' output"));
     const auto left = std::chrono::duration_cast<milliseconds>(deadline - now) + milliseconds(1);
@@ -333,11 +346,11 @@ void ShmCollectives::check_fingerprints(const Op& op, uint64_t round) const {
 
 // ---- the collectives --------------------------------------------------------------------
 
-void ShmCollectives::run(const Op& op, Deadline deadline) {
+void ShmCollectives::run(const Op& op, Deadline deadline, Work* caller) {
   LOOM_CHECK(broken_.empty(), op.describe(), " was not run: this communicator failed earlier and cannot be used any "
              "more. Destroy it and create a new group on every rank. The first failure was: ", broken_);
   switch (op.kind) {
-    case OpKind::AllReduce: return all_reduce(op, deadline);
+    case OpKind::AllReduce: return all_reduce(op, deadline, caller);
     case OpKind::Broadcast: return broadcast(op, deadline);
     case OpKind::AllGather: return all_gather(op, deadline);
     case OpKind::ReduceScatter: return reduce_scatter(op, deadline);
@@ -352,9 +365,10 @@ static std::string chunk_text(const char* what, size_t chunk, size_t chunks) {
   return detail::str(what, " (chunk ", chunk + 1, " of ", chunks, ")");
 }
 
-void ShmCollectives::all_reduce(const Op& op, Deadline deadline) {
+void ShmCollectives::all_reduce(const Op& op, Deadline deadline, Work* caller) {
   const Tensor& t = op.tensor;
-  if (SymmetricPlace place = find_symmetric(t); place.id >= 0) return all_reduce_symmetric(op, deadline, place);
+  if (SymmetricPlace place = find_symmetric(t); place.id >= 0)
+    return all_reduce_symmetric(op, deadline, place, caller);
   const size_t elem = element_size(t.dtype()), n = static_cast<size_t>(t.numel());
   const size_t per_round = half_bytes_ / elem;
   const size_t chunks = std::max<size_t>(1, (n + per_round - 1) / per_round);
@@ -371,7 +385,7 @@ void ShmCollectives::all_reduce(const Op& op, Deadline deadline) {
     // My share, reduced in place in my staging half, where the peers will read it.
     const auto [lo, hi] = share(count, rank_, size_);
     for (int s = 0; s < size_; ++s) sources[s] = staging(s, round) + lo * elem;
-    reduce(t.dtype(), mine + lo * elem, sources, hi - lo, op.reduce, size_);
+    reduce(t.dtype(), {mine + lo * elem}, sources, hi - lo, op.reduce, size_);
     phase(op, deadline, chunk_text("reduce its share", c, chunks));
     for (int p = 0; p < size_; ++p) {
       const auto [plo, phi] = share(count, p, size_);
@@ -382,31 +396,72 @@ void ShmCollectives::all_reduce(const Op& op, Deadline deadline) {
 }
 
 // Note [Symmetric memory] (communicator.h): every rank's tensor is already in the
-// segment, at place.block(rank). One round of three phases, no staging: reduce my share
-// in place from every rank's block | phase | copy the others' reduced shares into my
-// block | phase. The last phase is what the staged algorithm does not need: there the
-// data peers read is in staging, here it is the caller's tensor, which the caller may
-// overwrite as soon as all_reduce returns (DDP's next backward writes its buckets), so
-// no rank returns before every rank has finished reading from it.
-void ShmCollectives::all_reduce_symmetric(const Op& op, Deadline deadline, const SymmetricPlace& place) {
+// segment, at place.block(rank), so there is no staging: after one phase (everyone has
+// arrived, so every block holds its rank's data) the tensor is reduced chunk by chunk,
+// each chunk read from every block and its result written into every block, by the
+// ranks that would otherwise wait (Note [Whoever waits reduces]). A rank returns once
+// every chunk is done: by then nobody reads any block any more, so the caller may
+// overwrite its tensor at once (DDP's next backward writes its buckets).
+void ShmCollectives::all_reduce_symmetric(const Op& op, Deadline deadline, const SymmetricPlace& place,
+                                          Work* caller) {
   const Tensor& t = op.tensor;
   const size_t elem = element_size(t.dtype()), count = static_cast<size_t>(t.numel());
   const uint64_t round = round_++;
   publish_fingerprint(op, round, place.id, place.offset);
+  control(rank_).arrived_ns[round % 2] = Clock::now().time_since_epoch().count();
   phase(op, deadline, "arrive (symmetric memory)");
   check_fingerprints(op, round);
-  uint8_t* mine = place.block(rank_);
-  const auto [lo, hi] = share(count, rank_, size_);
+  const size_t per_chunk = kSymmetricChunkBytes / elem;
+  const uint64_t first = chunk_base_, end = first + (count + per_chunk - 1) / per_chunk;
+  chunk_base_ = end;  // the same on every rank from here on, whatever happens below
+  std::vector<uint8_t*> blocks(size_);
   std::vector<const uint8_t*> sources(size_);
-  for (int s = 0; s < size_; ++s) sources[s] = place.block(s) + lo * elem;
-  reduce(t.dtype(), mine + lo * elem, sources, hi - lo, op.reduce, size_);
-  phase(op, deadline, "reduce its share (symmetric memory)");
-  for (int p = 0; p < size_; ++p) {
-    if (p == rank_) continue;
-    const auto [plo, phi] = share(count, p, size_);
-    std::memcpy(mine + plo * elem, place.block(p) + plo * elem, (phi - plo) * elem);
+  auto reduce_chunks = [&] {
+    for (uint64_t chunk; claim_chunk(end, &chunk);) {
+      const size_t lo = static_cast<size_t>(chunk - first) * per_chunk;
+      for (int s = 0; s < size_; ++s) sources[s] = blocks[s] = place.block(s) + lo * elem;
+      reduce(t.dtype(), blocks, sources, std::min(per_chunk, count - lo), op.reduce, size_);
+      chunks_reduced_.fetch_add(1, std::memory_order_relaxed);
+      if (header().chunks_done.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(end))
+        futex_wake_all(header().chunks_done);
+    }
+  };
+  const std::string step = "finish the chunks it reduces (symmetric memory)";
+  if (last_to_arrive(round) == rank_ && size_ > 1 && caller) {
+    // Busy elsewhere, most likely: leave the chunks to the others until the caller waits.
+    caller->on_awaited([this] { futex_wake_all(header().chunks_done); });
+    wait_until(header().chunks_done, static_cast<uint32_t>(end), -1, op, deadline, step,
+               [caller] { return caller->awaited(); });
+    caller->on_awaited(nullptr);
   }
-  phase(op, deadline, "copy the reduced shares (symmetric memory)");
+  reduce_chunks();
+  wait_until(header().chunks_done, static_cast<uint32_t>(end), -1, op, deadline, step);
+}
+
+// The rank that arrived last at `round`: the latest arrival time (CLOCK_MONOTONIC, one
+// clock for every process of a host), ties to the higher rank. Every rank reads the same
+// stamps after the arrival phase, so every rank names the same one.
+int ShmCollectives::last_to_arrive(uint64_t round) const {
+  int last = 0;
+  for (int r = 1; r < size_; ++r)
+    if (control(r).arrived_ns[round % 2] >= control(last).arrived_ns[round % 2]) last = r;
+  return last;
+}
+
+// Note [Whoever waits reduces]: chunks are handed out by one counter that only grows.
+// A claim never takes the counter past `end`, so when every chunk of this all_reduce is
+// taken it stands exactly at the next one's first chunk; a rank still looking for work
+// here then finds none, and nobody can claim the next one's chunks before every rank has
+// arrived at it, that is, finished this one.
+bool ShmCollectives::claim_chunk(uint64_t end, uint64_t* chunk) {
+  std::atomic<uint64_t>& next = header().chunks_claimed;
+  uint64_t seen = next.load(std::memory_order_relaxed);
+  while (seen < end)
+    if (next.compare_exchange_weak(seen, seen + 1, std::memory_order_relaxed)) {
+      *chunk = seen;
+      return true;
+    }
+  return false;
 }
 
 void ShmCollectives::broadcast(const Op& op, Deadline deadline) {
@@ -466,7 +521,7 @@ void ShmCollectives::reduce_scatter(const Op& op, Deadline deadline) {
     phase(op, deadline, chunk_text("copy its data in", c, chunks));
     if (c == 0) check_fingerprints(op, round);
     for (int s = 0; s < size_; ++s) sources[s] = staging(s, round) + rank_ * per_round * elem;
-    reduce(out.dtype(), result + done * elem, sources, count, op.reduce, size_);
+    reduce(out.dtype(), {result + done * elem}, sources, count, op.reduce, size_);
     done += count;
   }
 }

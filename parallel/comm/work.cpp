@@ -16,8 +16,22 @@ bool Work::is_success() const {
 
 void Work::wait() const {
   std::unique_lock<std::mutex> lock(mutex_);
+  if (!done_ && !awaited_) {
+    awaited_ = true;
+    if (on_awaited_) on_awaited_();
+  }
   done_cv_.wait(lock, [&] { return done_; });
   if (error_) std::rethrow_exception(error_);
+}
+
+bool Work::awaited() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return awaited_;
+}
+
+void Work::on_awaited(std::function<void()> callback) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  on_awaited_ = std::move(callback);
 }
 
 std::chrono::steady_clock::time_point Work::completed_at() const {

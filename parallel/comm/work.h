@@ -22,6 +22,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <string>
 
@@ -51,6 +52,14 @@ class Work {
   // Backends: mark the operation finished, with its error if it failed. Exactly once.
   void finish(std::exception_ptr error = nullptr);
 
+  // Whether a thread has blocked in wait() (or synchronize()) before the operation
+  // finished: the caller has nothing left to do but wait, so its core is free. Backends
+  // may give a callback that the first such wait() runs, under this Work's lock, to
+  // wake a helper (Note [Whoever waits reduces], shm_collectives.h); null removes it,
+  // and once that call returns the callback is never run again.
+  bool awaited() const;
+  void on_awaited(std::function<void()> callback);
+
  private:
   const std::string description_;
   mutable std::mutex mutex_;
@@ -58,6 +67,8 @@ class Work {
   bool done_ = false;
   std::chrono::steady_clock::time_point completed_at_{};
   std::exception_ptr error_;
+  mutable bool awaited_ = false;
+  std::function<void()> on_awaited_;
 };
 
 }  // namespace loom::distributed
