@@ -9,6 +9,7 @@
 // living there.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <fstream>
@@ -126,13 +127,18 @@ TEST_CASE("whoever waits reduces: a rank busy elsewhere leaves every chunk to th
     std::vector<int64_t> chunks(2);
     std::vector<std::string> problems(2);
     bool done_before_late_rank_waited = false;
+    std::atomic<bool> rank0_launched{false};
     require_no_errors(run_ranks(2, [&](std::shared_ptr<Communicator> comm) {
       const int r = comm->rank();
       Tensor t = comm->zeros_symmetric({int64_t(1) << 20}, TensorOptions(kFloat32));
       t.fill_(float(r + 1));
       comm->barrier()->wait();
-      if (r == 1) std::this_thread::sleep_for(50ms);  // rank 1 arrives last
+      if (r == 1) {  // rank 1 arrives last: well after rank 0 has launched its all_reduce
+        while (!rank0_launched.load()) std::this_thread::sleep_for(1ms);
+        std::this_thread::sleep_for(200ms);
+      }
       auto work = comm->all_reduce(t);
+      if (r == 0) rank0_launched.store(true);
       if (r == 1 && !late_rank_waits_at_once) {
         // "Busy": rank 0, which waits, must finish the whole reduction meanwhile.
         const auto give_up = Clock::now() + 10s;
