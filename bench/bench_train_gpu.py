@@ -44,6 +44,19 @@ def main():
     p.add_argument("--out", help="also write the table (markdown) here")
     args = p.parse_args()
 
+    header = ["batch", "precision", "loom img/s", "loom ms/step", "loom peak MiB", "torch img/s", "torch ms/step",
+              "torch peak MiB", "loom/torch"]
+
+    def table(rows):
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+    def write_out(rows):  # after every configuration: a timeout kills this script, not its rows
+        if args.out:
+            with open(args.out + ".tmp", "w") as f:
+                f.write(table(rows) + "\n")
+            os.replace(args.out + ".tmp", args.out)
+
     rows, failed = [], False
     for batch in [int(b) for b in args.batches.split(",")]:
         for precision in args.precisions.split(","):
@@ -61,17 +74,10 @@ def main():
                     print(f"# {name} batch {batch} {precision}: {err}", file=sys.stderr, flush=True)
             ratio = f"{float(loom[3]) / float(torch[3]):.2f}" if loom and torch else "-"
             rows.append(row + [ratio])
+            write_out(rows)
             print(f"# done: batch {batch} {precision}: loom {row[2]} img/s, torch {row[5]} img/s", flush=True)
 
-    header = ["batch", "precision", "loom img/s", "loom ms/step", "loom peak MiB", "torch img/s", "torch ms/step",
-              "torch peak MiB", "loom/torch"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    table = "\n".join(lines)
-    print(table)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(table + "\n")
+    print(table(rows))
     sys.exit(1 if failed else 0)
 
 

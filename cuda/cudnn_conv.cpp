@@ -158,6 +158,7 @@ using ConvKey = std::array<int64_t, 19>;
 struct Choice {
   int algo;
   size_t workspace_bytes;
+  cudnnMathType_t math;  // the math type cuDNN ranked the algorithm with
 };
 
 ConvKey make_key(Direction direction, const Tensor& input, const Tensor& weight, const Conv2dParams& p) {
@@ -171,7 +172,11 @@ std::mutex g_cache_mutex;
 std::map<ConvKey, Choice> g_cache;
 
 // Runs `run(algo, workspace_ptr, workspace_bytes)` with the cached algorithm for `key`,
-// or, on a miss, with cuDNN's candidates in rank order until one's workspace fits.
+// or, on a miss, with cuDNN's candidates in rank order until one runs: its workspace
+// fits and cuDNN accepts it (a heuristic's candidate may still be refused with
+// NOT_SUPPORTED). Each candidate runs with the math type it was ranked with, as
+// PyTorch's try_all does; where exact float math was asked for (math_type() said FMA),
+// candidates that would round to TF32 are passed over.
 template <Direction D, typename Run>
 void with_algorithm(cudnnHandle_t handle, const ConvDescriptors& desc, const ConvKey& key, Device device, Run run) {
   std::optional<Choice> cached;
@@ -180,10 +185,12 @@ void with_algorithm(cudnnHandle_t handle, const ConvDescriptors& desc, const Con
     if (auto it = g_cache.find(key); it != g_cache.end()) cached = it->second;
   }
   if (cached) {
+    LOOM_CUDNN_CHECK(cudnnSetConvolutionMathType(desc.conv, cached->math));
     Tensor workspace = empty({static_cast<int64_t>(cached->workspace_bytes)}, TensorOptions(kUInt8).device(device));
     run(cached->algo, cached->workspace_bytes ? workspace.raw_data() : nullptr, cached->workspace_bytes);
     return;
   }
+  const auto wanted_math = static_cast<cudnnMathType_t>(key[3]);
   using A = Algorithms<D>;
   typename A::Perf perf[A::kCount];
   int returned = 0;
@@ -191,6 +198,7 @@ void with_algorithm(cudnnHandle_t handle, const ConvDescriptors& desc, const Con
   std::string tried;
   for (int i = 0; i < returned; ++i) {
     if (perf[i].status != CUDNN_STATUS_SUCCESS) continue;
+    if (wanted_math == CUDNN_FMA_MATH && perf[i].mathType != CUDNN_FMA_MATH) continue;
     Tensor workspace;
     try {
       workspace = empty({static_cast<int64_t>(perf[i].memory)}, TensorOptions(kUInt8).device(device));
@@ -198,9 +206,15 @@ void with_algorithm(cudnnHandle_t handle, const ConvDescriptors& desc, const Con
       tried += ::loom::detail::str("\n  algorithm ", static_cast<int>(perf[i].algo), ": ", e.what());
       continue;
     }
-    run(static_cast<int>(perf[i].algo), perf[i].memory ? workspace.raw_data() : nullptr, perf[i].memory);
+    try {
+      LOOM_CUDNN_CHECK(cudnnSetConvolutionMathType(desc.conv, perf[i].mathType));
+      run(static_cast<int>(perf[i].algo), perf[i].memory ? workspace.raw_data() : nullptr, perf[i].memory);
+    } catch (const Error& e) {  // refused by cuDNN: the next candidate
+      tried += ::loom::detail::str("\n  algorithm ", static_cast<int>(perf[i].algo), ": ", e.what());
+      continue;
+    }
     std::lock_guard<std::mutex> lock(g_cache_mutex);
-    g_cache.emplace(key, Choice{static_cast<int>(perf[i].algo), perf[i].memory});
+    g_cache.emplace(key, Choice{static_cast<int>(perf[i].algo), perf[i].memory, perf[i].mathType});
     return;
   }
   LOOM_FAIL("conv2d on CUDA: no cuDNN algorithm could run for input ", key[4], "x", key[5], "x", key[6], "x", key[7],

@@ -84,10 +84,16 @@ template <typename T> __host__ __device__ inline compute_t<T> widen(T x) {
 }
 
 // static_cast<T>(x) for every pair of storage types, 16-bit floats through float (as
-// core/cpu/elementwise.cpp's copy: double -> float -> half).
+// core/cpu/elementwise.cpp's copy: double -> float -> half). A float into an integer
+// type narrower than 32 bits goes through int32, as the CPU's conversion does (x86
+// converts to 32 bits, then keeps the low bits: -50.3 -> uint8 206); PTX's direct
+// conversion would saturate to 0 instead.
 template <typename T, typename S> __host__ __device__ inline T narrow(S x) {
   if constexpr (std::is_same_v<T, __half>) return __float2half(static_cast<float>(widen(x)));
   else if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16(static_cast<float>(widen(x)));
+  else if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool> && sizeof(T) < 4 &&
+                     !std::is_integral_v<S>)
+    return static_cast<T>(static_cast<int32_t>(widen(x)));
   else return static_cast<T>(widen(x));
 }
 

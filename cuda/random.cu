@@ -11,8 +11,9 @@
 //   every build, GPU or not; change both together. Dropout (cuda/dropout.cu) draws
 //   from the same copy.
 // - The affine maps use __dmul_rn / __dadd_rn: nvcc would otherwise contract
-//   a + b * c into one fused multiply-add, which rounds differently from the CPU (g++
-//   with -std=c++20 does not contract).
+//   a + b * c into one fused multiply-add, which rounds differently from the CPU
+//   (core/cpu/random.cpp is compiled without contraction: Note [No fused multiply-adds
+//   where the GPU must agree] in meson.build).
 // - uniform and randint are then bit-identical to the CPU. normal also calls log, sqrt
 //   and cos in double: sqrt is exact in both, and CUDA's log/cos are within 1 ulp of
 //   glibc's, so after rounding to float the values agree to ~1e-15 relative (float) and

@@ -272,7 +272,9 @@ void max_min_dim_cuda(bool is_max, const Tensor& in, int64_t dim, Tensor& values
   Tensor vals = values.is_contiguous() ? values : empty(values.shape(), TensorOptions(values.dtype()).device(values.device()));
   Tensor idx = indices.is_contiguous() ? indices : empty(indices.shape(), TensorOptions(kInt64).device(indices.device()));
   const Stream stream = current_stream(device);
-  dispatch_types(TypeList<float, double, int64_t>{}, in.dtype(), is_max ? "max" : "min", [&]<typename T>() {
+  // 16-bit too: argmax of autocast's fp16/bf16 logits (the trainer's accuracy).
+  dispatch_types(TypeList<float, double, int64_t, __half, __nv_bfloat16>{}, in.dtype(), is_max ? "max" : "min",
+                 [&]<typename T>() {
     const auto blocks = static_cast<unsigned>(std::min<int64_t>(K, 65535 * 64));
     arg_extreme_kernel<T><<<blocks, kBlockSize, 0, stream.handle>>>(is_max, static_cast<const T*>(packed.raw_data()), K,
                                                                     size, static_cast<T*>(vals.raw_data()),

@@ -6,9 +6,10 @@
 // Every step of the rule is one rounded operation in the parameter's dtype, in the
 // CPU kernel's order; mul/add below are __fmul_rn / __fadd_rn (and the double ones),
 // which nvcc may not fuse into multiply-adds. So a float32 or float64 update is bit for
-// bit the CPU's (g++ does not contract either), and a model trained on the GPU follows
-// the CPU's parameters as closely as its gradients agree. 16-bit parameters update in
-// float and round once.
+// bit the CPU's (nn/optim/sgd.cpp is compiled without contraction either: Note [No
+// fused multiply-adds where the GPU must agree] in meson.build), and a model trained on
+// the GPU follows the CPU's parameters as closely as its gradients agree. 16-bit
+// parameters update in float and round once.
 //
 // The kernel is registered from cuda/ although its stub lives in nn/: the backend fills
 // every dispatch slot of the program, whichever layer declared it.

@@ -8,7 +8,8 @@
 #                from .gpu_debs/ (scripts/gpu_deps.sh, carried) unpacked into .gpu_prefix/;
 #                cuDNN / NCCL from the CUDA toolkit, or from PyTorch's nvidia-* wheels
 #   3. build     meson with -Dcuda=enabled for sm_90 only, ninja -j16, only the targets below
-#   4. tests     meson test: test_cuda, test_comm_nccl, test_autocast, test_grad_scaler;
+#   4. tests     meson test: test_cuda, test_cuda_nn, test_train_device, test_comm_nccl,
+#                test_autocast, test_grad_scaler;
 #                pass/fail/skip counts, and a loud FAIL if GPU cases skipped on this GPU
 #   5. bench     ResNet18-CIFAR training, batch 128 and 512, fp32 / tf32 / bf16 autocast:
 #                loom vs PyTorch, CUDA-event timed, a table with ratios (bench/bench_train_gpu.py)
@@ -87,6 +88,13 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
 nvcc --version | tail -2
+# The driver must support the toolkit's CUDA version, or every GPU test skips after a
+# full build: say so now.
+driver_cuda=$(nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\)\.\([0-9]*\).*/\1\2/p' | head -1)
+nvcc_cuda=$(nvcc --version | sed -n 's/.*release \([0-9]*\)\.\([0-9]*\).*/\1\2/p' | head -1)
+if [ -n "$driver_cuda" ] && [ -n "$nvcc_cuda" ] && [ "$driver_cuda" -lt "$nvcc_cuda" ]; then
+  result "driver vs toolkit" FAIL "the driver supports CUDA up to ${driver_cuda:0:-1}.${driver_cuda: -1}, nvcc is ${nvcc_cuda:0:-1}.${nvcc_cuda: -1}: binaries will not run; use an older toolkit"
+fi
 g++ --version | head -1
 echo "meson $(meson --version 2>/dev/null || echo MISSING), ninja $(ninja --version 2>/dev/null || echo MISSING), $JOBS cores"
 timeout 60 "$PYTHON" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', \
@@ -109,7 +117,7 @@ phase "2. dependencies"
 system_has_deps() {
   echo '#include <dnnl.hpp>
 #include <doctest/doctest.h>
-int main() {}' | g++ -std=c++20 -x c++ -fsyntax-only - 2>/dev/null && pkg-config --exists openblas 2>/dev/null
+int main() {}' | g++ -std=c++20 -x c++ -fsyntax-only - 2>/dev/null && "${PKG_CONFIG:-pkg-config}" --exists openblas 2>/dev/null
 }
 PREFIX=$ROOT/.gpu_prefix
 if [ $FORCE_DEBS = 0 ] && system_has_deps; then
@@ -149,7 +157,7 @@ fi
 CUDA_ROOT=$(dirname "$(dirname "$(command -v nvcc)")")
 SHIM=$PREFIX/cuda_shim
 find_in_wheels() {  # find_in_wheels NAME: the first file called NAME under site-packages/nvidia
-  "$PYTHON" -c "import site; print('\n'.join(site.getsitepackages()))" 2>/dev/null |
+  "$PYTHON" -c "import site; print('\n'.join(site.getsitepackages() + [site.getusersitepackages()]))" 2>/dev/null |
     while read -r sp; do [ -d "$sp/nvidia" ] && find -L "$sp/nvidia" -name "$1" 2>/dev/null; done | head -1
 }
 for lib in cudnn nccl cublas; do
@@ -171,7 +179,7 @@ for lib in cudnn nccl cublas; do
   echo "$lib: from the wheel at $(dirname "$(dirname "$so")")"
 done
 echo "CPATH=${CPATH:-}"; echo "LIBRARY_PATH=${LIBRARY_PATH:-}"; echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
-echo "PKG_CONFIG_PATH=${PKG_CONFIG_PATH:-}; openblas: $(pkg-config --cflags --libs openblas 2>&1)"
+echo "PKG_CONFIG_PATH=${PKG_CONFIG_PATH:-}; openblas: $("${PKG_CONFIG:-pkg-config}" --cflags --libs openblas 2>&1)"
 if [ $DEPS_ONLY = 1 ]; then
   printf '%s\n' "${SUMMARY[@]}"
   exit $FAILED
@@ -179,8 +187,8 @@ fi
 
 # ---- 3. build -------------------------------------------------------------------------------
 phase "3. build ($BUILD, $GENCODE, -j$JOBS)"
-TARGETS=(libloom.so tests/test_cuda tests/test_comm_nccl tests/test_autocast tests/test_grad_scaler
-         bench/bench_train_gpu examples/train_cifar10 parallel/loomrun)
+TARGETS=(libloom.so tests/test_cuda tests/test_cuda_nn tests/test_train_device tests/test_comm_nccl
+         tests/test_autocast tests/test_grad_scaler bench/bench_train_gpu examples/train_cifar10 parallel/loomrun)
 BUILT=0
 if [ -f "$BUILD/build.ninja" ]; then
   configure=(meson configure "$BUILD" -Dcuda=enabled "-Dgpu_gencode=$GENCODE")
@@ -203,7 +211,7 @@ expected_skips() {
   grep -cE "$pattern" "tests/$1.cpp" || true
 }
 if [ $BUILT = 1 ]; then
-  for t in test_cuda test_comm_nccl test_autocast test_grad_scaler; do
+  for t in test_cuda test_cuda_nn test_train_device test_comm_nccl test_autocast test_grad_scaler; do
     enough 20 "test $t" || continue
     out=$(timeout --kill-after=10 150 meson test -C "$BUILD" --no-rebuild --print-errorlogs --verbose "$t" 2>&1)
     rc=$?
@@ -246,9 +254,11 @@ if [ $BUILT = 1 ]; then
   enough 60 "ddp nccl, world size 1" &&
     run_timed "ddp nccl, world size 1" 90 "$BUILD/parallel/loomrun" --standalone --nproc_per_node 1 \
       "$BUILD/examples/train_cifar10" --mode ddp --backend nccl --device cuda "${TRAIN[@]}"
+  # cuda:0, not cuda: a bare "cuda" means cuda:LOCAL_RANK (one GPU per process, as
+  # torchrun), and this machine has one GPU for both ranks.
   enough 60 "ddp gloo, 2 procs on 1 GPU" &&
     OMP_NUM_THREADS=4 run_timed "ddp gloo, 2 procs on 1 GPU" 120 "$BUILD/parallel/loomrun" --standalone \
-      --nproc_per_node 2 --prefix-output "$BUILD/examples/train_cifar10" --mode ddp --backend gloo --device cuda \
+      --nproc_per_node 2 --prefix-output "$BUILD/examples/train_cifar10" --mode ddp --backend gloo --device cuda:0 \
       "${TRAIN[@]}"
 fi
 

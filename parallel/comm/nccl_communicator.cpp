@@ -264,6 +264,20 @@ void NcclCommunicator::fail_communicator(const std::string& why, const NcclWork*
     std::lock_guard<std::mutex> lock(failure_mutex_);
     if (failure_.empty()) failure_ = why;
   }
+  // Fail the outstanding Works before aborting: the abort lets their kernels exit, so
+  // their completion events pass, and a caller polling one in between would take that
+  // for success and read whatever the buffers hold.
+  std::vector<std::shared_ptr<NcclWork>> works;
+  {
+    std::lock_guard<std::mutex> lock(works_mutex_);
+    works = outstanding_;
+  }
+  for (const auto& work : works) {
+    std::string message = work.get() == culprit
+                              ? why + ". The NCCL communicator was aborted and cannot be used any more"
+                              : str(work->description(), " failed: the NCCL communicator was aborted because ", why);
+    work->fail(std::make_exception_ptr(Error(message)));
+  }
   {
     std::lock_guard<std::mutex> lock(comm_mutex_);
     if (comm_ != nullptr) {
@@ -275,17 +289,6 @@ void NcclCommunicator::fail_communicator(const std::string& why, const NcclWork*
       (void)ncclCommAbort(comm_);  // the kernels of every outstanding operation exit
       comm_ = nullptr;
     }
-  }
-  std::vector<std::shared_ptr<NcclWork>> works;
-  {
-    std::lock_guard<std::mutex> lock(works_mutex_);
-    works = outstanding_;
-  }
-  for (const auto& work : works) {
-    std::string message = work.get() == culprit
-                              ? why + ". The NCCL communicator was aborted and cannot be used any more"
-                              : str(work->description(), " failed: the NCCL communicator was aborted because ", why);
-    work->fail(std::make_exception_ptr(Error(message)));
   }
 }
 
