@@ -51,8 +51,10 @@ std::shared_ptr<nn::Module> Distributed::wrap(std::shared_ptr<nn::Module> model,
   options.bucket_cap_mb = config.bucket_cap_mb;
   // .grad() is a view into the reduced bucket: finalize then has nothing to copy back, a
   // 43 MiB copy saved at the end of every ResNet18 backward, where nothing overlaps it,
-  // and the gradients take no memory of their own. The loop only reads gradients and
-  // zero_grad() drops them, which is all this option asks of it (as in PyTorch).
+  // and between steps the gradients take no memory of their own. (During backward each
+  // fresh gradient still lives on its own until the hook copies it into its slot, as in
+  // PyTorch: zero_grad() drops them.) The loop only reads gradients, which is all this
+  // option asks of it.
   options.gradient_as_bucket_view = true;
   return std::make_shared<ddp::DistributedDataParallel>(model, comm_, options);
 }
