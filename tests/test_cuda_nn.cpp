@@ -71,6 +71,22 @@ void check_close_scaled(const std::string& what, const Tensor& got, const Tensor
   check_close(what, got, expected, 0.0, tol * std::max(scale, 1e-30));
 }
 
+// ||got - expected|| <= tol * ||expected|| (2-norms). For gradients through ReLUs: an
+// activation within float noise of zero may switch sides between the devices, which
+// changes a few gradient entries by one whole term each, beyond any per-element bound
+// that would still catch a wrong kernel, but moves the norm of the difference little.
+void check_close_norm(const std::string& what, const Tensor& got, const Tensor& expected, double tol) {
+  const std::vector<double> g = host_values(got), e = host_values(expected);
+  REQUIRE(g.size() == e.size());
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < e.size(); ++i) {
+    diff += (g[i] - e[i]) * (g[i] - e[i]);
+    norm += e[i] * e[i];
+  }
+  INFO(what, ": |got - expected| = ", std::sqrt(diff), ", |expected| = ", std::sqrt(norm));
+  CHECK(std::sqrt(diff) <= tol * std::sqrt(norm) + 1e-30);
+}
+
 // float32 with `f32` relative tolerance, float64 with 1e-12.
 double tol_for(DType dtype, double f32) { return dtype == kFloat64 ? 1e-12 : f32; }
 
@@ -403,7 +419,9 @@ TEST_CASE("the caching allocator neither grows nor leaks over 1000 training step
     loss.backward();
     optimizer.step();
   };
-  for (int i = 0; i < 3; ++i) step();  // momentum buffers, cuDNN workspaces, handles
+  // Momentum buffers, cuDNN workspaces, handles, and the allocator's free lists settling
+  // (a best-fit cache with block splitting may take a few steps to reach its steady state).
+  for (int i = 0; i < 10; ++i) step();
   cuda::synchronize(0);
   const AllocatorStats warm = memory_stats(kCuda0);
   for (int i = 0; i < 1000; ++i) step();
@@ -436,7 +454,7 @@ TEST_CASE("a ResNet18 training step on the GPU matches the same step on the CPU"
     cpu_loss.backward();
     gpu_loss.backward();
     auto cpu_params = cpu_model->named_parameters(), gpu_params = gpu_model->named_parameters();
-    for (auto& [name, p] : cpu_params) check_close_scaled("grad of " + name, gpu_params[name].grad(), p.grad(), 2e-3);
+    for (auto& [name, p] : cpu_params) check_close_norm("grad of " + name, gpu_params[name].grad(), p.grad(), 1e-3);
     cpu_opt.step();
     gpu_opt.step();
     auto cpu_state = cpu_model->state_dict(), gpu_state = gpu_model->state_dict();

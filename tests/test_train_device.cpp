@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "cuda/backends.h"              // defines: cuda::set_cudnn_allow_tf32
 #include "cuda/device.h"                // defines: cuda::is_available, unavailable_reason
 #include "examples/train/device.h"      // defines: training_device
 #include "examples/train/trainer.h"     // defines: TrainConfig, train_cifar10
@@ -70,8 +71,13 @@ TEST_CASE("training_device accepts the CPU devices everywhere") {
 TEST_CASE("a few training steps on the GPU follow the CPU's" * doctest::skip(!kGpu)) {
   CHECK(training_device("cuda") == Device("cuda:0"));
   CHECK(training_device("cuda:0", 5) == Device("cuda:0"));  // an explicit index wins
+  // TF32 (cuDNN's default, as PyTorch's) rounds convolution inputs to 10 bits: not the
+  // CPU's float32 math that the bound below assumes.
+  const bool tf32 = cuda::cudnn_allow_tf32();
+  cuda::set_cudnn_allow_tf32(false);
   const TrainResult cpu = train_cifar10(tiny_run("cpu"));
   const TrainResult gpu = train_cifar10(tiny_run("cuda"));
+  cuda::set_cudnn_allow_tf32(tf32);
   CHECK(gpu.steps == cpu.steps);
   // Same seed, weights, batches and update rule; float sums in other orders (cuDNN,
   // reductions) move the loss in its fourth digit at most over three steps.
