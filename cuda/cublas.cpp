@@ -107,6 +107,15 @@ void gemm(const Tensor& a, const Tensor& b, double beta, Tensor& out) {
 
   HandleLease<cublasHandle_t> lease(cublas_handles(), device);
   LOOM_CUBLAS_CHECK(cublas().SetStream(lease.handle, current_stream(device).handle), "binding cuBLAS to loom's stream");
+  // Note [A cuBLAS workspace per call]: a leased handle may have served another stream
+  // a moment ago, whose kernel may still be using the handle's own workspace. So each
+  // call brings one from the caching allocator, on this stream: the next call on this
+  // stream reuses the block in stream order, a call on another stream gets another.
+  // 32 MiB as PyTorch gives cuBLAS on Hopper (CUBLAS_WORKSPACE_CONFIG :4096:8).
+  constexpr int64_t kWorkspaceBytes = int64_t(32) << 20;
+  Tensor workspace = empty({kWorkspaceBytes}, TensorOptions(kUInt8).device(out.device()));
+  LOOM_CUBLAS_CHECK(cublas().SetWorkspace(lease.handle, workspace.raw_data(), static_cast<size_t>(kWorkspaceBytes)),
+                    "giving cuBLAS its workspace");
   LOOM_CUBLAS_CHECK(cublas().SetMathMode(lease.handle, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
                     "setting cuBLAS's math mode");
   // C^T = B^T A^T: B's operand first, m = N, n = M.

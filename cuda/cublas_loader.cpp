@@ -55,6 +55,7 @@ CublasApi load() {
   // Names after cublas_v2.h's macros (cublasCreate -> cublasCreate_v2, ...).
   resolve(library, api.Create, "cublasCreate_v2");
   resolve(library, api.SetStream, "cublasSetStream_v2");
+  resolve(library, api.SetWorkspace, "cublasSetWorkspace_v2");
   resolve(library, api.SetMathMode, "cublasSetMathMode");
   resolve(library, api.GetStatusString, "cublasGetStatusString");
   resolve(library, api.GemmStridedBatchedEx, "cublasGemmStridedBatchedEx");

@@ -36,6 +36,7 @@ using CublasGemmStridedBatchedExFn = cublasStatus_t (*)(cublasHandle_t, cublasOp
 struct CublasApi {
   decltype(&cublasCreate_v2) Create;
   decltype(&cublasSetStream_v2) SetStream;
+  decltype(&cublasSetWorkspace_v2) SetWorkspace;
   decltype(&cublasSetMathMode) SetMathMode;
   decltype(&cublasGetStatusString) GetStatusString;
   CublasGemmStridedBatchedExFn GemmStridedBatchedEx;
