@@ -3,6 +3,7 @@
 // multi-rank run inside one process. Timeouts are short so failure tests end quickly.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <thread>
@@ -43,6 +44,33 @@ TEST_CASE("fingerprints: agreement, and a disagreement message that groups ranks
     CHECK(m.find("all_reduce(sum) of float32 [4] on ranks 0, 2") != std::string::npos);
     CHECK(m.find("all_reduce(sum) of float32 [5] on rank 1") != std::string::npos);
   }
+}
+
+TEST_CASE("Work::awaited: true once a thread waits before the end; the callback runs once, under the lock") {
+  // What Note [Whoever waits reduces] (shm_collectives.h) relies on to wake a late rank.
+  Work work("all_reduce #1 (sum) of float32 [4] on rank 0 of 2");
+  std::atomic<int> calls{0};
+  work.on_awaited([&] { ++calls; });
+  CHECK_FALSE(work.awaited());
+  std::thread waiter([&] { work.wait(); });
+  const auto give_up = Clock::now() + 10s;
+  while (!work.awaited() && Clock::now() < give_up) std::this_thread::sleep_for(1ms);
+  CHECK(work.awaited());
+  CHECK(calls.load() == 1);
+  std::thread second([&] { work.wait(); });  // a second waiter does not call it again
+  std::this_thread::sleep_for(20ms);
+  work.on_awaited(nullptr);
+  work.finish();
+  waiter.join();
+  second.join();
+  CHECK(calls.load() == 1);
+
+  Work done("barrier #2 on rank 0 of 2");  // waiting on a finished Work: not "awaited"
+  done.on_awaited([&] { ++calls; });
+  done.finish();
+  done.wait();
+  CHECK_FALSE(done.awaited());
+  CHECK(calls.load() == 1);
 }
 
 #ifdef LOOM_WITH_GLOO
