@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/dispatch.h"
+#include "core/error.h"
 #include "core/generator.h"
 #include "core/tensor.h"
 
@@ -58,6 +59,14 @@ LOOM_DECLARE_KERNEL(max_min_dim_kernel, void (*)(bool is_max, const Tensor& in, 
 // zero-fills it first), as torch._amp_foreach_non_finite_check_and_unscale_. grad is
 // contiguous (strides of a broadcast view would make the in-place update race).
 LOOM_DECLARE_KERNEL(non_finite_check_and_unscale_kernel, void (*)(Tensor& grad, Tensor& found_inf, double inv_scale));
+// What every backend's non_finite_check_and_unscale checks before it touches memory.
+inline void check_unscale_arguments(const Tensor& grad, const Tensor& found_inf) {
+  LOOM_CHECK(grad.is_contiguous(), "non_finite_check_and_unscale: expected a contiguous gradient, got strides ",
+             grad.strides(), " for shape ", grad.shape());
+  LOOM_CHECK(found_inf.dtype() == kFloat32 && found_inf.numel() == 1 && found_inf.device() == grad.device(),
+             "non_finite_check_and_unscale: expected found_inf as a one-element float32 tensor on ", grad.device(),
+             ", got ", found_inf.str());
+}
 
 // ---- linear algebra ---------------------------------------------------------------------
 // out[M,N] = beta * out + a[M,K] @ b[K,N]; a and b may be transposed views (either

@@ -27,11 +27,7 @@ __global__ void __launch_bounds__(kBlockSize)
 }
 
 void non_finite_check_and_unscale_cuda(Tensor& grad, Tensor& found_inf, double inv_scale) {
-  LOOM_CHECK(grad.is_contiguous(), "non_finite_check_and_unscale: expected a contiguous gradient, got strides ",
-             grad.strides(), " for shape ", grad.shape());
-  LOOM_CHECK(found_inf.dtype() == kFloat32 && found_inf.numel() == 1 && found_inf.device() == grad.device(),
-             "non_finite_check_and_unscale: expected found_inf as a one-element float32 tensor on ", grad.device(),
-             ", got ", found_inf.str());
+  check_unscale_arguments(grad, found_inf);
   const int64_t n = grad.numel();
   if (n == 0) return;
   const int device = grad.device().index;

@@ -25,11 +25,7 @@ bool unscale_loop(T* g, int64_t n, double inv_scale) {
 }
 
 void non_finite_check_and_unscale_cpu(Tensor& grad, Tensor& found_inf, double inv_scale) {
-  LOOM_CHECK(grad.is_contiguous(), "non_finite_check_and_unscale: expected a contiguous gradient, got strides ",
-             grad.strides(), " for shape ", grad.shape());
-  LOOM_CHECK(found_inf.dtype() == kFloat32 && found_inf.numel() == 1 && found_inf.device() == grad.device(),
-             "non_finite_check_and_unscale: expected found_inf as a one-element float32 tensor on ", grad.device(),
-             ", got ", found_inf.str());
+  check_unscale_arguments(grad, found_inf);
   bool non_finite = false;
   switch (grad.dtype()) {
     case kFloat32: non_finite = unscale_loop(grad.data_ptr<float>(), grad.numel(), inv_scale); break;

@@ -289,6 +289,7 @@ void ShmCollectives::wait_until(std::atomic<uint32_t>& word, uint32_t target, in
     cpu_relax();
   }
   const std::string who = peer >= 0 ? detail::str("rank ", peer) : std::string("the other ranks");
+  const uint64_t my_pid_namespace = pid_namespace();
   while (true) {
     const uint32_t seen = word.load(std::memory_order_acquire);
     if (reached(seen, target) || (unless && unless())) return;
@@ -297,7 +298,7 @@ void ShmCollectives::wait_until(std::atomic<uint32_t>& word, uint32_t target, in
                            rank_, " waited for ", who, " to ", step));
     for (int p = 0; p < size_; ++p) {
       const RankControl& c = control(p);
-      if (p == rank_ || (peer >= 0 && p != peer) || c.pid_namespace != pid_namespace()) continue;
+      if (p == rank_ || (peer >= 0 && p != peer) || c.pid_namespace != my_pid_namespace) continue;
       if (::kill(static_cast<pid_t>(c.pid), 0) != 0 && errno == ESRCH)
         fail(op, detail::str("rank ", p, " (pid ", c.pid, ") exited while rank ", rank_, " waited for ", who,
                              " to ", step, ". Check that rank's output for why it stopped"));
