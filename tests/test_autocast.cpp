@@ -71,6 +71,9 @@ TEST_CASE("16-bit CPU kernels (Note [16-bit CPU kernels stage through float32]) 
     CHECK(rel_error(relu(c16), relu(f64(c16))) < tol);
     CHECK(rel_error(sum(c16, {0}), sum(f64(c16), {0})) < tol);
     CHECK(argmax(c16, 1).tolist<int64_t>() == argmax(f64(c16), 1).tolist<int64_t>());
+    // Factories fill 16-bit tensors directly, as torch.zeros(..., dtype=torch.float16) does.
+    CHECK(zeros({3}, dtype).to(kFloat64).tolist<double>() == std::vector<double>{0, 0, 0});
+    CHECK(full({2}, 2.5, TensorOptions(dtype)).to(kFloat64).tolist<double>() == std::vector<double>{2.5, 2.5});
     Tensor x = rnd({2, 3, 6, 6}, 4).to(dtype), w = rnd({4, 3, 3, 3}, 5).to(dtype);
     CHECK(rel_error(conv2d(x, w, Tensor(), {2, 2}, {1, 1}), conv2d(f64(x), f64(w), Tensor(), {2, 2}, {1, 1})) < tol);
   }

@@ -164,6 +164,74 @@ TEST_CASE("broadcast, all_gather and reduce_scatter on 3 ranks") {
   }
 }
 
+TEST_CASE("float16, bfloat16 and uint8 reduce (uint8 sums wrap); bool and every dtype broadcast and all_gather") {
+  const int n = 3;
+  std::vector<std::vector<double>> got(n);
+  std::vector<std::vector<int64_t>> wrapped(n);
+  std::vector<std::vector<bool>> flags(n), gathered_flags(n);
+  require_no_errors(run_ranks(n, [&](Communicator& comm) {
+    const int r = comm.rank();
+    for (DType dtype : {kFloat16, kBFloat16}) {
+      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
+        Tensor t = from_vector<float>({float(r + 1), float(-4 * r), 0.5f}, {3}).to(dtype);
+        comm.all_reduce(t, op)->wait();
+        CHECK(t.dtype() == dtype);
+        for (double v : t.to(kFloat64).tolist<double>()) got[r].push_back(v);
+      }
+    }
+    Tensor u = from_vector<int64_t>({200, 1, 255}, {3}).to(kUInt8);
+    comm.all_reduce(u)->wait();  // 600 and 765 wrap modulo 256, as in PyTorch
+    wrapped[r] = u.to(kInt64).tolist<int64_t>();
+    Tensor b = from_vector<int64_t>({r == 1, 1, 0}, {3}).to(kBool);
+    comm.broadcast(b, /*root=*/1)->wait();
+    for (int64_t v : b.to(kInt64).tolist<int64_t>()) flags[r].push_back(v != 0);
+    std::vector<Tensor> out;
+    comm.all_gather(out, from_vector<int64_t>({r == 2}, {1}).to(kBool))->wait();
+    for (auto& t : out) gathered_flags[r].push_back(t.to(kInt64).tolist<int64_t>()[0] != 0);
+    CHECK_THROWS_WITH_AS(comm.all_reduce(zeros({2}, kBool)), doctest::Contains("reduces float32, float64, float16, "
+                         "bfloat16, int32, int64 and uint8 tensors, got bool"), Error);
+  }));
+  // Per dtype: Sum, Avg, Max, Min of {r + 1, -4r, 0.5} over ranks 0, 1, 2: exact in 16 bits.
+  const std::vector<double> per_dtype = {6, -12, 1.5, 2, -4, 0.5, 3, 0, 0.5, 1, -8, 0.5};
+  std::vector<double> want = per_dtype;
+  want.insert(want.end(), per_dtype.begin(), per_dtype.end());
+  for (int r = 0; r < n; ++r) {
+    CAPTURE(r);
+    CHECK(got[r] == want);
+    CHECK(wrapped[r] == std::vector<int64_t>{600 % 256, 3, 765 % 256});
+    CHECK(flags[r] == std::vector<bool>{true, true, false});
+    CHECK(gathered_flags[r] == std::vector<bool>{false, false, true});
+  }
+}
+
+TEST_CASE("float16 and bfloat16 sums: Gloo's TCP ring and shared memory agree bitwise on 2 ranks") {
+  // Note [Which dtypes the gloo backend reduces]: one addition per element on 2 ranks,
+  // rounded once in both transports. Random values make the rounding matter.
+  for (DType dtype : {kFloat16, kBFloat16}) {
+    CAPTURE(dtype_name(dtype));
+    std::vector<Tensor> inputs = {randn({4099}).to(dtype), randn({4099}).mul_(3.0).to(dtype)};
+    std::vector<std::vector<double>> results[2];  // [shared memory][rank]
+    for (bool shm : {false, true}) {
+      results[shm].resize(2);
+      require_no_errors(loom::testing::run_rank_threads(2, [&](int r, std::shared_ptr<TCPStore> store) {
+        GlooOptions options;
+        options.shared_memory = shm;
+        GlooCommunicator comm(store, "agree", r, 2, options);
+        CHECK(std::string(comm.collective_transport()) == (shm ? "shm" : "tcp"));
+        Tensor t = inputs[size_t(r)].clone();
+        comm.all_reduce(t)->wait();
+        results[shm][size_t(r)] = t.to(kFloat64).tolist<double>();
+      }));
+    }
+    CHECK(results[0][0] == results[0][1]);
+    CHECK(results[1][0] == results[1][1]);
+    CHECK(results[0][0] == results[1][0]);
+    // And it is the float sum of the two, rounded once.
+    Tensor want = inputs[0].to(kFloat32).add(inputs[1].to(kFloat32)).to(dtype).to(kFloat64);
+    CHECK(results[0][0] == want.tolist<double>());
+  }
+}
+
 TEST_CASE("send and recv: a ring where everyone sends first, and in-order messages on one tag") {
   const int n = 3;
   std::vector<std::vector<float>> from_left(n), ordered(n);
@@ -357,7 +425,7 @@ TEST_CASE("a world of one, and arguments checked before anything moves") {
 
     Tensor m = zeros({2, 3});
     CHECK_THROWS_WITH_AS(comm.all_reduce(m.t()), doctest::Contains("not contiguous"), Error);
-    CHECK_THROWS_WITH_AS(comm.all_reduce(zeros({2}, kBool)), doctest::Contains("float32, float64"), Error);
+    CHECK_THROWS_WITH_AS(comm.all_reduce(zeros({2}, kBool)), doctest::Contains("reduces float32, float64"), Error);
     CHECK_THROWS_WITH_AS(comm.all_reduce(zeros({2}, kInt64), ReduceOp::Avg), doctest::Contains("truncate"), Error);
     CHECK_THROWS_WITH_AS(comm.broadcast(t, 1), doctest::Contains("root rank in [0, 1)"), Error);
     std::vector<Tensor> two = {zeros({2}), zeros({2})};

@@ -104,8 +104,10 @@ void threshold_backward_cpu(const Tensor& grad_out, const Tensor& ref, double th
 }
 
 void fill_cpu(Tensor& self, double value) {
-  dispatch_all(self.dtype(), "fill_", [&]<typename T>() {
-    const T v = static_cast<T>(value);
+  dispatch_any(self.dtype(), "fill_", [&]<typename T>() {  // 16-bit floats too: zeros(), ones(), full()
+    T v;
+    if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) v = T(static_cast<float>(value));
+    else v = static_cast<T>(value);
     if (self.is_contiguous()) {
       T* p = self.data_ptr<T>();
       const int64_t n = self.numel();

@@ -5,7 +5,6 @@
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
-#include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
@@ -14,6 +13,7 @@
 
 #include "core/error.h"
 #include "parallel/comm/gloo_store.h"
+#include "parallel/comm/host_reduce.h"  // defines: reduce, pairwise_reduce, is_reducible
 #include "parallel/comm/host_staging.h"  // defines: needs_host_staging, stage_on_host, copy_results_back
 
 namespace loom::distributed {
@@ -84,18 +84,16 @@ GlooCommunicator::~GlooCommunicator() {
   reap_finished_peer_ops(/*all=*/true);
 }
 
-static bool supported_dtype(DType dtype) {
-  return dtype == kFloat32 || dtype == kFloat64 || dtype == kInt32 || dtype == kInt64;
-}
-
 std::shared_ptr<Work> GlooCommunicator::launch(Op op) {
   // op.list was checked to match op.tensor's dtype and device (communicator.cpp).
   if (const Tensor& t = op.tensor; t.defined()) {
     LOOM_CHECK(t.device().is_cpu() || (t.device().is_cuda() && !is_point_to_point(op.kind)), op.describe(),
                ": the gloo backend moves CPU tensors, and CUDA tensors in collectives (through the host), got one "
                "on ", t.device(), ". Use the nccl backend for CUDA send/recv, or move the tensor with .to(\"cpu\")");
-    LOOM_CHECK(supported_dtype(t.dtype()), op.describe(), ": the gloo backend supports float32, float64, int32 and "
-               "int64 tensors, got ", dtype_name(t.dtype()), "; convert with .to(kFloat32)");
+    // See Note [Which dtypes the gloo backend reduces] (host_reduce.h); the others move bytes.
+    const bool reduces = op.kind == OpKind::AllReduce || op.kind == OpKind::ReduceScatter;
+    LOOM_CHECK(!reduces || is_reducible(t.dtype()), op.describe(), ": the gloo backend reduces ",
+               reducible_dtype_names(), " tensors, got ", dtype_name(t.dtype()), "; convert with .to(kFloat32)");
   }
   auto work = std::make_shared<Work>(op.describe());
   if (is_point_to_point(op.kind)) return launch_point_to_point(std::move(op), std::move(work));
@@ -140,27 +138,17 @@ void GlooCommunicator::fail(const Op& op, const std::exception& gloo_error) {
 
 // ---- collectives, on the worker thread ------------------------------------------------
 
+// Calls body.operator()<U>() with an unsigned type of `bytes` bytes: Gloo's buffers are
+// typed only by their element size, the arithmetic is pairwise_reduce's (host_reduce.h).
 template <typename F>
-static void dispatch_gloo_dtype(DType dtype, F&& body) {
-  switch (dtype) {
-    case kFloat32: return body.template operator()<float>();
-    case kFloat64: return body.template operator()<double>();
-    case kInt32: return body.template operator()<int32_t>();
-    case kInt64: return body.template operator()<int64_t>();
-    default: LOOM_FAIL("gloo backend: unsupported dtype ", dtype_name(dtype));  // launch() checked already
+static void dispatch_element_size(size_t bytes, F&& body) {
+  switch (bytes) {
+    case 1: return body.template operator()<uint8_t>();
+    case 2: return body.template operator()<uint16_t>();
+    case 4: return body.template operator()<uint32_t>();
+    case 8: return body.template operator()<uint64_t>();
+    default: LOOM_FAIL("gloo backend: no reduction for elements of ", bytes, " bytes");
   }
-}
-
-template <typename T>
-static gloo::AllreduceOptions::Func reduce_function(ReduceOp op) {
-  using Fn = void (*)(void*, const void*, const void*, size_t);
-  switch (op) {
-    case ReduceOp::Sum:
-    case ReduceOp::Avg: return static_cast<Fn>(&gloo::sum<T>);
-    case ReduceOp::Max: return static_cast<Fn>(&gloo::max<T>);
-    case ReduceOp::Min: return static_cast<Fn>(&gloo::min<T>);
-  }
-  LOOM_FAIL("unknown ReduceOp ", int(op));
 }
 
 static milliseconds until(Clock::time_point deadline) {
@@ -186,22 +174,21 @@ void GlooCommunicator::exchange_fingerprints(const Op& op, uint32_t tag, Clock::
 
 void GlooCommunicator::run_all_reduce(const Tensor& tensor, ReduceOp reduce, uint32_t tag, milliseconds timeout) {
   if (tensor.numel() == 0) return;
-  dispatch_gloo_dtype(tensor.dtype(), [&]<typename T>() {
-    T* data = static_cast<T*>(tensor.raw_data());
-    auto n = static_cast<size_t>(tensor.numel());
+  auto* data = static_cast<uint8_t*>(tensor.raw_data());
+  const auto n = static_cast<size_t>(tensor.numel());
+  dispatch_element_size(element_size(tensor.dtype()), [&]<typename U>() {
     gloo::AllreduceOptions opts(context_);
-    opts.setOutput(data, n);
-    opts.setReduceFunction(reduce_function<T>(reduce));
+    opts.setOutput(reinterpret_cast<U*>(data), n);
+    opts.setReduceFunction(pairwise_reduce(tensor.dtype(), reduce));  // Avg reduces as Sum
     opts.setTag(tag);
     opts.setTimeout(timeout);
     gloo::allreduce(opts);
-    if constexpr (std::is_floating_point_v<T>) {
-      if (reduce == ReduceOp::Avg) {
-        const T world = static_cast<T>(size());
-        for (size_t i = 0; i < n; ++i) data[i] /= world;
-      }
-    }
   });
+  if (reduce == ReduceOp::Avg) {  // one division at the end (floating dtypes only: Communicator checked)
+    uint8_t* const dst[1] = {data};
+    const uint8_t* const src[1] = {data};
+    distributed::reduce(tensor.dtype(), dst, src, n, ReduceOp::Avg, size());
+  }
 }
 
 // Note [reduce_scatter as all_reduce]

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "parallel/comm/host_reduce.h"  // defines: reduce
 
 namespace loom::distributed {
 
@@ -65,61 +66,6 @@ void futex_wait(std::atomic<uint32_t>& word, uint32_t seen, milliseconds for_at_
 std::pair<size_t, size_t> share(size_t count, int p, int size) {
   const size_t per = round_up((count + size_t(size) - 1) / size_t(size), 16);
   return {std::min(count, per * size_t(p)), std::min(count, per * size_t(p + 1))};
-}
-
-// Every dsts[d][i] = op over srcs[s][i], the sources taken in rank order, for `n`
-// elements. A destination may be a source (the same address): the sources are read a
-// block at a time into `acc`, on the stack, before the block is written anywhere. So
-// one reading and one writing pass over memory, however many sources and destinations,
-// and the same order of operations whichever rank runs it: results are bitwise
-// identical on every rank and between the staged and the symmetric algorithms.
-template <typename T>
-void reduce_typed(const std::vector<uint8_t*>& dsts, const std::vector<const uint8_t*>& srcs, size_t n, ReduceOp op,
-                  int world) {
-  constexpr size_t kBlock = 4096 / sizeof(T);  // 4 KiB: stays in L1 between the passes
-  T acc[kBlock];
-  auto src = [&](size_t k, size_t lo) { return reinterpret_cast<const T*>(srcs[k]) + lo; };
-  for (size_t lo = 0; lo < n; lo += kBlock) {
-    const size_t m = std::min(kBlock, n - lo);
-    if (srcs.size() == 1) std::memcpy(acc, src(0, lo), m * sizeof(T));
-    // One source per pass (the first pass takes two): loops simple enough for the
-    // compiler to vectorise.
-    for (size_t k = 1; k < srcs.size(); ++k) {
-      const T* x = k == 1 ? src(0, lo) : acc;
-      const T* y = src(k, lo);
-      switch (op) {
-        case ReduceOp::Sum:
-        case ReduceOp::Avg:
-          for (size_t i = 0; i < m; ++i) acc[i] = x[i] + y[i];
-          break;
-        case ReduceOp::Max:
-          for (size_t i = 0; i < m; ++i) acc[i] = x[i] < y[i] ? y[i] : x[i];
-          break;
-        case ReduceOp::Min:
-          for (size_t i = 0; i < m; ++i) acc[i] = y[i] < x[i] ? y[i] : x[i];
-          break;
-      }
-    }
-    if constexpr (std::is_floating_point_v<T>) {
-      if (op == ReduceOp::Avg) {
-        const T w = static_cast<T>(world);
-        for (size_t i = 0; i < m; ++i) acc[i] /= w;
-      }
-    }
-    for (uint8_t* dst : dsts) std::memcpy(reinterpret_cast<T*>(dst) + lo, acc, m * sizeof(T));
-  }
-}
-
-void reduce(DType dtype, const std::vector<uint8_t*>& dsts, const std::vector<const uint8_t*>& srcs, size_t n,
-            ReduceOp op, int world) {
-  if (n == 0) return;
-  switch (dtype) {
-    case kFloat32: return reduce_typed<float>(dsts, srcs, n, op, world);
-    case kFloat64: return reduce_typed<double>(dsts, srcs, n, op, world);
-    case kInt32: return reduce_typed<int32_t>(dsts, srcs, n, op, world);
-    case kInt64: return reduce_typed<int64_t>(dsts, srcs, n, op, world);
-    default: LOOM_FAIL("shared-memory reduce: unsupported dtype ", dtype_name(dtype));  // the backend checked
-  }
 }
 
 }  // namespace
@@ -386,7 +332,8 @@ void ShmCollectives::all_reduce(const Op& op, Deadline deadline, Work* caller) {
     // My share, reduced in place in my staging half, where the peers will read it.
     const auto [lo, hi] = share(count, rank_, size_);
     for (int s = 0; s < size_; ++s) sources[s] = staging(s, round) + lo * elem;
-    reduce(t.dtype(), {mine + lo * elem}, sources, hi - lo, op.reduce, size_);
+    uint8_t* const share_of_mine[1] = {mine + lo * elem};
+    reduce(t.dtype(), share_of_mine, sources, hi - lo, op.reduce, size_);
     phase(op, deadline, chunk_text("reduce its share", c, chunks));
     for (int p = 0; p < size_; ++p) {
       const auto [plo, phi] = share(count, p, size_);
@@ -522,7 +469,8 @@ void ShmCollectives::reduce_scatter(const Op& op, Deadline deadline) {
     phase(op, deadline, chunk_text("copy its data in", c, chunks));
     if (c == 0) check_fingerprints(op, round);
     for (int s = 0; s < size_; ++s) sources[s] = staging(s, round) + rank_ * per_round * elem;
-    reduce(out.dtype(), {result + done * elem}, sources, count, op.reduce, size_);
+    uint8_t* const into[1] = {result + done * elem};
+    reduce(out.dtype(), into, sources, count, op.reduce, size_);
     done += count;
   }
 }
