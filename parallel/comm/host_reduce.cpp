@@ -16,21 +16,13 @@ template <typename T> struct Accumulator { using type = T; };
 template <> struct Accumulator<Half> { using type = float; };
 template <> struct Accumulator<BFloat16> { using type = float; };
 
-// Calls body.operator()<T>() with the C++ type of a reducible dtype.
+// Calls body.operator()<T>() with the C++ type of a reducible dtype (core/dtype.h's
+// dispatch, after the check that leaves bool out).
 template <typename F>
 void dispatch_reducible(DType dtype, F&& body) {
-  switch (dtype) {
-    case kFloat32: return body.template operator()<float>();
-    case kFloat64: return body.template operator()<double>();
-    case kFloat16: return body.template operator()<Half>();
-    case kBFloat16: return body.template operator()<BFloat16>();
-    case kInt32: return body.template operator()<int32_t>();
-    case kInt64: return body.template operator()<int64_t>();
-    case kUInt8: return body.template operator()<uint8_t>();
-    default:
-      LOOM_FAIL("the gloo backend reduces ", reducible_dtype_names(), " tensors, got ", dtype_name(dtype),
-                "; convert with .to(kFloat32)");
-  }
+  LOOM_CHECK(is_reducible(dtype), "the gloo backend reduces ", reducible_dtype_names(), " tensors, got ",
+             dtype_name(dtype), "; convert with .to(kFloat32)");
+  dispatch_any(dtype, "reduce", std::forward<F>(body));
 }
 
 // acc[i] = x[i] op y[i]; x may be acc itself.
