@@ -5,6 +5,7 @@
 //   build/examples/train_cifar10 --checkpoint-dir ckpt --resume # continue exactly
 //   build/parallel/loomrun --nproc_per_node 2 build/examples/train_cifar10 --mode ddp [--sync-bn]
 //                                                                # one process per device
+//   build/examples/train_cifar10 --mode dp --dp-devices 2 --threads 2  # one process, cpu:0 + cpu:1
 //
 // This file turns flags into a TrainConfig; the loop itself is examples/train/trainer.cpp.
 #include <cstdio>
@@ -48,7 +49,10 @@ int main(int argc, char** argv) {
     auto& eval_limit = flags.add<int64_t>("eval-limit", -1, "evaluate on at most N test images (-1: all)");
     auto& metrics_json = flags.add<std::string>("metrics-json", "", "write final metrics as JSON");
     auto& quiet = flags.add<bool>("quiet", false, "no progress bar");
-    auto& mode = flags.add<std::string>("mode", c.mode, "single | ddp (DistributedDataParallel; start with loomrun)");
+    auto& mode = flags.add<std::string>("mode", c.mode, "single | dp (DataParallel: one process, several devices) | "
+                                        "ddp (DistributedDataParallel; start with loomrun)");
+    auto& dp_devices = flags.add<int64_t>("dp-devices", c.dp_devices, "dp: devices (0: every GPU with --device cuda, "
+                                          "2 on cpu: cpu:0 and cpu:1)");
     auto& backend = flags.add<std::string>("backend", "", "ddp: gloo | nccl (default: nccl on cuda, gloo on cpu)");
     auto& sync_bn = flags.add<bool>("sync-bn", false, "ddp: BatchNorm statistics over every rank (SyncBatchNorm)");
     auto& lr_scaling = flags.add<std::string>("lr-scaling", c.lr_scaling, "none | linear (lr x world size)");
@@ -84,6 +88,7 @@ int main(int argc, char** argv) {
     c.metrics_json = metrics_json;
     c.progress = !quiet;
     c.mode = mode;
+    c.dp_devices = dp_devices;
     c.backend = backend;
     c.sync_bn = sync_bn;
     c.lr_scaling = lr_scaling;

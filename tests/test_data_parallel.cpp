@@ -171,6 +171,8 @@ TEST_CASE("the replicas run on threads of their own, in the caller's grad mode")
   CHECK(*probe->grad_on == std::vector<bool>{true, true, true});
   y.sum().backward();
   CHECK(probe->w.grad().tolist<float>() == std::vector<float>{6});  // every replica's x * w, summed
+  dp(ones({3, 2}));
+  CHECK(probe->threads->size() == 3);  // the same threads again: Note [Replica threads persist]
   probe->grad_on->clear();
   NoGradGuard no_grad;
   Tensor z = dp(ones({3, 2}));

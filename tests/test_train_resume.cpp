@@ -2,6 +2,7 @@
 // bit for bit (Note [What a checkpoint holds] in examples/train/checkpoint.h).
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <filesystem>
 
 #include "examples/train/checkpoint.h"
@@ -76,6 +77,40 @@ TEST_CASE("resuming mid-epoch and at an epoch boundary continues exactly") {
     check_same_weights(straight.save, second.save);
     CHECK(resumed.train_loss == doctest::Approx(uninterrupted.train_loss).epsilon(1e-12));
   }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("--mode dp: DataParallel training resumes exactly, and its weights are the model's own keys") {
+  const std::string dir = temp_dir("dp");
+  TrainConfig straight = small_run();
+  straight.mode = "dp";
+  straight.dp_devices = 3;  // cpu:0, cpu:1, cpu:2; 32 images: chunks of 11, 11, 10
+  straight.max_steps = 8;
+  straight.save = dir + "/straight.safetensors";
+  TrainResult uninterrupted = train_cifar10(straight);
+  CHECK(uninterrupted.steps == 8);
+
+  TrainConfig first = straight;
+  first.max_steps = 5;
+  first.save.clear();
+  first.checkpoint_dir = dir + "/ckpt";
+  first.checkpoint_every = 1000;
+  train_cifar10(first);
+  TrainConfig second = straight;
+  second.checkpoint_dir = first.checkpoint_dir;
+  second.resume = true;
+  second.save = dir + "/resumed.safetensors";
+  train_cifar10(second);
+  check_same_weights(straight.save, second.save);
+
+  // The saved keys are resnet_tiny's ("conv1.weight"), not DataParallel's "module.*": a
+  // single-device run starts from them.
+  auto weights = safetensors::load_file(straight.save);
+  CHECK(weights.find("conv1.weight") != nullptr);
+  TrainConfig single = small_run();
+  single.init = straight.save;
+  single.max_steps = 1;
+  CHECK(std::isfinite(train_cifar10(single).train_loss));
   std::filesystem::remove_all(dir);
 }
 

@@ -19,6 +19,7 @@
 #include "data/transforms.h"                // defines: Compose, RandomCrop, ...
 #include "examples/train/checkpoint.h"      // defines: save_checkpoint, load_checkpoint
 #include "examples/train/device.h"          // defines: training_device, to_training_device, read_loss_and_correct
+#include "cuda/device.h"                    // defines: cuda::device_count (--mode dp's default)
 #include "examples/train/distributed.h"     // defines: Distributed, what --mode ddp changes
 #include "examples/train/mixed_precision.h" // defines: MixedPrecision, what --amp changes
 #include "examples/train/progress.h"        // defines: ProgressBar, RunningMetrics
@@ -27,6 +28,7 @@
 #include "nn/optim/sgd.h"                   // defines: SGD
 #include "nn/resnet.h"                      // defines: resnet18, resnet_tiny
 #include "nn/safetensors.h"                 // defines: nn::save, nn::load
+#include "parallel/data_parallel.h"         // defines: DataParallel, what --mode dp changes
 
 namespace loom::examples {
 namespace {
@@ -99,6 +101,17 @@ double median(std::vector<double> values) {
   return values.size() % 2 ? values[mid] : (values[mid - 1] + values[mid]) / 2;
 }
 
+// --mode dp: DataParallel over --dp-devices devices of --device's type, starting at the
+// model's (cpu:0, cpu:1, ... are CPU virtual devices: one thread each in forward).
+std::shared_ptr<nn::Module> data_parallel(std::shared_ptr<nn::Module> model, const TrainConfig& config, Device device) {
+  const int64_t count = config.dp_devices > 0 ? config.dp_devices : device.is_cuda() ? cuda::device_count() : 2;
+  std::vector<Device> devices;
+  for (int64_t i = 0; i < count; ++i) devices.emplace_back(device.type, device.index + static_cast<int>(i));
+  auto dp = std::make_shared<parallel::DataParallel>(model, devices);
+  if (config.progress) std::fprintf(stderr, "DataParallel over %s\n", dp->extra_repr().c_str());
+  return dp;
+}
+
 }  // namespace
 
 TrainResult train_cifar10(const TrainConfig& config) {
@@ -130,9 +143,10 @@ TrainResult train_cifar10(const TrainConfig& config) {
   auto model = make_model(config);
   model->to(device);
   if (!config.init.empty()) nn::load(*model, config.init);
-  // The module the loop calls: the model, or DistributedDataParallel around it (which
-  // shares its parameters, so the optimizer and checkpoints use the model's own).
-  auto net = dist.wrap(model, config);
+  // The module the loop calls: the model, or DataParallel / DistributedDataParallel
+  // around it (which share its parameters, so the optimizer and checkpoints use the
+  // model's own).
+  auto net = config.mode == "dp" ? data_parallel(model, config, device) : dist.wrap(model, config);
   nn::CrossEntropyLoss criterion(Tensor(), Reduction::Mean, -100, config.label_smoothing);
   LOOM_CHECK(config.lr_scaling == "none" || config.lr_scaling == "linear", "--lr-scaling: expected none or linear, "
              "got '", config.lr_scaling, "'");

@@ -46,8 +46,11 @@ struct TrainConfig {
   int64_t eval_limit = -1;     // evaluate on at most this many test images; -1: all
   std::string metrics_json;
   bool progress = true;
-  // Distributed data parallel (examples/train/distributed.h); the defaults are one process.
-  std::string mode = "single";       // single | ddp
+  // Data parallelism; the defaults are one process on one device. dp: DataParallel, one
+  // process over dp_devices devices (parallel/data_parallel.h); ddp: one process per
+  // device under loomrun (examples/train/distributed.h).
+  std::string mode = "single";       // single | dp | ddp
+  int64_t dp_devices = 0;            // dp: devices to use; 0 = every GPU (cuda), 2 (cpu)
   std::string backend;               // ddp: gloo | nccl; "" = nccl on CUDA, gloo on CPU
   bool sync_bn = false;              // ddp: BatchNorm2d statistics over every rank
   std::string lr_scaling = "none";   // none | linear (lr x world size: the global batch grew)
