@@ -114,6 +114,25 @@ TEST_CASE("--mode dp: DataParallel training resumes exactly, and its weights are
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("--mode mp: the ResNet cut into stages on cpu:0..2 trains bit for bit as on one device") {
+  // Every stage sees the whole batch, so even BatchNorm matches: Note [Stage balance]'s
+  // split changes where layers run, not what they compute.
+  const std::string dir = temp_dir("mp");
+  TrainConfig single = small_run();
+  single.max_steps = 6;
+  single.save = dir + "/single.safetensors";
+  TrainResult one = train_cifar10(single);
+  TrainConfig staged = single;
+  staged.mode = "mp";
+  staged.mp_devices = 3;
+  staged.save = dir + "/staged.safetensors";
+  TrainResult three = train_cifar10(staged);
+  check_same_weights(single.save, staged.save);
+  CHECK(three.train_loss == one.train_loss);
+  CHECK(three.test_loss == one.test_loss);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("--amp fp16: the GradScaler's state is checkpointed and resuming continues exactly") {
   const std::string dir = temp_dir("amp");
   TrainConfig straight = small_run();

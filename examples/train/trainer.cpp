@@ -29,6 +29,7 @@
 #include "nn/resnet.h"                      // defines: resnet18, resnet_tiny
 #include "nn/safetensors.h"                 // defines: nn::save, nn::load
 #include "parallel/data_parallel.h"         // defines: DataParallel, what --mode dp changes
+#include "parallel/model_parallel.h"        // defines: ModelParallel, what --mode mp changes
 
 namespace loom::examples {
 namespace {
@@ -80,6 +81,7 @@ RunningMetrics evaluate(nn::Module& model, nn::CrossEntropyLoss& criterion, data
     if (limit >= 0 && metrics.examples >= static_cast<double>(limit)) break;
     Tensor images = to_training_device(batch.data, device), labels = to_training_device(batch.target, device);
     Tensor logits = model(images);
+    labels = labels.to(logits.device());  // --mode mp: the logits are on the last stage's device
     int64_t n = batch.size();
     if (real >= 0 && metrics.examples + static_cast<double>(n) > static_cast<double>(real)) {
       n = std::max<int64_t>(real - static_cast<int64_t>(metrics.examples), 0);  // the rest is padding
@@ -110,6 +112,24 @@ std::shared_ptr<nn::Module> data_parallel(std::shared_ptr<nn::Module> model, con
   auto dp = std::make_shared<parallel::DataParallel>(model, devices);
   if (config.progress) std::fprintf(stderr, "DataParallel over %s\n", dp->extra_repr().c_str());
   return dp;
+}
+
+// --mode mp: the ResNet as a Sequential cut into --mp-devices stages on consecutive
+// devices (cpu:0, cpu:1, ...), balanced by each layer's measured time (Note [Stage
+// balance]). The stages share the model's layers, which move to their devices.
+std::shared_ptr<nn::Module> model_parallel(nn::Module& model, const TrainConfig& config, Device device) {
+  auto* resnet = dynamic_cast<nn::ResNet*>(&model);
+  LOOM_CHECK(resnet != nullptr, "--mode mp needs a ResNet (its layers as a Sequential), got ", model.type_name());
+  const int64_t count = config.mp_devices;
+  std::vector<Device> devices;
+  for (int64_t i = 0; i < count; ++i) devices.emplace_back(device.type, device.index + static_cast<int>(i));
+  auto layers = resnet->sequential();
+  Tensor sample = randn({std::min<int64_t>(config.batch_size, 32), resnet->in_channels, 32, 32},
+                        TensorOptions().device(device));
+  auto balance = parallel::balance_by_time(*layers, sample, count);
+  auto mp = std::make_shared<parallel::ModelParallel>(layers, devices, balance);
+  if (config.progress) std::fprintf(stderr, "ModelParallel: %s\n", mp->extra_repr().c_str());
+  return mp;
 }
 
 }  // namespace
@@ -146,7 +166,9 @@ TrainResult train_cifar10(const TrainConfig& config) {
   // The module the loop calls: the model, or DataParallel / DistributedDataParallel
   // around it (which share its parameters, so the optimizer and checkpoints use the
   // model's own).
-  auto net = config.mode == "dp" ? data_parallel(model, config, device) : dist.wrap(model, config);
+  auto net = config.mode == "dp"   ? data_parallel(model, config, device)
+             : config.mode == "mp" ? model_parallel(*model, config, device)
+                                   : dist.wrap(model, config);
   nn::CrossEntropyLoss criterion(Tensor(), Reduction::Mean, -100, config.label_smoothing);
   LOOM_CHECK(config.lr_scaling == "none" || config.lr_scaling == "linear", "--lr-scaling: expected none or linear, "
              "got '", config.lr_scaling, "'");
@@ -214,6 +236,7 @@ TrainResult train_cifar10(const TrainConfig& config) {
         trace::Span span("forward", "train");
         auto autocast_scope = amp.autocast();  // --amp bf16|fp16: 16-bit convs and matmuls
         logits = (*net)(images);
+        labels = labels.to(logits.device());  // --mode mp: the logits are on the last stage's device
         loss = criterion(logits, labels);
       }
       optimizer.zero_grad();

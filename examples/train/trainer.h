@@ -49,8 +49,10 @@ struct TrainConfig {
   // Data parallelism; the defaults are one process on one device. dp: DataParallel, one
   // process over dp_devices devices (parallel/data_parallel.h); ddp: one process per
   // device under loomrun (examples/train/distributed.h).
-  std::string mode = "single";       // single | dp | ddp
+  // mp: the model cut into stages on mp_devices devices (parallel/model_parallel.h).
+  std::string mode = "single";       // single | dp | mp | ddp
   int64_t dp_devices = 0;            // dp: devices to use; 0 = every GPU (cuda), 2 (cpu)
+  int64_t mp_devices = 2;            // mp: stages, one device each
   std::string backend;               // ddp: gloo | nccl; "" = nccl on CUDA, gloo on CPU
   bool sync_bn = false;              // ddp: BatchNorm2d statistics over every rank
   std::string lr_scaling = "none";   // none | linear (lr x world size: the global batch grew)
