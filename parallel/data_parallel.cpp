@@ -3,10 +3,8 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <exception>
 #include <functional>
-#include <mutex>
 #include <thread>
 
 #include "autograd/autocast.h"   // defines: autocast::Guard, is_enabled, get_dtype
@@ -15,6 +13,7 @@
 #include "autograd/variable.h"   // defines: AutogradMeta (what a replica parameter takes over)
 #include "core/error.h"
 #include "cuda/device.h"         // defines: cuda::DeviceGuard, device_count
+#include "parallel/device_threads.h"  // defines: run_on_device_threads
 
 namespace loom::parallel {
 
@@ -62,77 +61,6 @@ std::vector<std::shared_ptr<nn::Module>> replicate(const nn::Module& module, con
   return replicas;
 }
 
-namespace {
-
-// Note [Replica threads persist]
-// PyTorch starts a thread per replica at every forward; on GPUs that costs nothing that
-// matters. On CPU devices a new thread starts cold: oneDNN's per-thread scratchpad
-// (core/cpu/conv2d.cpp) is allocated and faulted in again, and so is every thread-local
-// cache. So replicas 1..n-1 run on threads that live as long as the process, parked on a
-// condition variable between forwards; replica 0 runs on the caller's thread. One
-// parallel_apply runs at a time (a second caller waits for the first).
-class ReplicaThreads {
- public:
-  static ReplicaThreads& instance() {
-    static ReplicaThreads threads;
-    return threads;
-  }
-  ~ReplicaThreads() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stopping_ = true;
-    }
-    wake_.notify_all();
-    for (auto& t : threads_) t.join();
-  }
-
-  // task(0) on this thread, task(i) for 0 < i < n on worker thread i - 1; returns when
-  // all are done. `task` must not throw.
-  void run(size_t n, const std::function<void(size_t)>& task) {
-    std::lock_guard<std::mutex> one_at_a_time(run_mutex_);
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      while (threads_.size() + 1 < n) threads_.emplace_back([this, w = threads_.size()] { loop(w); });
-      task_ = &task;
-      wanted_ = n - 1;
-      pending_ = n - 1;
-      ++generation_;
-    }
-    wake_.notify_all();
-    task(0);
-    std::unique_lock<std::mutex> lock(mutex_);
-    done_.wait(lock, [&] { return pending_ == 0; });
-    task_ = nullptr;
-  }
-
- private:
-  void loop(size_t worker) {
-    uint64_t seen = 0;
-    std::unique_lock<std::mutex> lock(mutex_);
-    while (true) {
-      wake_.wait(lock, [&] { return stopping_ || generation_ != seen; });
-      if (stopping_) return;
-      seen = generation_;
-      if (worker >= wanted_) continue;  // this forward has fewer replicas than threads
-      const std::function<void(size_t)>* task = task_;
-      lock.unlock();
-      (*task)(worker + 1);
-      lock.lock();
-      if (--pending_ == 0) done_.notify_all();
-    }
-  }
-
-  std::mutex run_mutex_, mutex_;
-  std::condition_variable wake_, done_;
-  std::vector<std::thread> threads_;
-  const std::function<void(size_t)>* task_ = nullptr;
-  size_t wanted_ = 0, pending_ = 0;
-  uint64_t generation_ = 0;
-  bool stopping_ = false;
-};
-
-}  // namespace
-
 std::vector<Tensor> parallel_apply(const std::vector<std::shared_ptr<nn::Module>>& modules,
                                    const std::vector<Tensor>& inputs) {
   LOOM_CHECK(modules.size() == inputs.size(), "parallel_apply: got ", modules.size(), " modules but ", inputs.size(),
@@ -161,9 +89,9 @@ std::vector<Tensor> parallel_apply(const std::vector<std::shared_ptr<nn::Module>
     }
   };
   if (n > 0) {
-    // Replica 0 runs here, with the caller's own thread state; Note [Replica threads persist].
+    // Replica 0 runs here, with the caller's own thread state; Note [Device threads persist].
     const int caller_threads = omp_get_max_threads();
-    ReplicaThreads::instance().run(n, run);
+    run_on_device_threads(n, run);
     omp_set_num_threads(caller_threads);
     GradMode::set_enabled(grad_enabled);
   }

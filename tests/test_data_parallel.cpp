@@ -172,7 +172,7 @@ TEST_CASE("the replicas run on threads of their own, in the caller's grad mode")
   y.sum().backward();
   CHECK(probe->w.grad().tolist<float>() == std::vector<float>{6});  // every replica's x * w, summed
   dp(ones({3, 2}));
-  CHECK(probe->threads->size() == 3);  // the same threads again: Note [Replica threads persist]
+  CHECK(probe->threads->size() == 3);  // the same threads again: Note [Device threads persist]
   probe->grad_on->clear();
   NoGradGuard no_grad;
   Tensor z = dp(ones({3, 2}));
