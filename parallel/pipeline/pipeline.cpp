@@ -1,0 +1,141 @@
+#include "parallel/pipeline/pipeline.h"
+
+#include <omp.h>
+
+#include <atomic>
+#include <barrier>
+#include <exception>
+
+#include "autograd/grad_mode.h"  // defines: GradMode
+#include "autograd/ops.h"        // defines: chunk, cat
+#include "core/error.h"
+#include "core/trace.h"          // defines: trace::Span (each action is a span on its stage's row)
+#include "parallel/device_threads.h"  // defines: run_on_device_threads
+
+namespace loom::parallel::pipeline {
+
+Pipeline::Pipeline(std::shared_ptr<nn::Sequential> module, std::vector<Device> devices, std::vector<int64_t> balance,
+                   int64_t chunks, std::string schedule, LossFn loss_fn)
+    : ModelParallel(std::move(module), std::move(devices), std::move(balance)),
+      chunks_(chunks),
+      schedule_name_(std::move(schedule)),
+      loss_fn_(std::move(loss_fn)) {
+  LOOM_CHECK(chunks_ >= 1, "Pipeline: chunks must be at least 1, got ", chunks_);
+  LOOM_CHECK(loss_fn_ != nullptr, "Pipeline: no loss function");
+  make_schedule(schedule_name_, static_cast<int64_t>(stages().size()), chunks_);  // a clear error for a bad name
+}
+
+namespace {
+
+// What one step's stages hand each other; element [s][m] is written by stage s's thread
+// (or, for a consumed input, by stage s - 1's) at the tick of the action that makes it.
+struct StepState {
+  std::vector<std::vector<Tensor>> inputs;   // [s][m]: stage s's input leaf (s > 0)
+  std::vector<std::vector<Tensor>> outputs;  // [s][m]: stage s's output (the weighted loss on the last stage)
+  std::vector<Tensor> losses, logits;        // [m]: detached, from the last stage
+};
+
+}  // namespace
+
+Pipeline::StepResult Pipeline::step(const Tensor& input, const Tensor& target) {
+  const auto& stage_modules = stages();
+  const auto S = static_cast<int64_t>(stage_modules.size());
+  LOOM_CHECK(input.defined() && target.defined() && input.dim() > 0 && target.dim() > 0 &&
+                 input.size(0) == target.size(0) && input.size(0) > 0,
+             "Pipeline::step: expected an input and a target with the same positive batch size, got ", input.str(),
+             " and ", target.str());
+  const double batch = static_cast<double>(input.size(0));
+  std::vector<Tensor> micro_inputs = chunk(input.detach(), chunks_, 0);
+  std::vector<Tensor> micro_targets = chunk(target, chunks_, 0);
+  const auto M = static_cast<int64_t>(micro_inputs.size());
+  const Schedule schedule = make_schedule(schedule_name_, S, M);
+
+  StepState st;
+  st.inputs.assign(size_t(S), std::vector<Tensor>(size_t(M)));
+  st.outputs.assign(size_t(S), std::vector<Tensor>(size_t(M)));
+  st.losses.resize(size_t(M));
+  st.logits.resize(size_t(M));
+
+  // See Note [One clock for every stage].
+  auto forward = [&](int64_t s, int64_t m) {
+    Tensor x = s == 0 ? micro_inputs[size_t(m)] : st.outputs[size_t(s) - 1][size_t(m)].detach();
+    x = x.to(devices()[size_t(s)]);
+    if (s > 0) {
+      x = x.detach().requires_grad_(true);  // a leaf: its .grad() is what stage s - 1 needs
+      st.inputs[size_t(s)][size_t(m)] = x;
+    }
+    Tensor y = (*stage_modules[size_t(s)])(x);
+    if (s == S - 1) {
+      const Tensor& t = micro_targets[size_t(m)];
+      // Note [Micro-batch losses add up to the batch's]
+      Tensor loss = loss_fn_(y, t.to(y.device())) * (static_cast<double>(t.size(0)) / batch);
+      st.losses[size_t(m)] = loss.detach();
+      st.logits[size_t(m)] = y.detach();
+      y = loss;
+    }
+    st.outputs[size_t(s)][size_t(m)] = y;
+  };
+  auto backward = [&](int64_t s, int64_t m) {
+    Tensor& out = st.outputs[size_t(s)][size_t(m)];
+    if (s == S - 1) {
+      out.backward();
+    } else {
+      Tensor& next_input = st.inputs[size_t(s) + 1][size_t(m)];
+      Tensor grad = next_input.grad();
+      LOOM_CHECK(grad.defined(), "Pipeline: stage ", s + 1, " left no gradient for its input of micro-batch ", m,
+                 "; does its first layer use its input?");
+      if (out.requires_grad()) out.backward(grad.to(out.device()));
+      next_input = Tensor();  // stage s + 1 is done with micro-batch m
+    }
+    out = Tensor();  // frees this micro-batch's graph on stage s
+  };
+
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(S));
+  std::vector<std::string> where(static_cast<size_t>(S));
+  std::atomic<bool> failed{false};
+  std::barrier clock(S);
+  const bool grad_enabled = GradMode::is_enabled();
+  const int caller_threads = omp_get_max_threads();
+  const int threads_each = std::max(1, caller_threads / static_cast<int>(S));
+  run_on_device_threads(size_t(S), [&](size_t stage) {
+    const auto s = static_cast<int64_t>(stage);
+    GradMode::set_enabled(grad_enabled);
+    omp_set_num_threads(threads_each);
+    for (size_t tick = 0; tick < schedule.ticks.size(); ++tick) {
+      const auto& action = schedule.ticks[tick][stage];
+      if (action && !failed.load()) {
+        const bool fwd = action->pass == Pass::Forward;
+        try {
+          trace::Span span(detail::str(fwd ? "F" : "B", action->micro_batch, " stage ", s), "pipeline");
+          if (fwd) forward(s, action->micro_batch);
+          else backward(s, action->micro_batch);
+        } catch (...) {
+          errors[stage] = std::current_exception();
+          where[stage] = detail::str(fwd ? "forward" : "backward", " of micro-batch ", action->micro_batch, " at tick ",
+                                     tick);
+          failed = true;
+        }
+      }
+      clock.arrive_and_wait();  // every stage, every tick, even after a failure: nobody is left waiting
+    }
+  });
+  omp_set_num_threads(caller_threads);
+  GradMode::set_enabled(grad_enabled);
+  for (int64_t s = 0; s < S; ++s) {
+    if (!errors[size_t(s)]) continue;
+    try {
+      std::rethrow_exception(errors[size_t(s)]);
+    } catch (const std::exception& e) {
+      LOOM_FAIL("Pipeline: stage ", s, " (", devices()[size_t(s)], ") failed in the ", where[size_t(s)], ": ", e.what());
+    }
+  }
+  Tensor loss = st.losses[0];
+  for (int64_t m = 1; m < M; ++m) loss = loss + st.losses[size_t(m)];
+  return {loss, cat(st.logits, 0)};
+}
+
+std::string Pipeline::extra_repr() const {
+  return ModelParallel::extra_repr() + ", chunks=" + std::to_string(chunks_) + ", schedule=" + schedule_name_;
+}
+
+}  // namespace loom::parallel::pipeline

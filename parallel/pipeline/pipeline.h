@@ -1,0 +1,70 @@
+// Pipeline parallelism in one process: the stages of ModelParallel, each on its own
+// thread, working on different micro-batches at once, in the order a Schedule gives
+// (GPipe or 1F1B, parallel/pipeline/schedule.h). torchgpipe's GPipe and PyTorch's
+// torch.distributed.pipelining (Schedule1F1B) in one small class.
+//
+//   auto seq = nn::resnet18(10)->sequential();
+//   parallel::pipeline::Pipeline pipe(seq, {"cpu:0", "cpu:1"}, {7, 7}, /*chunks=*/4, "1f1b",
+//                                     [&](const Tensor& out, const Tensor& y) { return cross_entropy(out, y); });
+//   optimizer.zero_grad();
+//   auto result = pipe.step(images, labels);  // forward and backward of all 4 micro-batches
+//   optimizer.step();                         // .grad(): the whole batch's mean-loss gradient
+//
+// Note [One clock for every stage]
+// step() runs the schedule tick by tick: at each tick every stage's thread performs its
+// action (or waits, in the bubble), then all meet at a barrier. An action only reads
+// what another stage produced at an earlier tick (the schedule guarantees it), so the
+// barrier is the only synchronisation, and the run is deterministic: the same gradients
+// bit for bit, whichever schedule (both accumulate micro-batches in order 0, 1, ...).
+// Between stages the activation is detached and moved to the next device, where it
+// becomes a leaf that requires grad; the backward of micro-batch m on stage s starts
+// from the gradient that stage s + 1's backward left in that leaf. So each stage's
+// autograd graph is its own, and stages back-propagate concurrently on their threads
+// (autograd/engine.h allows independent graphs on different threads).
+//
+// Note [Micro-batch losses add up to the batch's]
+// loss_fn returns a mean over its micro-batch (as cross_entropy does). Micro-batch m of
+// size b_m is back-propagated with weight b_m / B, so the accumulated gradient is that
+// of the mean over the whole batch of B: what one device computes on the whole batch,
+// for models without batch statistics. (BatchNorm normalises each micro-batch by its own
+// statistics, as in GPipe; its running statistics see M updates per step.)
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallel/model_parallel.h"
+#include "parallel/pipeline/schedule.h"
+
+namespace loom::parallel::pipeline {
+
+class Pipeline : public ModelParallel {
+ public:
+  using LossFn = std::function<Tensor(const Tensor& output, const Tensor& target)>;
+
+  // chunks: micro-batches per batch (fewer when the batch is smaller); schedule: "gpipe"
+  // or "1f1b". The stages are ModelParallel's.
+  Pipeline(std::shared_ptr<nn::Sequential> module, std::vector<Device> devices, std::vector<int64_t> balance,
+           int64_t chunks, std::string schedule, LossFn loss_fn);
+
+  struct StepResult {
+    Tensor loss;    // the batch's loss (Note [Micro-batch losses add up to the batch's]), detached
+    Tensor output;  // the last stage's outputs of every micro-batch, concatenated, detached
+  };
+  // Forward and backward of one batch under the schedule; the parameters' gradients
+  // accumulate (call the optimizer's zero_grad() first, as before loss.backward()).
+  StepResult step(const Tensor& input, const Tensor& target);
+
+  int64_t chunks() const { return chunks_; }
+  const std::string& schedule_name() const { return schedule_name_; }
+  std::string extra_repr() const override;
+
+ private:
+  int64_t chunks_;
+  std::string schedule_name_;
+  LossFn loss_fn_;
+};
+
+}  // namespace loom::parallel::pipeline
