@@ -7,6 +7,7 @@
 //                                                                # one process per device
 //   build/examples/train_cifar10 --mode dp --dp-devices 2 --threads 2  # one process, cpu:0 + cpu:1
 //   build/examples/train_cifar10 --mode mp --mp-devices 2              # ResNet cut in 2 stages
+//   build/examples/train_cifar10 --mode pipeline --chunks 4 --pipeline-schedule 1f1b --threads 2
 //
 // This file turns flags into a TrainConfig; the loop itself is examples/train/trainer.cpp.
 #include <cstdio>
@@ -51,8 +52,11 @@ int main(int argc, char** argv) {
     auto& metrics_json = flags.add<std::string>("metrics-json", "", "write final metrics as JSON");
     auto& quiet = flags.add<bool>("quiet", false, "no progress bar");
     auto& mode = flags.add<std::string>("mode", c.mode, "single | dp (DataParallel: one process, several devices) | "
-                                        "mp (layer-wise model parallel) | ddp (DistributedDataParallel; start with loomrun)");
-    auto& mp_devices = flags.add<int64_t>("mp-devices", c.mp_devices, "mp: stages, one device each");
+                                        "mp (layer-wise model parallel) | pipeline (micro-batches over the mp "
+                                        "stages) | ddp (DistributedDataParallel; start with loomrun)");
+    auto& mp_devices = flags.add<int64_t>("mp-devices", c.mp_devices, "mp, pipeline: stages, one device each");
+    auto& chunks = flags.add<int64_t>("chunks", c.chunks, "pipeline: micro-batches per batch");
+    auto& schedule_name = flags.add<std::string>("pipeline-schedule", c.pipeline_schedule, "pipeline: gpipe | 1f1b");
     auto& dp_devices = flags.add<int64_t>("dp-devices", c.dp_devices, "dp: devices (0: every GPU with --device cuda, "
                                           "2 on cpu: cpu:0 and cpu:1)");
     auto& backend = flags.add<std::string>("backend", "", "ddp: gloo | nccl (default: nccl on cuda, gloo on cpu)");
@@ -92,6 +96,8 @@ int main(int argc, char** argv) {
     c.mode = mode;
     c.dp_devices = dp_devices;
     c.mp_devices = mp_devices;
+    c.chunks = chunks;
+    c.pipeline_schedule = schedule_name;
     c.backend = backend;
     c.sync_bn = sync_bn;
     c.lr_scaling = lr_scaling;

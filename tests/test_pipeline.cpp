@@ -87,7 +87,7 @@ TEST_CASE("transparency: GPipe and 1F1B give one device's gradients, loss and SG
       Tensor x = randn({4, 3, 8, 8}, kFloat64);
       CHECK(max_abs_diff(pipe(x).to(Device("cpu:0")), (*single)(x)) < 1e-12);
     }
-    // Note [One clock for every stage]: both schedules accumulate micro-batches in order.
+    // Note [Stages wait only for what they need]: both schedules accumulate in order.
     REQUIRE(grads_by_schedule.size() == 2);
     for (size_t i = 0; i < grads_by_schedule[0].size(); ++i)
       CHECK(grads_by_schedule[0][i].tolist<double>() == grads_by_schedule[1][i].tolist<double>());
@@ -99,7 +99,7 @@ TEST_CASE("a stage that throws: an error naming the stage, the micro-batch and t
   Pipeline pipe(net, {"cpu:0", "cpu:1"}, {2, 4}, 2, "1f1b", loss_of);
   // Labels out of range fail in stage 1's loss, on its thread, while stage 0 goes on.
   CHECK_THROWS_WITH_AS(pipe.step(randn({4, 3, 8, 8}, kFloat64), full({4}, 99, TensorOptions(kInt64))),
-                       doctest::Contains("Pipeline: stage 1 (cpu:1) failed in the forward of micro-batch 0 at tick 1"),
+                       doctest::Contains("Pipeline: stage 1 (cpu:1) failed in the forward of micro-batch 0 (its action at tick 1"),
                        Error);
   auto result = pipe.step(randn({4, 3, 8, 8}, kFloat64), randint(0, 10, {4}));
   CHECK(std::isfinite(result.loss.item<double>()));

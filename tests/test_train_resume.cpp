@@ -133,6 +133,39 @@ TEST_CASE("--mode mp: the ResNet cut into stages on cpu:0..2 trains bit for bit 
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("--mode pipeline: GPipe and 1F1B train bit for bit alike, and resume exactly") {
+  const std::string dir = temp_dir("pipe");
+  TrainConfig gpipe = small_run();
+  gpipe.mode = "pipeline";
+  gpipe.mp_devices = 2;
+  gpipe.chunks = 3;  // 32 images: micro-batches of 11, 11, 10
+  gpipe.pipeline_schedule = "gpipe";
+  gpipe.max_steps = 6;
+  gpipe.save = dir + "/gpipe.safetensors";
+  TrainResult a = train_cifar10(gpipe);
+  CHECK(a.steps == 6);
+  CHECK(std::isfinite(a.train_loss));
+  TrainConfig one_f_one_b = gpipe;
+  one_f_one_b.pipeline_schedule = "1f1b";
+  one_f_one_b.save = dir + "/1f1b.safetensors";
+  train_cifar10(one_f_one_b);
+  check_same_weights(gpipe.save, one_f_one_b.save);  // Note [Stages wait only for what they need]
+
+  TrainConfig first = one_f_one_b;
+  first.max_steps = 4;
+  first.save.clear();
+  first.checkpoint_dir = dir + "/ckpt";
+  first.checkpoint_every = 1000;
+  train_cifar10(first);
+  TrainConfig second = one_f_one_b;
+  second.checkpoint_dir = first.checkpoint_dir;
+  second.resume = true;
+  second.save = dir + "/resumed.safetensors";
+  train_cifar10(second);
+  check_same_weights(one_f_one_b.save, second.save);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("--amp fp16: the GradScaler's state is checkpointed and resuming continues exactly") {
   const std::string dir = temp_dir("amp");
   TrainConfig straight = small_run();

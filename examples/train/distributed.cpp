@@ -14,12 +14,12 @@ namespace loom::examples {
 namespace dist = loom::distributed;
 
 Distributed::Distributed(const TrainConfig& config) {
-  if (config.mode == "single" || config.mode == "dp" || config.mode == "mp") {  // one process: nothing to send
+  if (config.mode == "single" || config.mode == "dp" || config.mode == "mp" || config.mode == "pipeline") {
     LOOM_CHECK(!config.sync_bn, "--sync-bn needs --mode ddp (with one process there is nothing to synchronise)");
     LOOM_CHECK(config.backend.empty(), "--backend needs --mode ddp");
     return;
   }
-  LOOM_CHECK(config.mode == "ddp", "--mode: expected single, dp, mp or ddp, got '", config.mode, "'");
+  LOOM_CHECK(config.mode == "ddp", "--mode: expected single, dp, mp, pipeline or ddp, got '", config.mode, "'");
   const Device device(config.device);
   const std::string backend = config.backend.empty() ? (device.is_cuda() ? "nccl" : "gloo") : config.backend;
   LOOM_CHECK(backend != "nccl" || device.is_cuda(), "--backend nccl moves CUDA tensors, but --device is ",

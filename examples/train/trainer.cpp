@@ -30,6 +30,7 @@
 #include "nn/safetensors.h"                 // defines: nn::save, nn::load
 #include "parallel/data_parallel.h"         // defines: DataParallel, what --mode dp changes
 #include "parallel/model_parallel.h"        // defines: ModelParallel, what --mode mp changes
+#include "parallel/pipeline/pipeline.h"     // defines: Pipeline, what --mode pipeline changes
 
 namespace loom::examples {
 namespace {
@@ -114,21 +115,35 @@ std::shared_ptr<nn::Module> data_parallel(std::shared_ptr<nn::Module> model, con
   return dp;
 }
 
-// --mode mp: the ResNet as a Sequential cut into --mp-devices stages on consecutive
-// devices (cpu:0, cpu:1, ...), balanced by each layer's measured time (Note [Stage
-// balance]). The stages share the model's layers, which move to their devices.
-std::shared_ptr<nn::Module> model_parallel(nn::Module& model, const TrainConfig& config, Device device) {
+// --mode mp / pipeline: the ResNet as a Sequential cut into --mp-devices stages on
+// consecutive devices (cpu:0, cpu:1, ...), balanced by each layer's measured time (Note
+// [Stage balance]). The stages share the model's layers, which move to their devices.
+// pipeline: the same stages, --chunks micro-batches under --schedule.
+std::shared_ptr<nn::Module> model_parallel(nn::Module& model, const TrainConfig& config, Device device,
+                                           nn::CrossEntropyLoss& criterion) {
   auto* resnet = dynamic_cast<nn::ResNet*>(&model);
   LOOM_CHECK(resnet != nullptr, "--mode mp needs a ResNet (its layers as a Sequential), got ", model.type_name());
   const int64_t count = config.mp_devices;
   std::vector<Device> devices;
   for (int64_t i = 0; i < count; ++i) devices.emplace_back(device.type, device.index + static_cast<int>(i));
   auto layers = resnet->sequential();
-  Tensor sample = randn({std::min<int64_t>(config.batch_size, 32), resnet->in_channels, 32, 32},
-                        TensorOptions().device(device));
+  // Measured as the stages will run: a micro-batch (pipeline) or a batch of at most 32,
+  // on each stage's share of the threads.
+  const int64_t per_pass = config.mode == "pipeline" ? (config.batch_size + config.chunks - 1) / config.chunks
+                                                     : std::min<int64_t>(config.batch_size, 32);
+  Tensor sample = randn({std::max<int64_t>(per_pass, 1), resnet->in_channels, 32, 32}, TensorOptions().device(device));
+  const int threads = omp_get_max_threads();
+  if (config.mode == "pipeline") omp_set_num_threads(std::max(1, threads / static_cast<int>(count)));
   auto balance = parallel::balance_by_time(*layers, sample, count);
-  auto mp = std::make_shared<parallel::ModelParallel>(layers, devices, balance);
-  if (config.progress) std::fprintf(stderr, "ModelParallel: %s\n", mp->extra_repr().c_str());
+  omp_set_num_threads(threads);
+  std::shared_ptr<parallel::ModelParallel> mp;
+  if (config.mode == "pipeline")
+    mp = std::make_shared<parallel::pipeline::Pipeline>(
+        layers, devices, balance, config.chunks, config.pipeline_schedule,
+        [&criterion](const Tensor& out, const Tensor& target) { return criterion(out, target); });
+  else
+    mp = std::make_shared<parallel::ModelParallel>(layers, devices, balance);
+  if (config.progress) std::fprintf(stderr, "%s: %s\n", config.mode.c_str(), mp->extra_repr().c_str());
   return mp;
 }
 
@@ -166,10 +181,14 @@ TrainResult train_cifar10(const TrainConfig& config) {
   // The module the loop calls: the model, or DataParallel / DistributedDataParallel
   // around it (which share its parameters, so the optimizer and checkpoints use the
   // model's own).
-  auto net = config.mode == "dp"   ? data_parallel(model, config, device)
-             : config.mode == "mp" ? model_parallel(*model, config, device)
-                                   : dist.wrap(model, config);
   nn::CrossEntropyLoss criterion(Tensor(), Reduction::Mean, -100, config.label_smoothing);
+  auto net = config.mode == "dp"                              ? data_parallel(model, config, device)
+             : config.mode == "mp" || config.mode == "pipeline" ? model_parallel(*model, config, device, criterion)
+                                                                : dist.wrap(model, config);
+  // --mode pipeline: forward and backward are one call, the schedule's (Note [Stages wait
+  // only for what they need]).
+  auto* pipeline = dynamic_cast<parallel::pipeline::Pipeline*>(net.get());
+  LOOM_CHECK(!pipeline || config.amp == "none", "--mode pipeline does not support --amp yet; drop --amp");
   LOOM_CHECK(config.lr_scaling == "none" || config.lr_scaling == "linear", "--lr-scaling: expected none or linear, "
              "got '", config.lr_scaling, "'");
   const double lr = config.lr_scaling == "linear" ? config.lr * dist.world_size() : config.lr;
@@ -232,15 +251,22 @@ TrainResult train_cifar10(const TrainConfig& config) {
       // On a GPU: queued copies from pinned memory; the host runs ahead to the forward.
       Tensor images = to_training_device(batch.data, device), labels = to_training_device(batch.target, device);
       Tensor logits, loss;
-      {
-        trace::Span span("forward", "train");
-        auto autocast_scope = amp.autocast();  // --amp bf16|fp16: 16-bit convs and matmuls
-        logits = (*net)(images);
-        labels = labels.to(logits.device());  // --mode mp: the logits are on the last stage's device
-        loss = criterion(logits, labels);
-      }
-      optimizer.zero_grad();
-      {
+      if (pipeline) {
+        trace::Span span("pipeline forward and backward", "train");
+        optimizer.zero_grad();
+        auto result = pipeline->step(images, labels);  // every micro-batch, on every stage
+        logits = result.output;
+        loss = result.loss;
+        labels = labels.to(logits.device());
+      } else {
+        {
+          trace::Span span("forward", "train");
+          auto autocast_scope = amp.autocast();  // --amp bf16|fp16: 16-bit convs and matmuls
+          logits = (*net)(images);
+          labels = labels.to(logits.device());  // --mode mp: the logits are on the last stage's device
+          loss = criterion(logits, labels);
+        }
+        optimizer.zero_grad();
         trace::Span span("backward", "train");  // ddp: returns with averaged gradients
         amp.backward(loss);  // loss.backward(), scaled under --amp fp16
       }

@@ -49,10 +49,14 @@ struct TrainConfig {
   // Data parallelism; the defaults are one process on one device. dp: DataParallel, one
   // process over dp_devices devices (parallel/data_parallel.h); ddp: one process per
   // device under loomrun (examples/train/distributed.h).
-  // mp: the model cut into stages on mp_devices devices (parallel/model_parallel.h).
-  std::string mode = "single";       // single | dp | mp | ddp
+  // mp: the model cut into stages on mp_devices devices (parallel/model_parallel.h);
+  // pipeline: those stages on threads of their own, over micro-batches
+  // (parallel/pipeline/pipeline.h).
+  std::string mode = "single";       // single | dp | mp | pipeline | ddp
   int64_t dp_devices = 0;            // dp: devices to use; 0 = every GPU (cuda), 2 (cpu)
-  int64_t mp_devices = 2;            // mp: stages, one device each
+  int64_t mp_devices = 2;            // mp, pipeline: stages, one device each
+  int64_t chunks = 4;                // pipeline: micro-batches per batch
+  std::string pipeline_schedule = "1f1b";  // pipeline: gpipe | 1f1b
   std::string backend;               // ddp: gloo | nccl; "" = nccl on CUDA, gloo on CPU
   bool sync_bn = false;              // ddp: BatchNorm2d statistics over every rank
   std::string lr_scaling = "none";   // none | linear (lr x world size: the global batch grew)

@@ -2,9 +2,9 @@
 
 #include <omp.h>
 
-#include <atomic>
-#include <barrier>
+#include <condition_variable>
 #include <exception>
+#include <mutex>
 
 #include "autograd/grad_mode.h"  // defines: GradMode
 #include "autograd/ops.h"        // defines: chunk, cat
@@ -51,12 +51,16 @@ Pipeline::StepResult Pipeline::step(const Tensor& input, const Tensor& target) {
   const Schedule schedule = make_schedule(schedule_name_, S, M);
 
   StepState st;
-  st.inputs.assign(size_t(S), std::vector<Tensor>(size_t(M)));
-  st.outputs.assign(size_t(S), std::vector<Tensor>(size_t(M)));
+  st.inputs.resize(size_t(S));
+  st.outputs.resize(size_t(S));
+  for (int64_t s = 0; s < S; ++s) {
+    st.inputs[size_t(s)].resize(size_t(M));
+    st.outputs[size_t(s)].resize(size_t(M));
+  }
   st.losses.resize(size_t(M));
   st.logits.resize(size_t(M));
 
-  // See Note [One clock for every stage].
+  // See Note [Stages wait only for what they need].
   auto forward = [&](int64_t s, int64_t m) {
     Tensor x = s == 0 ? micro_inputs[size_t(m)] : st.outputs[size_t(s) - 1][size_t(m)].detach();
     x = x.to(devices()[size_t(s)]);
@@ -92,8 +96,17 @@ Pipeline::StepResult Pipeline::step(const Tensor& input, const Tensor& target) {
 
   std::vector<std::exception_ptr> errors(static_cast<size_t>(S));
   std::vector<std::string> where(static_cast<size_t>(S));
-  std::atomic<bool> failed{false};
-  std::barrier clock(S);
+  // See Note [Stages wait only for what they need]. done[pass][s][m], under `mutex`.
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::vector<std::vector<std::vector<char>>> done(
+      2, std::vector<std::vector<char>>(size_t(S), std::vector<char>(size_t(M), 0)));
+  bool failed = false;
+  auto ready = [&](int64_t s, const Action& a) {
+    const auto m = size_t(a.micro_batch);
+    if (a.pass == Pass::Forward) return s == 0 || done[0][size_t(s) - 1][m] != 0;
+    return s == S - 1 ? done[0][size_t(s)][m] != 0 : done[1][size_t(s) + 1][m] != 0;
+  };
   const bool grad_enabled = GradMode::is_enabled();
   const int caller_threads = omp_get_max_threads();
   const int threads_each = std::max(1, caller_threads / static_cast<int>(S));
@@ -101,22 +114,33 @@ Pipeline::StepResult Pipeline::step(const Tensor& input, const Tensor& target) {
     const auto s = static_cast<int64_t>(stage);
     GradMode::set_enabled(grad_enabled);
     omp_set_num_threads(threads_each);
-    for (size_t tick = 0; tick < schedule.ticks.size(); ++tick) {
+    for (size_t tick = 0; tick < schedule.ticks.size(); ++tick) {  // this stage's order
       const auto& action = schedule.ticks[tick][stage];
-      if (action && !failed.load()) {
-        const bool fwd = action->pass == Pass::Forward;
-        try {
-          trace::Span span(detail::str(fwd ? "F" : "B", action->micro_batch, " stage ", s), "pipeline");
-          if (fwd) forward(s, action->micro_batch);
-          else backward(s, action->micro_batch);
-        } catch (...) {
-          errors[stage] = std::current_exception();
-          where[stage] = detail::str(fwd ? "forward" : "backward", " of micro-batch ", action->micro_batch, " at tick ",
-                                     tick);
-          failed = true;
-        }
+      if (!action) continue;
+      {
+        std::unique_lock<std::mutex> lock(mutex);
+        changed.wait(lock, [&] { return failed || ready(s, *action); });
+        if (failed) return;
       }
-      clock.arrive_and_wait();  // every stage, every tick, even after a failure: nobody is left waiting
+      const bool fwd = action->pass == Pass::Forward;
+      try {
+        trace::Span span(detail::str(fwd ? "F" : "B", action->micro_batch, " stage ", s), "pipeline");
+        if (fwd) forward(s, action->micro_batch);
+        else backward(s, action->micro_batch);
+      } catch (...) {
+        errors[stage] = std::current_exception();
+        where[stage] = detail::str(fwd ? "forward" : "backward", " of micro-batch ", action->micro_batch,
+                                   " (its action at tick ", tick, " of the schedule)");
+        std::lock_guard<std::mutex> lock(mutex);
+        failed = true;
+        changed.notify_all();  // the others stop waiting: nothing hangs
+        return;
+      }
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        done[size_t(action->pass)][stage][size_t(action->micro_batch)] = 1;
+      }
+      changed.notify_all();
     }
   });
   omp_set_num_threads(caller_threads);

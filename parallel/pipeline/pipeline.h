@@ -1,5 +1,6 @@
 // Pipeline parallelism in one process: the stages of ModelParallel, each on its own
-// thread, working on different micro-batches at once, in the order a Schedule gives
+// thread, working on different micro-batches at once, each stage in the order a
+// Schedule gives
 // (GPipe or 1F1B, parallel/pipeline/schedule.h). torchgpipe's GPipe and PyTorch's
 // torch.distributed.pipelining (Schedule1F1B) in one small class.
 //
@@ -10,17 +11,23 @@
 //   auto result = pipe.step(images, labels);  // forward and backward of all 4 micro-batches
 //   optimizer.step();                         // .grad(): the whole batch's mean-loss gradient
 //
-// Note [One clock for every stage]
-// step() runs the schedule tick by tick: at each tick every stage's thread performs its
-// action (or waits, in the bubble), then all meet at a barrier. An action only reads
-// what another stage produced at an earlier tick (the schedule guarantees it), so the
-// barrier is the only synchronisation, and the run is deterministic: the same gradients
-// bit for bit, whichever schedule (both accumulate micro-batches in order 0, 1, ...).
-// Between stages the activation is detached and moved to the next device, where it
-// becomes a leaf that requires grad; the backward of micro-batch m on stage s starts
-// from the gradient that stage s + 1's backward left in that leaf. So each stage's
-// autograd graph is its own, and stages back-propagate concurrently on their threads
-// (autograd/engine.h allows independent graphs on different threads).
+// Note [Stages wait only for what they need]
+// Each stage's thread runs its own actions in the schedule's order (its row of the
+// picture), and before each one waits until what it needs is done: the forward of
+// micro-batch m on stage s needs m's forward on s - 1; its backward needs m's backward
+// on s + 1 (on the last stage, m's forward there, which also computed the loss). Done
+// flags under one mutex and a condition variable are the only synchronisation; an
+// action only reads what another stage finished before the flag was set. Stages do not
+// wait for each other's unrelated actions (a clock with a barrier per tick did, and
+// lost a third of the time whenever a stage's backward was paired with the other's
+// shorter forward). The run is deterministic: each stage accumulates its micro-batches'
+// gradients in its own fixed order, 0, 1, ... in both schedules, so GPipe and 1F1B give
+// the same gradients bit for bit. Between stages the activation is detached and moved to
+// the next device, where it becomes a leaf that requires grad; the backward of
+// micro-batch m on stage s starts from the gradient stage s + 1's backward left in that
+// leaf. So each stage's autograd graph is its own, and stages back-propagate
+// concurrently on their threads (autograd/engine.h allows independent graphs on
+// different threads). A stage that throws wakes the others, which stop.
 //
 // Note [Micro-batch losses add up to the batch's]
 // loss_fn returns a mean over its micro-batch (as cross_entropy does). Micro-batch m of
