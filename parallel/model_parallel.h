@@ -19,8 +19,8 @@
 // a list of layer counts (torchgpipe's `balance`). balance_by_cost() computes one from a
 // cost per layer (contiguous groups whose largest total is as small as possible);
 // balance_by_time() measures each layer's forward and backward on a sample batch and
-// balances that. Parameter counts would be the wrong cost for ResNet18: its last stage
-// holds 75% of the parameters but about a quarter of the work.
+// balances that. Parameter counts would be the wrong cost for ResNet18: its last
+// residual stage (layer4) holds 75% of the parameters but about a quarter of the work.
 #pragma once
 
 #include <memory>
