@@ -10,17 +10,6 @@
 namespace loom::nn {
 namespace {
 
-// Replaces the data behind `self` with `data`, keeping the TensorImpl (and so every
-// handle, requires_grad and hooks). See Note [Parameters keep their identity].
-void set_data(const Tensor& self, const Tensor& data) {
-  TensorImpl& impl = *self.unsafe_impl();
-  impl.storage = data.storage();
-  impl.shape = data.shape();
-  impl.strides = data.strides();
-  impl.offset = data.storage_offset();
-  impl.dtype = data.dtype();
-}
-
 // Applies `convert` to a registered tensor's data and to its gradient, in place.
 void convert_in_place(const Tensor& t, const std::function<Tensor(const Tensor&)>& convert) {
   if (!t.defined()) return;
@@ -37,6 +26,15 @@ Tensor fresh_copy(const Tensor& src, Device device) {
 }
 
 }  // namespace
+
+void set_data(const Tensor& self, const Tensor& data) {
+  TensorImpl& impl = *self.unsafe_impl();
+  impl.storage = data.storage();
+  impl.shape = data.shape();
+  impl.strides = data.strides();
+  impl.offset = data.storage_offset();
+  impl.dtype = data.dtype();
+}
 
 Tensor Parameter(const Tensor& data, bool requires_grad) {
   LOOM_CHECK(data.defined(), "Parameter: the data tensor is undefined");

@@ -42,6 +42,11 @@
 
 namespace loom::nn {
 
+// Replaces the data behind `self` (storage, shape, strides, offset, dtype) with `data`'s,
+// keeping the TensorImpl, and so every handle, requires_grad and hooks: PyTorch's
+// `param.data = data`. See Note [Parameters keep their identity].
+void set_data(const Tensor& self, const Tensor& data);
+
 // A leaf that requires grad sharing `data`'s storage (torch.nn.Parameter(data)).
 Tensor Parameter(const Tensor& data, bool requires_grad = true);
 

@@ -30,13 +30,8 @@ std::vector<Tensor> scatter(const Tensor& input, const std::vector<Device>& devi
 // Makes the tensor behind `slot` (every handle to it) be `value`: its data and its
 // autograd record. See Note [Replica parameters are functions of the parameters].
 static void become(const Tensor& slot, const Tensor& value) {
-  TensorImpl& impl = *slot.unsafe_impl();
-  impl.storage = value.storage();
-  impl.shape = value.shape();
-  impl.strides = value.strides();
-  impl.offset = value.storage_offset();
-  impl.dtype = value.dtype();
-  impl.autograd = value.unsafe_impl()->autograd;  // null when no graph was recorded (no_grad)
+  nn::set_data(slot, value);
+  slot.unsafe_impl()->autograd = value.unsafe_impl()->autograd;  // null when no graph was recorded (no_grad)
 }
 
 std::vector<std::shared_ptr<nn::Module>> replicate(const nn::Module& module, const std::vector<Device>& devices) {

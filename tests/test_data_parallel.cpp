@@ -16,45 +16,19 @@
 #include "parallel/data_parallel.h"
 #include "gradcheck.h"     // defines: gradcheck
 #include "rank_threads.h"  // defines: max_abs_diff
+#include "transparency.h"  // defines: small_net, max_param_diff, max_grad_diff
 
 using namespace loom;
 using loom::parallel::DataParallel;
 using loom::testing::max_abs_diff;
+using loom::testing::max_grad_diff;
+using loom::testing::max_param_diff;
+using loom::testing::small_net;
 
 namespace {
 
 const std::vector<Device> kTwo = {Device("cpu:0"), Device("cpu:1")};
 const std::vector<Device> kThree = {Device("cpu:0"), Device("cpu:1"), Device("cpu:2")};
-
-// Conv + linear without batch statistics: the transparency contract's model.
-std::shared_ptr<nn::Sequential> small_net() {
-  auto net = std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
-      std::make_shared<nn::Conv2d>(3, 6, 3, 1, 1), std::make_shared<nn::ReLU>(),
-      std::make_shared<nn::Conv2d>(6, 8, 3, 2, 1), std::make_shared<nn::ReLU>(), std::make_shared<nn::Flatten>(1),
-      std::make_shared<nn::Linear>(8 * 4 * 4, 10)});
-  net->to(kFloat64);
-  return net;
-}
-
-double max_param_diff(const nn::Module& a, const nn::Module& b) {
-  auto pa = a.parameters(), pb = b.parameters();
-  REQUIRE(pa.size() == pb.size());
-  double m = 0;
-  for (size_t i = 0; i < pa.size(); ++i) m = std::max(m, max_abs_diff(pa[i], pb[i]));
-  return m;
-}
-
-double max_grad_diff(const nn::Module& a, const nn::Module& b) {
-  auto pa = a.parameters(), pb = b.parameters();
-  REQUIRE(pa.size() == pb.size());
-  double m = 0;
-  for (size_t i = 0; i < pa.size(); ++i) {
-    REQUIRE(pa[i].grad().defined());
-    REQUIRE(pb[i].grad().defined());
-    m = std::max(m, max_abs_diff(pa[i].grad(), pb[i].grad()));
-  }
-  return m;
-}
 
 }  // namespace
 

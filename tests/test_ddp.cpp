@@ -117,24 +117,17 @@ TEST_CASE("completion_us: a bucket's end time only once the host knows it (NCCL'
 
 #ifdef LOOM_WITH_GLOO
 #include "rank_threads.h"
+#include "transparency.h"  // defines: small_net, max_param_diff
 
 using loom::testing::contains;
 using loom::testing::max_abs_diff;
+using loom::testing::max_param_diff;
+using loom::testing::small_net;
 using loom::testing::require_no_errors;
 using loom::testing::run_ranks;
 using distributed::Communicator;
 
 namespace {
-
-// A small conv + linear net without batch statistics: the transparency contract's model.
-std::shared_ptr<nn::Sequential> small_net() {
-  auto net = std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
-      std::make_shared<nn::Conv2d>(3, 6, 3, 1, 1), std::make_shared<nn::ReLU>(),
-      std::make_shared<nn::Conv2d>(6, 8, 3, 2, 1), std::make_shared<nn::ReLU>(), std::make_shared<nn::Flatten>(1),
-      std::make_shared<nn::Linear>(8 * 4 * 4, 10)});
-  net->to(kFloat64);
-  return net;
-}
 
 struct Batches {
   std::vector<Tensor> images, labels;  // one global batch per step
@@ -163,15 +156,6 @@ void sgd_steps(nn::Module& model, const Batches& data, int rank, int world) {
     loss.backward();
     opt.step();
   }
-}
-
-// The largest difference between two modules' parameters.
-double max_param_diff(const nn::Module& a, const nn::Module& b) {
-  auto pa = a.parameters(), pb = b.parameters();
-  REQUIRE(pa.size() == pb.size());
-  double m = 0;
-  for (size_t i = 0; i < pa.size(); ++i) m = std::max(m, max_abs_diff(pa[i], pb[i]));
-  return m;
 }
 
 // Two linear heads; the forward uses `b` only when use_b.

@@ -12,22 +12,14 @@
 #include "nn/optim/sgd.h"
 #include "parallel/pipeline/pipeline.h"
 #include "rank_threads.h"  // defines: max_abs_diff
+#include "transparency.h"  // defines: small_net
 
 using namespace loom;
 using loom::parallel::pipeline::Pipeline;
 using loom::testing::max_abs_diff;
+using loom::testing::small_net;
 
 namespace {
-
-// Conv + linear without batch statistics, in float64: 6 layers.
-std::shared_ptr<nn::Sequential> small_net() {
-  auto net = std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
-      std::make_shared<nn::Conv2d>(3, 6, 3, 1, 1), std::make_shared<nn::ReLU>(),
-      std::make_shared<nn::Conv2d>(6, 8, 3, 2, 1), std::make_shared<nn::ReLU>(), std::make_shared<nn::Flatten>(1),
-      std::make_shared<nn::Linear>(8 * 4 * 4, 10)});
-  net->to(kFloat64);
-  return net;
-}
 
 Tensor loss_of(const Tensor& out, const Tensor& y) { return cross_entropy(out, y); }
 

@@ -48,6 +48,26 @@ void check_same_weights(const std::string& a, const std::string& b) {
   }
 }
 
+// Trains `straight` again, stopping after `stop` steps with a checkpoint, then resumes to
+// straight.max_steps; the final weights must equal straight.save's bit for bit. Returns
+// the resumed run's result.
+TrainResult check_resumes_exactly(const TrainConfig& straight, int64_t stop, const std::string& dir) {
+  TrainConfig first = straight;
+  first.max_steps = stop;
+  first.save.clear();
+  first.checkpoint_dir = dir + "/ckpt" + std::to_string(stop);
+  first.checkpoint_every = 1000;  // only the checkpoint written when the run stops
+  train_cifar10(first);
+  REQUIRE(std::filesystem::exists(checkpoint_path(first.checkpoint_dir)));
+  TrainConfig second = straight;
+  second.checkpoint_dir = first.checkpoint_dir;
+  second.resume = true;
+  second.save = dir + "/resumed" + std::to_string(stop) + ".safetensors";
+  TrainResult resumed = train_cifar10(second);
+  check_same_weights(straight.save, second.save);
+  return resumed;
+}
+
 }  // namespace
 
 TEST_CASE("resuming mid-epoch and at an epoch boundary continues exactly") {
@@ -60,21 +80,8 @@ TEST_CASE("resuming mid-epoch and at an epoch boundary continues exactly") {
 
   for (int64_t stop : {7, 10}) {  // 7: mid-epoch; 10: exactly at the end of epoch 1
     CAPTURE(stop);
-    TrainConfig first = small_run();
-    first.max_steps = stop;
-    first.checkpoint_dir = dir + "/ckpt" + std::to_string(stop);
-    first.checkpoint_every = 1000;  // only the checkpoint written when the run stops
-    train_cifar10(first);
-    REQUIRE(std::filesystem::exists(checkpoint_path(first.checkpoint_dir)));
-
-    TrainConfig second = small_run();
-    second.max_steps = 24;
-    second.checkpoint_dir = first.checkpoint_dir;
-    second.resume = true;
-    second.save = dir + "/resumed" + std::to_string(stop) + ".safetensors";
-    TrainResult resumed = train_cifar10(second);
+    TrainResult resumed = check_resumes_exactly(straight, stop, dir);
     CHECK(resumed.steps == 24);
-    check_same_weights(straight.save, second.save);
     CHECK(resumed.train_loss == doctest::Approx(uninterrupted.train_loss).epsilon(1e-12));
   }
   std::filesystem::remove_all(dir);
@@ -90,18 +97,7 @@ TEST_CASE("--mode dp: DataParallel training resumes exactly, and its weights are
   TrainResult uninterrupted = train_cifar10(straight);
   CHECK(uninterrupted.steps == 8);
 
-  TrainConfig first = straight;
-  first.max_steps = 5;
-  first.save.clear();
-  first.checkpoint_dir = dir + "/ckpt";
-  first.checkpoint_every = 1000;
-  train_cifar10(first);
-  TrainConfig second = straight;
-  second.checkpoint_dir = first.checkpoint_dir;
-  second.resume = true;
-  second.save = dir + "/resumed.safetensors";
-  train_cifar10(second);
-  check_same_weights(straight.save, second.save);
+  check_resumes_exactly(straight, 5, dir);
 
   // The saved keys are resnet_tiny's ("conv1.weight"), not DataParallel's "module.*": a
   // single-device run starts from them.
@@ -151,18 +147,7 @@ TEST_CASE("--mode pipeline: GPipe and 1F1B train bit for bit alike, and resume e
   train_cifar10(one_f_one_b);
   check_same_weights(gpipe.save, one_f_one_b.save);  // Note [Stages wait only for what they need]
 
-  TrainConfig first = one_f_one_b;
-  first.max_steps = 4;
-  first.save.clear();
-  first.checkpoint_dir = dir + "/ckpt";
-  first.checkpoint_every = 1000;
-  train_cifar10(first);
-  TrainConfig second = one_f_one_b;
-  second.checkpoint_dir = first.checkpoint_dir;
-  second.resume = true;
-  second.save = dir + "/resumed.safetensors";
-  train_cifar10(second);
-  check_same_weights(one_f_one_b.save, second.save);
+  check_resumes_exactly(one_f_one_b, 4, dir);
   std::filesystem::remove_all(dir);
 }
 
