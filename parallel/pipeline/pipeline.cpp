@@ -5,11 +5,13 @@
 #include <condition_variable>
 #include <exception>
 #include <mutex>
+#include <optional>
 
 #include "autograd/grad_mode.h"  // defines: GradMode
 #include "autograd/ops.h"        // defines: chunk, cat
 #include "core/error.h"
 #include "core/trace.h"          // defines: trace::Span (each action is a span on its stage's row)
+#include "cuda/device.h"         // defines: cuda::DeviceGuard
 #include "parallel/device_threads.h"  // defines: run_on_device_threads
 
 namespace loom::parallel::pipeline {
@@ -114,6 +116,8 @@ Pipeline::StepResult Pipeline::step(const Tensor& input, const Tensor& target) {
     const auto s = static_cast<int64_t>(stage);
     GradMode::set_enabled(grad_enabled);
     omp_set_num_threads(threads_each);
+    std::optional<cuda::DeviceGuard> on_device;  // a GPU stage's kernels go to its GPU
+    if (devices()[stage].is_cuda()) on_device.emplace(devices()[stage].index);
     for (size_t tick = 0; tick < schedule.ticks.size(); ++tick) {  // this stage's order
       const auto& action = schedule.ticks[tick][stage];
       if (!action) continue;
