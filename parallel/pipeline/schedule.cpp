@@ -107,7 +107,10 @@ std::string draw(const Schedule& schedule) {
     out += "stage " + std::to_string(s) + ":";
     for (const auto& row : schedule.ticks) {
       std::string cell = ".";
-      if (const auto& a = row[size_t(s)]) cell = (a->pass == Pass::Forward ? "F" : "B") + std::to_string(a->micro_batch);
+      if (const auto& a = row[size_t(s)]) {
+        cell = a->pass == Pass::Forward ? "F" : "B";
+        cell += std::to_string(a->micro_batch);
+      }
       out += " " + cell + std::string(width - cell.size() - 1, ' ');
     }
     while (!out.empty() && out.back() == ' ') out.pop_back();
