@@ -12,6 +12,7 @@
 #include "autograd/ops.h"        // defines: chunk, cat
 #include "autograd/variable.h"   // defines: AutogradMeta (what a replica parameter takes over)
 #include "core/error.h"
+#include "core/trace.h"          // defines: trace::set_thread_name (each replica's row)
 #include "cuda/device.h"         // defines: cuda::DeviceGuard, device_count
 #include "parallel/device_threads.h"  // defines: run_on_device_threads
 
@@ -72,6 +73,7 @@ std::vector<Tensor> parallel_apply(const std::vector<std::shared_ptr<nn::Module>
   const std::function<void(size_t)> run = [&](size_t i) {
     try {
       GradMode::set_enabled(grad_enabled);
+      if (i > 0 && trace::enabled()) trace::set_thread_name(detail::str("replica ", i));  // 0: the caller's thread
       std::optional<autocast::Guard> on_cpu, on_cuda;
       if (autocast_cpu) on_cpu.emplace(DeviceType::CPU, cpu_dtype);
       if (autocast_cuda) on_cuda.emplace(DeviceType::CUDA, cuda_dtype);

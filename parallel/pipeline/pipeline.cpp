@@ -116,6 +116,8 @@ Pipeline::StepResult Pipeline::step(const Tensor& input, const Tensor& target) {
     const auto s = static_cast<int64_t>(stage);
     GradMode::set_enabled(grad_enabled);
     omp_set_num_threads(threads_each);
+    // Stage 0 runs on the caller's thread, which keeps its name; the others are named.
+    if (stage > 0 && trace::enabled()) trace::set_thread_name(detail::str("stage ", s));
     std::optional<cuda::DeviceGuard> on_device;  // a GPU stage's kernels go to its GPU
     if (devices()[stage].is_cuda()) on_device.emplace(devices()[stage].index);
     for (size_t tick = 0; tick < schedule.ticks.size(); ++tick) {  // this stage's order
