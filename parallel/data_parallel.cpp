@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <exception>
 #include <functional>
-#include <thread>
+#include <optional>
 
 #include "autograd/autocast.h"   // defines: autocast::Guard, is_enabled, get_dtype
 #include "autograd/grad_mode.h"  // defines: GradMode, NoGradGuard
