@@ -99,4 +99,7 @@ TEST_CASE("a stage that throws: an error naming the stage, the micro-batch and t
                        doctest::Contains("expected gpipe or 1f1b"), Error);
   CHECK_THROWS_WITH_AS(pipe.step(randn({4, 3, 8, 8}, kFloat64), randint(0, 10, {3})),
                        doctest::Contains("the same positive batch size"), Error);
+  NoGradGuard no_grad;
+  CHECK_THROWS_WITH_AS(pipe.step(randn({4, 3, 8, 8}, kFloat64), randint(0, 10, {4})),
+                       doctest::Contains("needs grad mode on"), Error);
 }

@@ -40,6 +40,8 @@ struct StepState {
 }  // namespace
 
 Pipeline::StepResult Pipeline::step(const Tensor& input, const Tensor& target) {
+  LOOM_CHECK(GradMode::is_enabled(), "Pipeline::step trains: it runs forward and backward, so it needs grad mode on "
+             "(it was called under NoGradGuard). To evaluate, call the pipeline as a module: pipe(input)");
   const auto& stage_modules = stages();
   const auto S = static_cast<int64_t>(stage_modules.size());
   LOOM_CHECK(input.defined() && target.defined() && input.dim() > 0 && target.dim() > 0 &&
