@@ -51,9 +51,8 @@ std::vector<int64_t> balance_by_time(nn::Sequential& module, const Tensor& sampl
     NoGradGuard no_grad;
     for (const Tensor& b : buffers) saved.push_back(b.clone());
   }
-  std::vector<double> costs(module.size(), 0);
-  std::vector<std::vector<double>> runs(module.size());
-  for (int r = 0; r < std::max(1, repeats); ++r) {
+  std::vector<double> costs(module.size(), std::numeric_limits<double>::infinity());
+  for (int r = 0; r <= std::max(1, repeats); ++r) {  // run 0 warms up (oneDNN builds its kernels)
     Tensor x = sample;
     for (size_t i = 0; i < module.size(); ++i) {
       Tensor in = x.detach();
@@ -62,13 +61,9 @@ std::vector<int64_t> balance_by_time(nn::Sequential& module, const Tensor& sampl
       Tensor out = (*module[i])(in);
       auto t1 = Clock::now();
       if (out.requires_grad()) out.backward(ones_like(out));
-      runs[i].push_back(seconds(t0, t1) + seconds(t1, Clock::now()));
+      if (r > 0) costs[i] = std::min(costs[i], seconds(t0, t1) + seconds(t1, Clock::now()));
       x = out.detach();
     }
-  }
-  for (size_t i = 0; i < runs.size(); ++i) {
-    std::sort(runs[i].begin(), runs[i].end());
-    costs[i] = runs[i][runs[i].size() / 2];
   }
   NoGradGuard no_grad;
   for (size_t k = 0; k < params.size(); ++k) params[k].set_grad(grads[k]);

@@ -37,9 +37,10 @@ namespace loom::parallel {
 // A loom::Error if there are fewer layers than stages.
 std::vector<int64_t> balance_by_cost(const std::vector<double>& costs, int64_t stages);
 
-// balance_by_cost over each layer's measured forward + backward time on `sample` (median
-// of `repeats` runs), on the device where the module is. The module is left as it was.
-std::vector<int64_t> balance_by_time(nn::Sequential& module, const Tensor& sample, int64_t stages, int repeats = 3);
+// balance_by_cost over each layer's measured forward + backward time on `sample` (the
+// fastest of `repeats` runs after one warm-up: on a shared machine noise only adds time),
+// on the device where the module is. The module is left as it was.
+std::vector<int64_t> balance_by_time(nn::Sequential& module, const Tensor& sample, int64_t stages, int repeats = 5);
 
 // The layers of `module` in groups of balance[k] consecutive layers: new Sequentials that
 // share the layers (and so their parameters) with `module`.
