@@ -8,6 +8,7 @@
 #include <set>
 #include <thread>
 
+#include "autograd/autocast.h"
 #include "autograd/grad_mode.h"
 #include "cuda/device.h"  // defines: cuda::is_available
 #include "autograd/ops.h"
@@ -122,7 +123,7 @@ TEST_CASE("transparency: DataParallel's gradients and SGD steps equal one device
   }
 }
 
-TEST_CASE("the replicas run on threads of their own, in the caller's grad mode") {
+TEST_CASE("the replicas run on threads of their own, in the caller's grad mode and autocast") {
   // A module that records which thread ran it and whether grad mode was on there.
   struct Probe : nn::Cloneable<Probe> {
     Probe() : Cloneable("Probe") { reset(); }
@@ -152,6 +153,15 @@ TEST_CASE("the replicas run on threads of their own, in the caller's grad mode")
   Tensor z = dp(ones({3, 2}));
   CHECK(*probe->grad_on == std::vector<bool>{false, false, false});
   CHECK_FALSE(z.requires_grad());
+  // Autocast is thread-local too (Note [Autocast state is per thread]): a matmul in every
+  // replica runs in bfloat16 under the caller's scope, and in float32 outside it.
+  auto linear = std::make_shared<nn::Linear>(4, 2);
+  DataParallel dp_linear(linear, kThree);
+  {
+    autocast::Guard bf16(DeviceType::CPU, kBFloat16);
+    CHECK(dp_linear(ones({3, 4})).dtype() == kBFloat16);
+  }
+  CHECK(dp_linear(ones({3, 4})).dtype() == kFloat32);
 }
 
 TEST_CASE("BatchNorm: the module's running statistics come from the first device's chunk, as PyTorch") {
