@@ -16,8 +16,8 @@ Node::Node(std::string name, std::vector<Edge> next_edges)
       name_(std::move(name)),
       next_edges_(std::move(next_edges)) {}
 
-FunctionNode::FunctionNode(std::string name, std::vector<Edge> next_edges, Backward backward)
-    : Node(std::move(name), std::move(next_edges)), backward_(std::move(backward)) {}
+FunctionNode::FunctionNode(std::string name, std::vector<Edge> next_edges, Backward backward, bool saves_tensors)
+    : Node(std::move(name), std::move(next_edges)), backward_(std::move(backward)), saves_tensors_(saves_tensors) {}
 
 std::vector<Tensor> FunctionNode::apply(std::vector<Tensor>&& grads) { return backward_(grads); }
 

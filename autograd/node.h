@@ -66,17 +66,29 @@ class Node : public std::enable_shared_from_this<Node> {
 
 // A Node whose backward is a closure: the closure owns what the forward saved, so
 // release_saved() is simply dropping the closure.
+//
+// Note [Nodes that save nothing]
+// A closure that captured no tensors (a dtype cast, a device copy: only the source dtype
+// or device) has nothing to free, and PyTorch lets a graph be back-propagated through
+// such nodes again. It matters when one node is shared by several backward passes:
+// autocast's weight cast cache (Note [Weight cast cache]) hands every micro-batch of a
+// pipeline step, or every forward of gradient accumulation inside one autocast scope,
+// the same cast of a weight. Such nodes are recorded with saves_tensors = false and keep
+// their closure.
 class FunctionNode final : public Node {
  public:
   using Backward = std::function<std::vector<Tensor>(const std::vector<Tensor>& grads)>;
-  FunctionNode(std::string name, std::vector<Edge> next_edges, Backward backward);
+  FunctionNode(std::string name, std::vector<Edge> next_edges, Backward backward, bool saves_tensors = true);
 
   std::vector<Tensor> apply(std::vector<Tensor>&& grads) override;
-  void release_saved() override { backward_ = nullptr; }
+  void release_saved() override {
+    if (saves_tensors_) backward_ = nullptr;
+  }
   bool is_released() const override { return !backward_; }
 
  private:
   Backward backward_;
+  bool saves_tensors_;
 };
 
 // The sink of a leaf's gradient: adds it into leaf.grad() and runs the leaf's hooks.

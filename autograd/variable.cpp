@@ -49,11 +49,11 @@ Edge gradient_edge(const Tensor& input) {
 }
 
 void record(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
-            FunctionNode::Backward backward) {
+            FunctionNode::Backward backward, bool saves_tensors) {
   std::vector<Edge> edges;
   edges.reserve(inputs.size());
   for (const Tensor& input : inputs) edges.push_back(gradient_edge(input));
-  auto node = std::make_shared<FunctionNode>(name, std::move(edges), std::move(backward));
+  auto node = std::make_shared<FunctionNode>(name, std::move(edges), std::move(backward), saves_tensors);
   for (size_t i = 0; i < outputs.size(); ++i) {
     const Tensor& out = outputs[i];
     AutogradMeta& meta = ensure_meta(*out.unsafe_impl());

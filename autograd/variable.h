@@ -37,8 +37,10 @@ bool any_requires_grad(const std::vector<Tensor>& inputs);
 Edge gradient_edge(const Tensor& input);
 
 // Records `backward` as the grad_fn of `outputs`, with one edge per input.
-// backward receives one gradient per output and returns one per input.
+// backward receives one gradient per output and returns one per input. saves_tensors =
+// false for a backward that captures no tensors (a cast, a device copy): such a node
+// can be back-propagated through again (Note [Nodes that save nothing]).
 void record(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
-            FunctionNode::Backward backward);
+            FunctionNode::Backward backward, bool saves_tensors = true);
 
 }  // namespace loom

@@ -1,20 +1,15 @@
 #include "parallel/data_parallel.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <exception>
-#include <functional>
-#include <optional>
 
-#include "autograd/autocast.h"   // defines: autocast::Guard, is_enabled, get_dtype
 #include "autograd/grad_mode.h"  // defines: GradMode, NoGradGuard
 #include "autograd/ops.h"        // defines: chunk, cat
 #include "autograd/variable.h"   // defines: AutogradMeta (what a replica parameter takes over)
 #include "core/error.h"
 #include "core/trace.h"          // defines: trace::set_thread_name (each replica's row)
-#include "cuda/device.h"         // defines: cuda::DeviceGuard, device_count
-#include "parallel/device_threads.h"  // defines: run_on_device_threads
+#include "cuda/device.h"         // defines: cuda::device_count, check_device
+#include "parallel/device_threads.h"  // defines: run_on_device_threads, CallerState, DeviceScope
 
 namespace loom::parallel {
 
@@ -64,34 +59,16 @@ std::vector<Tensor> parallel_apply(const std::vector<std::shared_ptr<nn::Module>
   const size_t n = modules.size();
   std::vector<Tensor> outputs(n);
   std::vector<std::exception_ptr> errors(n);
-  // What the caller's thread has that a new thread would not (both are thread-local):
-  // grad mode, autocast (Note [Autocast state is per thread]); and a share of its cores.
-  const bool grad_enabled = GradMode::is_enabled();
-  const bool autocast_cpu = autocast::is_enabled(DeviceType::CPU), autocast_cuda = autocast::is_enabled(DeviceType::CUDA);
-  const DType cpu_dtype = autocast::get_dtype(DeviceType::CPU), cuda_dtype = autocast::get_dtype(DeviceType::CUDA);
-  const int threads_each = std::max(1, omp_get_max_threads() / static_cast<int>(n));
-  const std::function<void(size_t)> run = [&](size_t i) {
+  const CallerState caller = CallerState::capture(n);  // Note [What a device thread inherits]
+  run_on_device_threads(n, [&](size_t i) {  // replica 0 on this thread: Note [Device threads persist]
     try {
-      GradMode::set_enabled(grad_enabled);
+      DeviceScope scope(caller, inputs[i].device());
       if (i > 0 && trace::enabled()) trace::set_thread_name(detail::str("replica ", i));  // 0: the caller's thread
-      std::optional<autocast::Guard> on_cpu, on_cuda;
-      if (autocast_cpu) on_cpu.emplace(DeviceType::CPU, cpu_dtype);
-      if (autocast_cuda) on_cuda.emplace(DeviceType::CUDA, cuda_dtype);
-      std::optional<cuda::DeviceGuard> device;
-      if (inputs[i].device().is_cuda()) device.emplace(inputs[i].device().index);
-      omp_set_num_threads(threads_each);
       outputs[i] = (*modules[i])(inputs[i]);
     } catch (...) {
       errors[i] = std::current_exception();
     }
-  };
-  if (n > 0) {
-    // Replica 0 runs here, with the caller's own thread state; Note [Device threads persist].
-    const int caller_threads = omp_get_max_threads();
-    run_on_device_threads(n, run);
-    omp_set_num_threads(caller_threads);
-    GradMode::set_enabled(grad_enabled);
-  }
+  });
   for (size_t i = 0; i < n; ++i) {
     if (!errors[i]) continue;
     try {

@@ -1,10 +1,18 @@
 #include "parallel/device_threads.h"
 
+#include <omp.h>
+
+#include <algorithm>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
+
+#include "autograd/autocast.h"   // defines: autocast::Guard, is_enabled, get_dtype
+#include "autograd/grad_mode.h"  // defines: GradMode
+#include "cuda/device.h"         // defines: cuda::DeviceGuard
 
 namespace loom::parallel {
 
@@ -72,6 +80,37 @@ class DeviceThreads {
 };
 
 }  // namespace
+
+CallerState CallerState::capture(size_t sharing) {
+  CallerState state;
+  state.grad_enabled = GradMode::is_enabled();
+  state.autocast_cpu = autocast::is_enabled(DeviceType::CPU);
+  state.autocast_cuda = autocast::is_enabled(DeviceType::CUDA);
+  state.autocast_cpu_dtype = autocast::get_dtype(DeviceType::CPU);
+  state.autocast_cuda_dtype = autocast::get_dtype(DeviceType::CUDA);
+  state.threads_each = std::max(1, omp_get_max_threads() / static_cast<int>(std::max<size_t>(sharing, 1)));
+  return state;
+}
+
+struct DeviceScope::Guards {
+  std::optional<autocast::Guard> cpu, cuda;
+  std::optional<cuda::DeviceGuard> device;
+};
+
+DeviceScope::DeviceScope(const CallerState& state, Device device)
+    : previous_grad_(GradMode::is_enabled()), previous_threads_(omp_get_max_threads()), guards_(new Guards) {
+  GradMode::set_enabled(state.grad_enabled);
+  omp_set_num_threads(state.threads_each);
+  if (state.autocast_cpu) guards_->cpu.emplace(DeviceType::CPU, state.autocast_cpu_dtype);
+  if (state.autocast_cuda) guards_->cuda.emplace(DeviceType::CUDA, state.autocast_cuda_dtype);
+  if (device.is_cuda()) guards_->device.emplace(device.index);
+}
+
+DeviceScope::~DeviceScope() {
+  guards_.reset();  // autocast scopes close before grad mode and threads come back
+  omp_set_num_threads(previous_threads_);
+  GradMode::set_enabled(previous_grad_);
+}
 
 void run_on_device_threads(size_t n, const std::function<void(size_t)>& task) {
   if (n == 0) return;

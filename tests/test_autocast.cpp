@@ -69,6 +69,13 @@ TEST_CASE("16-bit CPU kernels (Note [16-bit CPU kernels stage through float32]) 
     CHECK(rel_error(mm(a16.t(), c16), mm(f64(a16).t(), f64(c16))) < tol);  // a transposed operand
     CHECK(rel_error(add(c16, c16, 0.5), f64(c16) * 1.5) < tol);
     CHECK(rel_error(relu(c16), relu(f64(c16))) < tol);
+    {  // relu's gradient (threshold_backward) in 16 bits, as autocast's backward needs after a conv
+      Tensor r16 = c16.detach().requires_grad_(true), r64 = f64(c16).detach().requires_grad_(true);
+      relu(r16).backward(ones_like(c16));
+      relu(r64).backward(ones_like(f64(c16)));
+      CHECK(r16.grad().dtype() == dtype);
+      CHECK(r16.grad().to(kFloat64).tolist<double>() == r64.grad().tolist<double>());
+    }
     CHECK(rel_error(sum(c16, {0}), sum(f64(c16), {0})) < tol);
     CHECK(argmax(c16, 1).tolist<int64_t>() == argmax(f64(c16), 1).tolist<int64_t>());
     // Factories fill 16-bit tensors directly, as torch.zeros(..., dtype=torch.float16) does.
@@ -350,4 +357,24 @@ TEST_CASE("CUDA autocast: dtypes on cuda:0, gradients in float32" * doctest::ski
     CHECK(w.grad().dtype() == kFloat32);
     CHECK(b.grad().device() == gpu);
   }
+}
+
+TEST_CASE("gradient accumulation inside one scope: the cached weight cast is back-propagated through twice") {
+  // Note [Nodes that save nothing]: both forwards use the same cached bfloat16 cast of w,
+  // whose node must survive the first backward, as in PyTorch.
+  Tensor w = randn({3, 4}).requires_grad_(true);
+  Tensor x = randn({2, 3});
+  {
+    autocast::Guard guard(DeviceType::CPU, kBFloat16);
+    mm(x, w).sum().backward();
+    mm(x, w).sum().backward();
+  }
+  Tensor want = mm(x.to(kFloat64).t(), ones({2, 4}, kFloat64)) * 2.0;
+  CHECK(w.grad().dtype() == kFloat32);
+  CHECK(rel_error(w.grad(), want) < 2e-2);  // d sum(x w) / dw = x^T 1, twice
+  // A node that saved tensors still refuses a second backward.
+  Tensor a = randn({3}).requires_grad_(true);
+  Tensor y = (a * a).sum();
+  y.backward();
+  CHECK_THROWS_WITH_AS(y.backward(), doctest::Contains("backward through the graph a second time"), Error);
 }

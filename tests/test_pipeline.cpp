@@ -6,6 +6,7 @@
 
 #include <cmath>
 
+#include "autograd/autocast.h"
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
 #include "nn/nn.h"
@@ -84,6 +85,27 @@ TEST_CASE("transparency: GPipe and 1F1B give one device's gradients, loss and SG
     for (size_t i = 0; i < grads_by_schedule[0].size(); ++i)
       CHECK(grads_by_schedule[0][i].tolist<double>() == grads_by_schedule[1][i].tolist<double>());
   }
+}
+
+TEST_CASE("the stages run in the caller's autocast; loss_scale scales every micro-batch's gradient") {
+  auto net = small_net();
+  net->to(kFloat32);
+  Pipeline pipe(net, {"cpu:0", "cpu:1"}, {2, 4}, 3, "1f1b", loss_of);
+  Tensor images = randn({6, 3, 8, 8}), labels = randint(0, 10, {6});
+  {
+    autocast::Guard bf16(DeviceType::CPU, kBFloat16);  // Note [What a device thread inherits]
+    auto result = pipe.step(images, labels);
+    CHECK(result.output.dtype() == kBFloat16);  // both stages' matmuls and convolutions in 16 bits
+  }
+  pipe.zero_grad();
+  pipe.step(images, labels);
+  std::vector<Tensor> plain = grads_of(*net);
+  pipe.zero_grad();
+  auto scaled = pipe.step(images, labels, /*loss_scale=*/8.0);
+  std::vector<Tensor> eight = grads_of(*net);
+  for (size_t i = 0; i < plain.size(); ++i)
+    CHECK(max_abs_diff(eight[i], plain[i] * 8.0) <= 1e-6 * (1 + max_abs_diff(plain[i] * 8.0, zeros_like(plain[i]))));
+  CHECK(std::isfinite(scaled.loss.item<float>()));
 }
 
 TEST_CASE("a stage that throws: an error naming the stage, the micro-batch and the tick; no hang; reusable") {

@@ -248,7 +248,8 @@ Tensor to(const Tensor& x, Device device, bool non_blocking) {
   Tensor out = empty(x.shape(), TensorOptions(x.dtype()).device(device));
   copy_into(out, x, non_blocking);
   if (any_requires_grad({x})) {
-    record("ToDeviceBackward", {x}, {out}, [from = x.device()](const Grads& g) { return Grads{g[0].to(from)}; });
+    record("ToDeviceBackward", {x}, {out}, [from = x.device()](const Grads& g) { return Grads{g[0].to(from)}; },
+           /*saves_tensors=*/false);  // Note [Nodes that save nothing]
   }
   return out;
 }
@@ -259,7 +260,8 @@ Tensor to(const Tensor& x, DType dtype) {
   Tensor out = empty(x.shape(), TensorOptions(dtype).device(x.device()));
   copy_into(out, x);
   if (any_requires_grad({x}) && is_floating(dtype)) {
-    record("ToDTypeBackward", {x}, {out}, [from = x.dtype()](const Grads& g) { return Grads{g[0].to(from)}; });
+    record("ToDTypeBackward", {x}, {out}, [from = x.dtype()](const Grads& g) { return Grads{g[0].to(from)}; },
+           /*saves_tensors=*/false);  // Note [Nodes that save nothing]
   }
   return out;
 }

@@ -97,6 +97,11 @@ void where_cpu(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out
 }
 
 void threshold_backward_cpu(const Tensor& grad_out, const Tensor& ref, double threshold, Tensor& grad_in) {
+  if (is_16bit_float(grad_out.dtype())) {  // relu's gradient under autocast: Note [16-bit CPU kernels stage through float32]
+    Tensor grad_in32 = float32_like(grad_in);
+    threshold_backward_cpu(float32_copy(grad_out), float32_copy(ref), threshold, grad_in32);
+    return round_into(grad_in32, grad_in);
+  }
   dispatch_floating(grad_out.dtype(), "threshold_backward", [&]<typename T>() {
     const T t = static_cast<T>(threshold);
     cpu_map_typed<T, T, T>(grad_in, [t](T g, T r) { return r > t ? g : T(0); }, grad_out, ref);

@@ -42,6 +42,9 @@ class MixedPrecision {
   }
   // loss.backward(), of the scaled loss under fp16.
   void backward(const Tensor& loss) { scaler_.scale(loss).backward(); }
+  // What backward() multiplies the loss by: the GradScaler's scale under fp16, else 1
+  // (a pipeline scales each micro-batch's loss itself).
+  double loss_scale() const { return scaler_.get_scale(); }
   // optimizer.step(), under fp16 through the scaler: returns false when it skipped a step
   // with inf/NaN gradients.
   bool step(optim::Optimizer& optimizer) {

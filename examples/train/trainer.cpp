@@ -188,7 +188,6 @@ TrainResult train_cifar10(const TrainConfig& config) {
   // --mode pipeline: forward and backward are one call, the schedule's (Note [Stages wait
   // only for what they need]).
   auto* pipeline = dynamic_cast<parallel::pipeline::Pipeline*>(net.get());
-  LOOM_CHECK(!pipeline || config.amp == "none", "--mode pipeline does not support --amp yet; drop --amp");
   LOOM_CHECK(config.lr_scaling == "none" || config.lr_scaling == "linear", "--lr-scaling: expected none or linear, "
              "got '", config.lr_scaling, "'");
   const double lr = config.lr_scaling == "linear" ? config.lr * dist.world_size() : config.lr;
@@ -254,7 +253,8 @@ TrainResult train_cifar10(const TrainConfig& config) {
       if (pipeline) {
         trace::Span span("pipeline forward and backward", "train");
         optimizer.zero_grad();
-        auto result = pipeline->step(images, labels);  // every micro-batch, on every stage
+        auto autocast_scope = amp.autocast();  // the stages inherit it; backward runs without
+        auto result = pipeline->step(images, labels, amp.loss_scale());  // every micro-batch, on every stage
         logits = result.output;
         loss = result.loss;
         labels = labels.to(logits.device());

@@ -1,7 +1,5 @@
 #include "parallel/pipeline/pipeline.h"
 
-#include <omp.h>
-
 #include <condition_variable>
 #include <exception>
 #include <mutex>
@@ -11,8 +9,7 @@
 #include "autograd/ops.h"        // defines: chunk, cat
 #include "core/error.h"
 #include "core/trace.h"          // defines: trace::Span (each action is a span on its stage's row)
-#include "cuda/device.h"         // defines: cuda::DeviceGuard
-#include "parallel/device_threads.h"  // defines: run_on_device_threads
+#include "parallel/device_threads.h"  // defines: run_on_device_threads, CallerState, DeviceScope
 
 namespace loom::parallel::pipeline {
 
@@ -39,7 +36,7 @@ struct StepState {
 
 }  // namespace
 
-Pipeline::StepResult Pipeline::step(const Tensor& input, const Tensor& target) {
+Pipeline::StepResult Pipeline::step(const Tensor& input, const Tensor& target, double loss_scale) {
   LOOM_CHECK(GradMode::is_enabled(), "Pipeline::step trains: it runs forward and backward, so it needs grad mode on "
              "(it was called under NoGradGuard). To evaluate, call the pipeline as a module: pipe(input)");
   const auto& stage_modules = stages();
@@ -79,7 +76,7 @@ Pipeline::StepResult Pipeline::step(const Tensor& input, const Tensor& target) {
       Tensor loss = loss_fn_(y, t.to(y.device())) * (static_cast<double>(t.size(0)) / batch);
       st.losses[size_t(m)] = loss.detach();
       st.logits[size_t(m)] = y.detach();
-      y = loss;
+      y = loss_scale == 1.0 ? loss : loss * loss_scale;  // GradScaler's scale under fp16
     }
     st.outputs[size_t(s)][size_t(m)] = y;
   };
@@ -111,17 +108,22 @@ Pipeline::StepResult Pipeline::step(const Tensor& input, const Tensor& target) {
     if (a.pass == Pass::Forward) return s == 0 || done[0][size_t(s) - 1][m] != 0;
     return s == S - 1 ? done[0][size_t(s)][m] != 0 : done[1][size_t(s) + 1][m] != 0;
   };
-  const bool grad_enabled = GradMode::is_enabled();
-  const int caller_threads = omp_get_max_threads();
-  const int threads_each = std::max(1, caller_threads / static_cast<int>(S));
+  const CallerState caller = CallerState::capture(size_t(S));  // Note [What a device thread inherits]
   run_on_device_threads(size_t(S), [&](size_t stage) {
     const auto s = static_cast<int64_t>(stage);
-    GradMode::set_enabled(grad_enabled);
-    omp_set_num_threads(threads_each);
+    std::optional<DeviceScope> scope;
+    try {
+      scope.emplace(caller, devices()[stage]);
+    } catch (...) {  // a GPU that cannot be made current
+      errors[stage] = std::current_exception();
+      where[stage] = "set-up of its thread";
+      std::lock_guard<std::mutex> lock(mutex);
+      failed = true;
+      changed.notify_all();
+      return;
+    }
     // Stage 0 runs on the caller's thread, which keeps its name; the others are named.
     if (stage > 0 && trace::enabled()) trace::set_thread_name(detail::str("stage ", s));
-    std::optional<cuda::DeviceGuard> on_device;  // a GPU stage's kernels go to its GPU
-    if (devices()[stage].is_cuda()) on_device.emplace(devices()[stage].index);
     for (size_t tick = 0; tick < schedule.ticks.size(); ++tick) {  // this stage's order
       const auto& action = schedule.ticks[tick][stage];
       if (!action) continue;
@@ -151,8 +153,6 @@ Pipeline::StepResult Pipeline::step(const Tensor& input, const Tensor& target) {
       changed.notify_all();
     }
   });
-  omp_set_num_threads(caller_threads);
-  GradMode::set_enabled(grad_enabled);
   for (int64_t s = 0; s < S; ++s) {
     if (!errors[size_t(s)]) continue;
     try {

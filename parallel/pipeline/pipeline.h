@@ -62,7 +62,10 @@ class Pipeline : public ModelParallel {
   };
   // Forward and backward of one batch under the schedule; the parameters' gradients
   // accumulate (call the optimizer's zero_grad() first, as before loss.backward()).
-  StepResult step(const Tensor& input, const Tensor& target);
+  // The stages run in the caller's autocast state (Note [What a device thread inherits]);
+  // loss_scale multiplies every micro-batch's loss before its backward, as
+  // GradScaler::scale(loss).backward() would (result.loss stays unscaled).
+  StepResult step(const Tensor& input, const Tensor& target, double loss_scale = 1.0);
 
   int64_t chunks() const { return chunks_; }
   const std::string& schedule_name() const { return schedule_name_; }
