@@ -206,3 +206,20 @@ TEST_CASE("errors: the module off device_ids[0], devices listed twice or of two 
   }
   CHECK(dp.named_parameters().keys().front() == "module.0.weight");  // PyTorch's state_dict keys
 }
+
+// replicate() onto the GPU from a CPU module: the replica's forward runs there, and its
+// gradients come back across PCIe into the module's .grad(). Skipped without a GPU (not
+// run yet: no GPU lent).
+TEST_CASE("replicate onto the GPU: gradients come back to the CPU module" * doctest::skip(!cuda::is_available())) {
+  auto net = small_net();
+  net->to(kFloat32);
+  auto reference = small_net();
+  reference->to(kFloat32);
+  reference->load_state_dict(net->state_dict());
+  auto replicas = parallel::replicate(*net, {Device("cuda:0")});
+  Tensor x = randn({4, 3, 8, 8});
+  auto outputs = parallel::parallel_apply(replicas, {x.to(Device("cuda:0"))});
+  parallel::gather(outputs, Device("cpu:0")).sum().backward();
+  (*reference)(x).sum().backward();
+  CHECK(max_grad_diff(*net, *reference) < 1e-4);
+}

@@ -8,6 +8,7 @@
 
 #include "autograd/autocast.h"
 #include "autograd/grad_mode.h"
+#include "cuda/device.h"  // defines: cuda::is_available
 #include "autograd/ops.h"
 #include "nn/nn.h"
 #include "nn/optim/sgd.h"
@@ -124,4 +125,26 @@ TEST_CASE("a stage that throws: an error naming the stage, the micro-batch and t
   NoGradGuard no_grad;
   CHECK_THROWS_WITH_AS(pipe.step(randn({4, 3, 8, 8}, kFloat64), randint(0, 10, {4})),
                        doctest::Contains("needs grad mode on"), Error);
+}
+
+// Stage 1 on the GPU: its thread makes cuda:0 current (DeviceScope), activations and
+// gradients cross PCIe both ways. Skipped without a GPU (not run yet: no GPU lent).
+TEST_CASE("a stage on the GPU: GPipe and 1F1B give the CPU's gradients" * doctest::skip(!cuda::is_available())) {
+  for (const std::string schedule : {"gpipe", "1f1b"}) {
+    CAPTURE(schedule);
+    auto single = small_net();
+    auto staged = small_net();
+    single->to(kFloat32);
+    staged->to(kFloat32);
+    staged->load_state_dict(single->state_dict());
+    Pipeline pipe(staged, {"cpu:0", "cuda:0"}, {2, 4}, 3, schedule, loss_of);
+    Tensor images = randn({7, 3, 8, 8}), labels = randint(0, 10, {7});
+    Tensor loss = loss_of((*single)(images), labels);
+    loss.backward();
+    auto result = pipe.step(images, labels);
+    CHECK(result.output.device() == Device("cuda:0"));
+    CHECK(result.loss.to(Device("cpu")).item<float>() == doctest::Approx(loss.item<float>()).epsilon(1e-4));
+    auto want = grads_of(*single), got = grads_of(*staged);
+    for (size_t i = 0; i < want.size(); ++i) CHECK(max_abs_diff(want[i], got[i]) < 1e-4);
+  }
 }
