@@ -92,10 +92,17 @@ std::vector<std::shared_ptr<nn::Sequential>> split_module(const nn::Sequential& 
 
 ModelParallel::ModelParallel(std::shared_ptr<nn::Sequential> module, std::vector<Device> devices,
                              std::vector<int64_t> balance)
-    : nn::Module("ModelParallel"), module_(std::move(module)), devices_(std::move(devices)), balance_(std::move(balance)) {
-  LOOM_CHECK(module_ != nullptr, "ModelParallel: the module is null");
-  LOOM_CHECK(!devices_.empty(), "ModelParallel: no devices given");
-  LOOM_CHECK(balance_.size() == devices_.size(), "ModelParallel: ", balance_.size(), " stages in the balance but ",
+    : ModelParallel("ModelParallel", std::move(module), std::move(devices), std::move(balance)) {}
+
+ModelParallel::ModelParallel(std::string name, std::shared_ptr<nn::Sequential> module, std::vector<Device> devices,
+                             std::vector<int64_t> balance)
+    : nn::Module(std::move(name)),
+      module_(std::move(module)),
+      devices_(std::move(devices)),
+      balance_(std::move(balance)) {
+  LOOM_CHECK(module_ != nullptr, type_name(), ": the module is null");
+  LOOM_CHECK(!devices_.empty(), type_name(), ": no devices given");
+  LOOM_CHECK(balance_.size() == devices_.size(), type_name(), ": ", balance_.size(), " stages in the balance but ",
              devices_.size(), " devices; give one device per stage");
   register_module("module", module_);
   stages_ = split_module(*module_, balance_);

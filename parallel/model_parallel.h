@@ -61,6 +61,11 @@ class ModelParallel : public nn::Module {
   const std::vector<int64_t>& balance() const { return balance_; }
   std::string extra_repr() const override;
 
+ protected:
+  // For subclasses (Pipeline): their own type name in printing and messages.
+  ModelParallel(std::string name, std::shared_ptr<nn::Sequential> module, std::vector<Device> devices,
+                std::vector<int64_t> balance);
+
  private:
   std::shared_ptr<nn::Sequential> module_;
   std::vector<Device> devices_;

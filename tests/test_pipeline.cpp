@@ -120,6 +120,9 @@ TEST_CASE("a stage that throws: an error naming the stage, the micro-batch and t
   CHECK(std::isfinite(result.loss.item<double>()));
   CHECK_THROWS_WITH_AS(Pipeline(net, {"cpu:0", "cpu:1"}, {2, 4}, 2, "zero-bubble", loss_of),
                        doctest::Contains("expected gpipe or 1f1b"), Error);
+  CHECK_THROWS_WITH_AS(Pipeline(net, {"cpu:0"}, {2, 4}, 2, "1f1b", loss_of),
+                       doctest::Contains("Pipeline: 2 stages in the balance but 1 devices"), Error);
+  CHECK(pipe.str().rfind("Pipeline(", 0) == 0);
   CHECK_THROWS_WITH_AS(pipe.step(randn({4, 3, 8, 8}, kFloat64), randint(0, 10, {3})),
                        doctest::Contains("the same positive batch size"), Error);
   NoGradGuard no_grad;

@@ -15,7 +15,7 @@ namespace loom::parallel::pipeline {
 
 Pipeline::Pipeline(std::shared_ptr<nn::Sequential> module, std::vector<Device> devices, std::vector<int64_t> balance,
                    int64_t chunks, std::string schedule, LossFn loss_fn)
-    : ModelParallel(std::move(module), std::move(devices), std::move(balance)),
+    : ModelParallel("Pipeline", std::move(module), std::move(devices), std::move(balance)),
       chunks_(chunks),
       schedule_name_(std::move(schedule)),
       loss_fn_(std::move(loss_fn)) {
