@@ -127,6 +127,8 @@ std::shared_ptr<nn::Module> model_parallel(nn::Module& model, const TrainConfig&
   std::vector<Device> devices;
   for (int64_t i = 0; i < count; ++i) devices.emplace_back(device.type, device.index + static_cast<int>(i));
   auto layers = resnet->sequential();
+  LOOM_CHECK(count >= 1 && count <= static_cast<int64_t>(layers->size()), "--mp-devices ", count, ": the model has ",
+             layers->size(), " layers to cut into stages (one or more each), so use 1 to ", layers->size());
   // Measured as the stages will run: a micro-batch (pipeline) or a batch of at most 32,
   // on each stage's share of the threads.
   const int64_t per_pass = config.mode == "pipeline" ? (config.batch_size + config.chunks - 1) / config.chunks
