@@ -104,13 +104,18 @@ double median(std::vector<double> values) {
   return values.size() % 2 ? values[mid] : (values[mid - 1] + values[mid]) / 2;
 }
 
+// `count` devices of `first`'s type from `first` on: cpu:0, cpu:1, ... or cuda:0, cuda:1, ...
+std::vector<Device> consecutive_devices(Device first, int64_t count) {
+  std::vector<Device> devices;
+  for (int64_t i = 0; i < count; ++i) devices.emplace_back(first.type, first.index + static_cast<int>(i));
+  return devices;
+}
+
 // --mode dp: DataParallel over --dp-devices devices of --device's type, starting at the
 // model's (cpu:0, cpu:1, ... are CPU virtual devices: one thread each in forward).
 std::shared_ptr<nn::Module> data_parallel(std::shared_ptr<nn::Module> model, const TrainConfig& config, Device device) {
   const int64_t count = config.dp_devices > 0 ? config.dp_devices : device.is_cuda() ? cuda::device_count() : 2;
-  std::vector<Device> devices;
-  for (int64_t i = 0; i < count; ++i) devices.emplace_back(device.type, device.index + static_cast<int>(i));
-  auto dp = std::make_shared<parallel::DataParallel>(model, devices);
+  auto dp = std::make_shared<parallel::DataParallel>(model, consecutive_devices(device, count));
   if (config.progress) std::fprintf(stderr, "DataParallel over %s\n", dp->extra_repr().c_str());
   return dp;
 }
@@ -124,8 +129,7 @@ std::shared_ptr<nn::Module> model_parallel(nn::Module& model, const TrainConfig&
   auto* resnet = dynamic_cast<nn::ResNet*>(&model);
   LOOM_CHECK(resnet != nullptr, "--mode mp needs a ResNet (its layers as a Sequential), got ", model.type_name());
   const int64_t count = config.mp_devices;
-  std::vector<Device> devices;
-  for (int64_t i = 0; i < count; ++i) devices.emplace_back(device.type, device.index + static_cast<int>(i));
+  const std::vector<Device> devices = consecutive_devices(device, count);
   auto layers = resnet->sequential();
   LOOM_CHECK(count >= 1 && count <= static_cast<int64_t>(layers->size()), "--mp-devices ", count, ": the model has ",
              layers->size(), " layers to cut into stages (one or more each), so use 1 to ", layers->size());
