@@ -123,7 +123,7 @@ std::shared_ptr<nn::Module> data_parallel(std::shared_ptr<nn::Module> model, con
 // --mode mp / pipeline: the ResNet as a Sequential cut into --mp-devices stages on
 // consecutive devices (cpu:0, cpu:1, ...), balanced by each layer's measured time (Note
 // [Stage balance]). The stages share the model's layers, which move to their devices.
-// pipeline: the same stages, --chunks micro-batches under --schedule.
+// pipeline: the same stages, --chunks micro-batches under --pipeline-schedule.
 std::shared_ptr<nn::Module> model_parallel(nn::Module& model, const TrainConfig& config, Device device,
                                            nn::CrossEntropyLoss& criterion) {
   auto* resnet = dynamic_cast<nn::ResNet*>(&model);
