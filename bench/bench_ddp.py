@@ -188,6 +188,12 @@ def main():
     # Each DDP row against its independent processes' synchronous ceiling: how much of what
     # lockstep allows on these cores DDP reaches (the rest of the gap above is the cores'
     # own difference in speed, which no synchronous method can recover).
+    # And the ceiling against the independent processes themselves: the most that any
+    # synchronous method (a free all_reduce included) could reach of the 0.99 target here.
+    for base, ceiling in ceilings.items():
+        paired = statistics.median(c / i for c, i in zip(ceiling, results[base]))
+        print(f"synchronous ceiling of {base} / {base} = {paired:.3f} (median of per-repeat ratios): "
+              f"the slower process's pace against both at their own")
     for name, base in [("loom ddp (shm)", "loom independent"), ("loom ddp (shm, bound)", "loom independent (bound)")]:
         if name in medians and base in ceilings:
             paired = statistics.median(d / c for d, c in zip(results[name], ceilings[base]))

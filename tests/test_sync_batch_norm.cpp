@@ -12,6 +12,8 @@
 using namespace loom;
 
 #ifdef LOOM_WITH_GLOO
+#include "distributed_gradcheck.h"
+#include "gradcheck.h"
 #include "rank_threads.h"
 
 using distributed::Communicator;
@@ -88,6 +90,24 @@ TEST_CASE("SyncBatchNorm on 3 ranks = BatchNorm2d on the union batch: output, gr
   // weight and bias get each rank's own share (DDP averages them); the shares add up.
   CHECK(max_abs_diff(dw_sum, reference->weight.grad()) < 1e-9);
   CHECK(max_abs_diff(db_sum, reference->bias.grad()) < 1e-9);
+}
+
+TEST_CASE("sync_batch_norm's gradients match finite differences across 3 ranks with unequal shards") {
+  // Rank r normalises images [offset_r, offset_r + count_r) of one batch with statistics
+  // over all of them: 1, 3 and 2 images, so the counts in Chan's formula differ.
+  const std::vector<int64_t> offset = {0, 1, 4}, count = {1, 3, 2};
+  Tensor x = loom::testing::leaf({6, 3, 2, 2}, 11, 0.7) + 2.0;  // an offset mean, as above
+  x = x.detach().requires_grad_();
+  Tensor weight = loom::testing::leaf({3}, 12), bias = loom::testing::leaf({3}, 13);
+  loom::testing::distributed_gradcheck(
+      3,
+      [&](Communicator& comm, const std::vector<Tensor>& in) {
+        const int r = comm.rank();
+        Tensor running_mean = zeros({3}, kFloat64), running_var = ones({3}, kFloat64);
+        return sync_batch_norm(in[0].narrow(0, offset[r], count[r]), running_mean, running_var, in[1], in[2],
+                               /*momentum=*/0.1, /*eps=*/1e-5, comm);
+      },
+      {x, weight, bias});
 }
 
 TEST_CASE("eval mode and world size 1 are plain BatchNorm2d, without communication") {
