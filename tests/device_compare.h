@@ -1,5 +1,5 @@
 // Comparing a tensor computed on one device with one computed on another (the CUDA
-// tests: GPU result against the CPU backend's on the same inputs).
+// tests: GPU result against the CPU backend's on the same inputs), and moving them there.
 #pragma once
 
 #include <doctest/doctest.h>
@@ -15,6 +15,19 @@
 #include "core/kernels.h"
 
 namespace loom::testing {
+
+inline const Device kCpu("cpu");
+inline const Device kCuda0("cuda:0");
+
+// t copied to `device` as `dtype` (converted on the way); undefined stays undefined.
+inline Tensor to_device(const Tensor& t, Device device, DType dtype) {
+  if (!t.defined()) return t;
+  Tensor out = empty(t.shape(), TensorOptions(dtype).device(device));
+  copy_into(out, t);
+  return out;
+}
+inline Tensor to_device(const Tensor& t, Device device) { return to_device(t, device, t.dtype()); }
+inline Tensor gpu_empty(const Shape& shape, DType dtype) { return empty(shape, TensorOptions(dtype).device(kCuda0)); }
 
 // The tensor's values as float64 on the host, whatever its device and dtype.
 inline std::vector<double> host_values(const Tensor& t) {

@@ -26,7 +26,7 @@
 
 #include "autograd/grad_mode.h"  // defines: NoGradGuard
 #include "autograd/ops.h"
-#include "device_compare.h"  // defines: host_values, random_cpu, check_close
+#include "device_compare.h"  // defines: kCuda0, to_device, host_values, random_cpu, check_close
 #include "core/allocator.h"  // defines: memory_stats
 #include "core/copy.h"
 #include "core/factory.h"
@@ -44,15 +44,6 @@ using namespace loom::testing;
 namespace {
 
 const bool kGpu = cuda::is_available();
-const Device kCpu("cpu");
-const Device kCuda0("cuda:0");
-
-Tensor to_device(const Tensor& t, Device device) {
-  if (!t.defined()) return t;
-  Tensor out = empty(t.shape(), TensorOptions(t.dtype()).device(device));
-  copy_into(out, t);
-  return out;
-}
 Tensor gpu(const Tensor& t) { return to_device(t, kCuda0); }
 Tensor empty_on(const Shape& shape, DType dtype, Device device) { return empty(shape, TensorOptions(dtype).device(device)); }
 
