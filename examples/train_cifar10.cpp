@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
     auto& init = flags.add<std::string>("init", "", "load weights (safetensors) before training");
     auto& save = flags.add<std::string>("save", "", "write final weights (safetensors)");
     auto& checkpoint_dir = flags.add<std::string>("checkpoint-dir", "", "write full training state here");
-    auto& checkpoint_every = flags.add<int64_t>("checkpoint-every", 100, "steps between checkpoints (also at each epoch end)");
+    auto& checkpoint_every = flags.add<int64_t>("checkpoint-every", 100, "steps between checkpoints (also at each epoch end; 0: only then)");
     auto& resume = flags.add<bool>("resume", false, "continue from --checkpoint-dir exactly");
     auto& eval_only = flags.add<bool>("eval-only", false, "evaluate --init on the test set and exit");
     auto& synthetic = flags.add<bool>("synthetic", false, "random CIFAR-shaped data (throughput without I/O)");

@@ -1,5 +1,6 @@
-// Resume equivalence: training 2k steps equals k steps + checkpoint + resume + k steps,
-// bit for bit (Note [What a checkpoint holds] in examples/train/checkpoint.h).
+// train_cifar10 (examples/train/trainer.h): resume equivalence -- training 2k steps equals
+// k steps + checkpoint + resume + k steps, bit for bit (Note [What a checkpoint holds] in
+// examples/train/checkpoint.h) -- and the errors of a config it cannot run.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -190,4 +191,33 @@ TEST_CASE("resume without a checkpoint says where it looked") {
   c.resume = true;
   CHECK_THROWS_WITH_AS(train_cifar10(c), doctest::Contains("no checkpoint at"), Error);
   std::filesystem::remove_all(c.checkpoint_dir);
+}
+
+TEST_CASE("counts out of range are refused before anything runs, naming the flag and what it takes") {
+  struct Bad {
+    void (*set)(TrainConfig&);
+    const char* message;
+  };
+  const Bad cases[] = {
+      {[](TrainConfig& c) { c.chunks = 0; }, "--chunks: expected at least 1 micro-batch per batch, got 0"},
+      {[](TrainConfig& c) { c.max_steps = -7; }, "--max-steps: expected -1 (no limit) or 0 or more"},
+      {[](TrainConfig& c) { c.epochs = 0; }, "--epochs: expected at least 1 (--eval-only evaluates without training)"},
+      {[](TrainConfig& c) { c.batch_size = 0; }, "--batch-size: expected at least 1, got 0"},
+      {[](TrainConfig& c) { c.threads = -2; }, "--threads: expected 0 (OpenMP's default) or more, got -2"},
+      {[](TrainConfig& c) { c.eval_limit = -5; }, "--eval-limit: expected -1 (the whole test set) or 0 or more, got -5"},
+      {[](TrainConfig& c) { c.dp_devices = -1; }, "--dp-devices: expected 0 (the default devices) or more, got -1"},
+      {[](TrainConfig& c) { c.checkpoint_every = -1; }, "--checkpoint-every: expected 0 (only at epoch ends) or more"},
+      {[](TrainConfig& c) { c.workers = -1; }, "--workers: expected 0 (load in the training thread) or more, got -1"},
+  };
+  for (const Bad& bad : cases) {
+    CAPTURE(bad.message);
+    TrainConfig c = small_run();
+    c.mode = "pipeline";  // so that --chunks is used
+    bad.set(c);
+    CHECK_THROWS_WITH_AS(train_cifar10(c), doctest::Contains(bad.message), Error);
+  }
+  TrainConfig eval = small_run();
+  eval.epochs = 0;
+  eval.eval_only = true;
+  CHECK(train_cifar10(eval).test_acc >= 0);  // --eval-only needs no epochs
 }

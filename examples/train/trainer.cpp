@@ -153,9 +153,29 @@ std::shared_ptr<nn::Module> model_parallel(nn::Module& model, const TrainConfig&
   return mp;
 }
 
+// Counts out of range are refused here, naming the flag, before anything is built: left
+// to the code that uses them, --chunks 0 divided by zero, --max-steps -7 meant "no limit"
+// and --epochs 0 exited 0 having done nothing.
+void check_counts(const TrainConfig& c) {
+  auto expect = [](bool ok, const char* flag, int64_t got, const char* expected) {
+    LOOM_CHECK(ok, flag, ": expected ", expected, ", got ", got);
+  };
+  expect(c.epochs >= 1 || c.eval_only, "--epochs", c.epochs, "at least 1 (--eval-only evaluates without training)");
+  expect(c.max_steps >= -1, "--max-steps", c.max_steps, "-1 (no limit) or 0 or more (0: --save the initial weights)");
+  expect(c.batch_size >= 1, "--batch-size", c.batch_size, "at least 1");
+  expect(c.workers >= 0, "--workers", c.workers, "0 (load in the training thread) or more");
+  expect(c.threads >= 0, "--threads", c.threads, "0 (OpenMP's default) or more");
+  expect(c.checkpoint_every >= 0, "--checkpoint-every", c.checkpoint_every, "0 (only at epoch ends) or more");
+  expect(c.eval_limit >= -1, "--eval-limit", c.eval_limit, "-1 (the whole test set) or 0 or more");
+  expect(c.synthetic_size >= 1, "synthetic_size", c.synthetic_size, "at least 1");
+  expect(c.dp_devices >= 0, "--dp-devices", c.dp_devices, "0 (the default devices) or more");
+  expect(c.chunks >= 1, "--chunks", c.chunks, "at least 1 micro-batch per batch");
+}
+
 }  // namespace
 
 TrainResult train_cifar10(const TrainConfig& config) {
+  check_counts(config);
   if (config.threads > 0) omp_set_num_threads(static_cast<int>(config.threads));
   // First: a missing GPU is an error naming why, before any data is read. Under ddp,
   // "--device cuda" is this process's GPU, cuda:LOCAL_RANK (set by loomrun).

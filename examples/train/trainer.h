@@ -38,7 +38,7 @@ struct TrainConfig {
   std::string init;            // safetensors weights to start from
   std::string save;            // write final weights here (safetensors)
   std::string checkpoint_dir;  // full training state, written every checkpoint_every steps and each epoch
-  int64_t checkpoint_every = 0;
+  int64_t checkpoint_every = 0;  // 0: only at epoch ends (and when --max-steps stops the run)
   bool resume = false;
   bool eval_only = false;
   bool synthetic = false;      // random CIFAR-shaped data: throughput without I/O
