@@ -65,7 +65,6 @@ std::shared_ptr<data::Sampler> Distributed::train_sampler(int64_t dataset_size, 
 }
 
 std::shared_ptr<data::Sampler> Distributed::eval_sampler(int64_t count) const {
-  if (!comm_) return nullptr;
   return std::make_shared<data::DistributedSampler>(count, world_, rank_, /*shuffle=*/false);
 }
 

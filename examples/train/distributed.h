@@ -18,7 +18,7 @@
 // runs the same number of batches (and so the same DDP collectives). The padding must
 // not count twice: rank r counts only its first ceil((N - r) / R) images, the real ones,
 // and the all-reduced sums then cover each test image exactly once. --eval-limit L
-// evaluates exactly the first L images this way.
+// evaluates exactly the first L images this way, in every mode (one process: R = 1).
 #pragma once
 
 #include <cstdint>
@@ -53,8 +53,8 @@ class Distributed {
   // Training order: null in single mode (the loader shuffles), else this rank's
   // DistributedSampler (shuffled by (seed, epoch); the loader forwards set_epoch).
   std::shared_ptr<data::Sampler> train_sampler(int64_t dataset_size, const TrainConfig& config) const;
-  // Evaluation: null in single mode, else this rank's in-order share of the first
-  // `count` images; real_examples() says how many of them to count. See Note
+  // Evaluation: this rank's in-order share of the first `count` images (single mode:
+  // all of them); real_examples() says how many of them to count. See Note
   // [Evaluating a shard without double counting].
   std::shared_ptr<data::Sampler> eval_sampler(int64_t count) const;
   int64_t real_examples(int64_t count) const;

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 
 namespace loom::examples {
@@ -24,6 +25,16 @@ struct RunningMetrics {
   }
   double loss() const { return examples > 0 ? loss_sum / examples : 0; }
   double accuracy() const { return examples > 0 ? correct / examples : 0; }
+  // "<what> loss 1.2345  <what> acc 56.78%", or "no <what> images" (--eval-limit 0, or
+  // --max-steps 0): a loss of 0 would read as a result.
+  std::string str(const char* what) const {
+    char text[96];
+    if (examples > 0)
+      std::snprintf(text, sizeof(text), "%s loss %.4f  %s acc %.2f%%", what, loss(), what, 100 * accuracy());
+    else
+      std::snprintf(text, sizeof(text), "no %s images", what);
+    return text;
+  }
 };
 
 class ProgressBar {

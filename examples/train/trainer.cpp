@@ -69,22 +69,20 @@ std::unique_ptr<optim::LRScheduler> make_scheduler(const TrainConfig& config, op
   LOOM_FAIL("--schedule: expected none, cosine or onecycle, got '", config.schedule, "'");
 }
 
-// limit: stop once this many examples are counted (batch granularity), -1: no limit.
-// real: count only the first `real` examples, running every batch (ddp: Note [Evaluating
-// a shard without double counting]); -1: count all.
+// Counts only the first `real` examples, running every batch (ddp: the rest is padding,
+// Note [Evaluating a shard without double counting]).
 RunningMetrics evaluate(nn::Module& model, nn::CrossEntropyLoss& criterion, data::DataLoader& loader, Device device,
-                        int64_t limit, int64_t real = -1) {
+                        int64_t real) {
   trace::Span span("evaluate", "train");
   NoGradGuard no_grad;
   model.eval();
   RunningMetrics metrics;
   for (data::Batch& batch : loader) {
-    if (limit >= 0 && metrics.examples >= static_cast<double>(limit)) break;
     Tensor images = to_training_device(batch.data, device), labels = to_training_device(batch.target, device);
     Tensor logits = model(images);
     labels = labels.to(logits.device());  // --mode mp: the logits are on the last stage's device
     int64_t n = batch.size();
-    if (real >= 0 && metrics.examples + static_cast<double>(n) > static_cast<double>(real)) {
+    if (metrics.examples + static_cast<double>(n) > static_cast<double>(real)) {
       n = std::max<int64_t>(real - static_cast<int64_t>(metrics.examples), 0);  // the rest is padding
       if (n == 0) continue;
       logits = logits.narrow(0, 0, n);
@@ -193,13 +191,13 @@ TrainResult train_cifar10(const TrainConfig& config) {
                                             .shuffle = train_sampler ? false : config.shuffle,
                                             .sampler = train_sampler, .num_workers = config.workers,
                                             .persistent_workers = config.workers > 0, .seed = config.seed});
-  // ddp: each rank its in-order share of the first eval_count test images, padding
-  // excluded (Note [Evaluating a shard without double counting]); eval_limit is then exact.
+  // Each rank (the one process, outside ddp) its in-order share of the first eval_count
+  // test images, padding excluded (Note [Evaluating a shard without double counting]):
+  // --eval-limit is exact, not rounded up to whole batches.
   const int64_t eval_count = config.eval_limit >= 0 ? std::min(config.eval_limit, test_set->size()) : test_set->size();
   data::DataLoader test_loader(test_set, {.batch_size = 256, .sampler = dist.eval_sampler(eval_count),
                                           .num_workers = config.workers, .persistent_workers = config.workers > 0});
-  const int64_t eval_limit = dist.enabled() ? -1 : config.eval_limit;
-  const int64_t eval_real = dist.enabled() ? dist.real_examples(eval_count) : -1;
+  const int64_t eval_real = dist.real_examples(eval_count);
 
   auto model = make_model(config);
   model->to(device);
@@ -240,9 +238,10 @@ TrainResult train_cifar10(const TrainConfig& config) {
 
   TrainResult result;
   if (config.eval_only) {
-    RunningMetrics test = dist.sum(evaluate(*net, criterion, test_loader, device, eval_limit, eval_real));
+    RunningMetrics test = dist.sum(evaluate(*net, criterion, test_loader, device, eval_real));
     result.test_loss = test.loss();
     result.test_acc = test.accuracy();
+    result.test_images = static_cast<int64_t>(test.examples);
     if (dist.is_main())
       std::printf("eval: test loss %.4f  test acc %.2f%% (%lld images)\n", test.loss(), 100 * test.accuracy(),
                   static_cast<long long>(test.examples));
@@ -327,20 +326,19 @@ TrainResult train_cifar10(const TrainConfig& config) {
     }
     bar.finish();
     double epoch_seconds = std::chrono::duration<double>(Clock::now() - epoch_start).count();
-    RunningMetrics test = dist.sum(evaluate(*net, criterion, test_loader, device, eval_limit, eval_real));
+    RunningMetrics test = dist.sum(evaluate(*net, criterion, test_loader, device, eval_real));
     metrics = dist.sum(metrics);
     epoch_images = dist.sum(epoch_images);
     result.train_loss = metrics.loss();
     result.train_acc = metrics.accuracy();
     result.test_loss = test.loss();
     result.test_acc = test.accuracy();
+    result.test_images = static_cast<int64_t>(test.examples);
     if (!out_of_steps || step_in_epoch == steps_per_epoch) result.epochs = epoch + 1;
     if (dist.is_main()) {
-      std::printf("epoch %lld/%lld  train loss %.4f  train acc %.2f%%  test loss %.4f  test acc %.2f%%  "
-                  "time %.1fs  %.1f img/s\n",
-                  static_cast<long long>(epoch + 1), static_cast<long long>(config.epochs), metrics.loss(),
-                  100 * metrics.accuracy(), test.loss(), 100 * test.accuracy(), epoch_seconds,
-                  epoch_images / std::max(epoch_seconds, 1e-9));
+      std::printf("epoch %lld/%lld  %s  %s  time %.1fs  %.1f img/s\n", static_cast<long long>(epoch + 1),
+                  static_cast<long long>(config.epochs), metrics.str("train").c_str(), test.str("test").c_str(),
+                  epoch_seconds, epoch_images / std::max(epoch_seconds, 1e-9));
       std::fflush(stdout);
     }
     if (!config.checkpoint_dir.empty()) {
@@ -371,9 +369,10 @@ void write_metrics_json(const TrainResult& r, const std::string& path) {
   char json[512];
   std::snprintf(json, sizeof(json),
                 "{\"train_loss\": %.6f, \"train_acc\": %.6f, \"test_loss\": %.6f, \"test_acc\": %.6f, "
-                "\"img_per_s\": %.3f, \"median_step_s\": %.6f, \"steps\": %lld, \"epochs\": %lld}\n",
-                r.train_loss, r.train_acc, r.test_loss, r.test_acc, r.img_per_s, r.median_step_s,
-                static_cast<long long>(r.steps), static_cast<long long>(r.epochs));
+                "\"test_images\": %lld, \"img_per_s\": %.3f, \"median_step_s\": %.6f, \"steps\": %lld, "
+                "\"epochs\": %lld}\n",
+                r.train_loss, r.train_acc, r.test_loss, r.test_acc, static_cast<long long>(r.test_images), r.img_per_s,
+                r.median_step_s, static_cast<long long>(r.steps), static_cast<long long>(r.epochs));
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
   {
     std::ofstream out(tmp, std::ios::trunc);

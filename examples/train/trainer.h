@@ -65,6 +65,7 @@ struct TrainConfig {
 
 struct TrainResult {
   double train_loss = 0, train_acc = 0, test_loss = 0, test_acc = 0;
+  int64_t test_images = 0;  // how many test images the last evaluation counted (every rank)
   double img_per_s = 0;  // training images per second over the timed steps (all ranks)
   double median_step_s = 0;  // the median time of a timed step (rank 0's, under ddp)
   int64_t steps = 0;     // optimizer steps taken in total (including before a resume)
