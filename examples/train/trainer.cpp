@@ -151,9 +151,9 @@ std::shared_ptr<nn::Module> model_parallel(nn::Module& model, const TrainConfig&
   return mp;
 }
 
-// Counts out of range are refused here, naming the flag, before anything is built: left
-// to the code that uses them, --chunks 0 divided by zero, --max-steps -7 meant "no limit"
-// and --epochs 0 exited 0 having done nothing.
+// Counts out of range are refused here, naming the flag, before anything is built: the
+// code that uses them would divide by --chunks 0, read --max-steps -7 as "no limit" and
+// finish --epochs 0 successfully having done nothing.
 void check_counts(const TrainConfig& c) {
   auto expect = [](bool ok, const char* flag, int64_t got, const char* expected) {
     LOOM_CHECK(ok, flag, ": expected ", expected, ", got ", got);
