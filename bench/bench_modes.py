@@ -9,8 +9,9 @@ global batch, on --devices devices (CPU virtual devices cpu:0, cpu:1, ... here) 
 --devices cores in all: one process with --devices threads (single, dp, mp, pipeline),
 or --devices processes of one thread (ddp, with the batch split between them). Runs are
 interleaved --repeat times; the table gives img/s (global batch / median step; median
-over repeats) and each mode against loom single, and the PyTorch rows against their loom
-counterparts (median of per-repeat ratios: configurations of one repeat run minutes apart
+over repeats) and each mode against loom single, loom's peak tensor memory (the
+allocator's, in the process or rank 0; the pipeline's checkpointing rows trade speed for
+it), and the PyTorch rows against their loom counterparts (median of per-repeat ratios: configurations of one repeat run minutes apart
 at most). PyTorch 1.13's DataParallel needs GPUs, so it has no row; its Pipe keeps one
 worker per device, so with both stages on the CPU it runs GPipe's schedule on one worker.
 Needs a built loom (build/) and, for the PyTorch rows, python3-torch (--torch-python).
@@ -39,7 +40,9 @@ def loom(args, tmp, mode, *extra, processes=1):
         cmd = [args.loomrun, "--standalone", "--nproc_per_node", str(processes), "--numa-binding", "exclusive", *cmd]
     run(cmd, dict(os.environ, OMP_NUM_THREADS=str(threads)))
     with open(metrics) as f:
-        return args.batch_size / json.load(f)["median_step_s"]
+        m = json.load(f)
+    args.peak_mib = m["peak_memory_mib"]
+    return args.batch_size / m["median_step_s"]
 
 
 def torch_json(args, script, *extra):
@@ -68,6 +71,11 @@ def main():
                                                 "--pipeline-schedule", "gpipe")),
         ("loom pipeline 1f1b", lambda t: loom(args, t, "pipeline", "--mp-devices", d, "--chunks", c,
                                                "--pipeline-schedule", "1f1b")),
+        ("loom pipeline gpipe, ckpt", lambda t: loom(args, t, "pipeline", "--mp-devices", d, "--chunks", c,
+                                                      "--pipeline-schedule", "gpipe",
+                                                      "--pipeline-checkpoint", "except_last")),
+        ("loom pipeline 1f1b, ckpt", lambda t: loom(args, t, "pipeline", "--mp-devices", d, "--chunks", c,
+                                                     "--pipeline-schedule", "1f1b", "--pipeline-checkpoint", "always")),
         ("loom ddp", lambda t: loom(args, t, "ddp", processes=args.devices)),
     ]
     if args.torch_python:
@@ -81,18 +89,22 @@ def main():
                                                str(args.steps), "--port", str(free_port()))["img_per_s"]),
         ]
     results = {name: [] for name, _ in configs}
+    peaks = {name: [] for name, _ in configs if name.startswith("loom")}
     print(f"# ResNet18, global batch {args.batch_size}, {args.devices} devices/cores, pipeline {args.chunks} "
           f"micro-batches, {args.steps - 1} timed steps, {args.repeat} interleaved repeats", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.repeat):
             for name, fn in configs:
                 results[name].append(fn(tmp))
+                if name in peaks:
+                    peaks[name].append(args.peak_mib)
                 print(f"#   repeat {r + 1}: {name:30s} {results[name][-1]:7.1f} img/s", flush=True)
     single = results["loom single"]
-    print(f"{'configuration':30s} {'img/s':>7s}  {'/ loom single':>13s}  img/s of each repeat")
+    print(f"{'configuration':30s} {'img/s':>7s}  {'/ loom single':>13s}  {'peak MiB':>8s}  img/s of each repeat")
     for name, v in results.items():
         paired = statistics.median(x / s for x, s in zip(v, single))
-        print(f"{name:30s} {statistics.median(v):7.1f}  {paired:13.2f}  {' '.join(f'{x:.1f}' for x in v)}")
+        peak = f"{statistics.median(peaks[name]):8.0f}" if name in peaks else f"{'':8s}"
+        print(f"{name:30s} {statistics.median(v):7.1f}  {paired:13.2f}  {peak}  {' '.join(f'{x:.1f}' for x in v)}")
     for mine, theirs in [("loom single", "torch single"), ("loom pipeline gpipe", "torch pipeline (Pipe, gpipe)"),
                          ("loom ddp", "torch ddp")]:
         if theirs in results:

@@ -57,6 +57,9 @@ int main(int argc, char** argv) {
     auto& mp_devices = flags.add<int64_t>("mp-devices", c.mp_devices, "mp, pipeline: stages, one device each");
     auto& chunks = flags.add<int64_t>("chunks", c.chunks, "pipeline: micro-batches per batch");
     auto& schedule_name = flags.add<std::string>("pipeline-schedule", c.pipeline_schedule, "pipeline: gpipe | 1f1b");
+    auto& pipeline_checkpoint = flags.add<std::string>("pipeline-checkpoint", c.pipeline_checkpoint,
+                                                       "pipeline: never | except_last | always (recompute each "
+                                                       "micro-batch's activations in its backward: less memory)");
     auto& dp_devices = flags.add<int64_t>("dp-devices", c.dp_devices, "dp: devices (0: every GPU with --device cuda, "
                                           "2 on cpu: cpu:0 and cpu:1)");
     auto& backend = flags.add<std::string>("backend", "", "ddp: gloo | nccl (default: nccl on cuda, gloo on cpu)");
@@ -98,6 +101,7 @@ int main(int argc, char** argv) {
     c.mp_devices = mp_devices;
     c.chunks = chunks;
     c.pipeline_schedule = schedule_name;
+    c.pipeline_checkpoint = pipeline_checkpoint;
     c.backend = backend;
     c.sync_bn = sync_bn;
     c.lr_scaling = lr_scaling;

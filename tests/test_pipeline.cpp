@@ -1,7 +1,9 @@
 // The pipeline (parallel/pipeline/pipeline.h) on CPU virtual devices, one thread per
 // stage: the transparency contract (gradients, loss and SGD steps equal one device's on
 // the whole batch) for GPipe and 1F1B, 2 and 3 stages, even and uneven micro-batches;
-// the two schedules agree bit for bit; and a failing stage is a clear error, not a hang.
+// the two schedules agree bit for bit, with and without checkpointed micro-batches (whose
+// BatchNorm statistics and memory are checked too); and a failing stage is a clear
+// error, not a hang.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -10,6 +12,7 @@
 #include "autograd/grad_mode.h"
 #include "cuda/device.h"  // defines: cuda::is_available
 #include "autograd/ops.h"
+#include "core/allocator.h"  // defines: memory_stats, get_allocator
 #include "nn/nn.h"
 #include "nn/optim/sgd.h"
 #include "parallel/pipeline/pipeline.h"
@@ -45,8 +48,10 @@ TEST_CASE("transparency: GPipe and 1F1B give one device's gradients, loss and SG
                                    {{"cpu:0", "cpu:1", "cpu:2"}, {1, 2, 3}, 1, 5}};
   for (const Case& c : cases) {
     std::vector<std::vector<Tensor>> grads_by_schedule;
-    for (const std::string schedule : {"gpipe", "1f1b"}) {
+    for (const std::string schedule : {"gpipe", "1f1b"})
+    for (const std::string checkpoint : {"never", "except_last", "always"}) {
       CAPTURE(schedule);
+      CAPTURE(checkpoint);
       CAPTURE(c.devices.size());
       CAPTURE(c.chunks);
       CAPTURE(c.batch);
@@ -54,7 +59,7 @@ TEST_CASE("transparency: GPipe and 1F1B give one device's gradients, loss and SG
       auto single = small_net();
       auto staged = small_net();
       staged->load_state_dict(single->state_dict());
-      Pipeline pipe(staged, c.devices, c.balance, c.chunks, schedule, loss_of);
+      Pipeline pipe(staged, c.devices, c.balance, c.chunks, schedule, loss_of, checkpoint);
       optim::SGD opt_single(single->parameters(), {.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-3});
       optim::SGD opt_pipe(pipe.parameters(), {.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-3});
       for (int step = 0; step < 3; ++step) {
@@ -81,11 +86,107 @@ TEST_CASE("transparency: GPipe and 1F1B give one device's gradients, loss and SG
       Tensor x = randn({4, 3, 8, 8}, kFloat64);
       CHECK(max_abs_diff(pipe(x).to(Device("cpu:0")), (*single)(x)) < 1e-12);
     }
-    // Note [Stages wait only for what they need]: both schedules accumulate in order.
-    REQUIRE(grads_by_schedule.size() == 2);
-    for (size_t i = 0; i < grads_by_schedule[0].size(); ++i)
-      CHECK(grads_by_schedule[0][i].tolist<double>() == grads_by_schedule[1][i].tolist<double>());
+    // Note [Stages wait only for what they need]: both schedules accumulate in order;
+    // Note [Checkpointed micro-batches are recomputed exactly]: with or without checkpoints.
+    REQUIRE(grads_by_schedule.size() == 6);
+    for (size_t k = 1; k < grads_by_schedule.size(); ++k)
+      for (size_t i = 0; i < grads_by_schedule[0].size(); ++i)
+        CHECK(grads_by_schedule[0][i].tolist<double>() == grads_by_schedule[k][i].tolist<double>());
   }
+}
+
+// small_net with a BatchNorm2d after each convolution: buffers that every forward updates.
+std::shared_ptr<nn::Sequential> batch_norm_net() {
+  auto net = std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Conv2d>(3, 6, 3, 1, 1), std::make_shared<nn::BatchNorm2d>(6), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::Conv2d>(6, 8, 3, 2, 1), std::make_shared<nn::BatchNorm2d>(8), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::Flatten>(1), std::make_shared<nn::Linear>(8 * 4 * 4, 10)});
+  net->to(kFloat64);
+  return net;
+}
+
+TEST_CASE("checkpointing recomputes exactly: 'always' and 'except_last' give 'never''s gradients and BatchNorm buffers") {
+  struct Case {
+    std::vector<Device> devices;
+    std::vector<int64_t> balance;
+  };
+  for (const Case& c : {Case{{"cpu:0", "cpu:1"}, {4, 4}}, Case{{"cpu:0", "cpu:1", "cpu:2"}, {2, 3, 3}}})
+  for (const std::string schedule : {"gpipe", "1f1b"})
+  for (const std::string checkpoint : {"except_last", "always"}) {
+    CAPTURE(c.devices.size());
+    CAPTURE(schedule);
+    CAPTURE(checkpoint);
+    manual_seed(3);
+    auto plain_net = batch_norm_net(), checkpointed_net = batch_norm_net();
+    checkpointed_net->load_state_dict(plain_net->state_dict());
+    Pipeline plain(plain_net, c.devices, c.balance, 3, schedule, loss_of, "never");
+    Pipeline checkpointed(checkpointed_net, c.devices, c.balance, 3, schedule, loss_of, checkpoint);
+    optim::SGD opt_plain(plain.parameters(), {.lr = 0.1, .momentum = 0.9});
+    optim::SGD opt_checkpointed(checkpointed.parameters(), {.lr = 0.1, .momentum = 0.9});
+    for (int step = 0; step < 2; ++step) {
+      Tensor images = randn({7, 3, 8, 8}, kFloat64), labels = randint(0, 10, {7});  // micro-batches 3, 3, 1
+      opt_plain.zero_grad();
+      opt_checkpointed.zero_grad();
+      auto want = plain.step(images, labels), got = checkpointed.step(images, labels);
+      CHECK(got.loss.item<double>() == want.loss.item<double>());
+      CHECK(max_abs_diff(got.output.to(Device("cpu:0")), want.output.to(Device("cpu:0"))) == 0);
+      auto gw = grads_of(*plain_net), gc = grads_of(*checkpointed_net);
+      for (size_t i = 0; i < gw.size(); ++i) CHECK(gw[i].tolist<double>() == gc[i].tolist<double>());
+      opt_plain.step();
+      opt_checkpointed.step();
+    }
+    // Running statistics and num_batches_tracked: updated once per micro-batch forward,
+    // not again by the recomputation.
+    auto bw = plain_net->state_dict(), bc = checkpointed_net->state_dict();
+    for (const auto& [name, tensor] : bw) {
+      CAPTURE(name);
+      CHECK(max_abs_diff(tensor.to(Device("cpu:0")), bc.find(name)->to(Device("cpu:0"))) == 0);
+    }
+  }
+}
+
+TEST_CASE("checkpointing frees each stage's activations: the step's peak memory falls") {
+  // Activations dominate: 4 Linear(512, 512) + ReLU per stage on micro-batches of 256
+  // float64 rows (1 MiB per activation), against 2 MiB of weights per Linear.
+  std::vector<std::shared_ptr<nn::Module>> layers;
+  for (int i = 0; i < 8; ++i) {
+    layers.push_back(std::make_shared<nn::Linear>(512, 512));
+    layers.push_back(std::make_shared<nn::ReLU>());
+  }
+  auto net = std::make_shared<nn::Sequential>(layers);
+  net->to(kFloat64);
+  auto mse = [](const Tensor& out, const Tensor& target) { return (out - target).pow(2.0).mean(); };
+  Tensor images = randn({2048, 512}, kFloat64), target = randn({2048, 512}, kFloat64);
+  auto peak_of = [&](const std::string& checkpoint) {
+    Pipeline pipe(net, {"cpu:0", "cpu:1"}, {8, 8}, 8, "gpipe", mse, checkpoint);
+    pipe.zero_grad();
+    pipe.step(images, target);  // warm-up: gradients and the allocator's blocks exist
+    pipe.zero_grad(/*set_to_none=*/false);
+    const int64_t before = memory_stats(Device("cpu")).allocated_bytes;
+    get_allocator(DeviceType::CPU)->reset_peak_stats(Device("cpu"));
+    pipe.step(images, target);
+    return memory_stats(Device("cpu")).peak_allocated_bytes - before;
+  };
+  const int64_t never = peak_of("never"), except_last = peak_of("except_last"), always = peak_of("always");
+  MESSAGE("peak step memory above the model's: never ", never >> 20, " MiB, except_last ", except_last >> 20,
+          " MiB, always ", always >> 20, " MiB");
+  CHECK(except_last < never / 2);
+  CHECK(always <= except_last);
+}
+
+TEST_CASE("checkpointing refuses a step that drew random numbers, and a name it does not know") {
+  auto net = std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Linear>(4, 4), std::make_shared<nn::Dropout>(0.5), std::make_shared<nn::Linear>(4, 3)});
+  net->to(kFloat64);
+  Tensor x = randn({4, 4}, kFloat64), y = randint(0, 3, {4});
+  Pipeline never(net, {"cpu:0", "cpu:1"}, {2, 1}, 2, "1f1b", loss_of, "never");
+  CHECK(std::isfinite(never.step(x, y).loss.item<double>()));
+  Pipeline always(net, {"cpu:0", "cpu:1"}, {2, 1}, 2, "1f1b", loss_of, "always");
+  CHECK_THROWS_WITH_AS(always.step(x, y), doctest::Contains("drew random numbers during a step with checkpoint='always'"),
+                       Error);
+  CHECK_THROWS_WITH_AS(Pipeline(net, {"cpu:0", "cpu:1"}, {2, 1}, 2, "1f1b", loss_of, "sometimes"),
+                       doctest::Contains("checkpoint must be 'never', 'except_last' or 'always'"), Error);
+  CHECK(always.str().find("checkpoint=always") != std::string::npos);
 }
 
 TEST_CASE("the stages run in the caller's autocast; loss_scale scales every micro-batch's gradient") {

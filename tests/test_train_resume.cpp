@@ -130,7 +130,7 @@ TEST_CASE("--mode mp: the ResNet cut into stages on cpu:0..2 trains bit for bit 
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("--mode pipeline: GPipe and 1F1B train bit for bit alike, and resume exactly") {
+TEST_CASE("--mode pipeline: GPipe, 1F1B and checkpointed micro-batches train bit for bit alike, and resume exactly") {
   const std::string dir = temp_dir("pipe");
   TrainConfig gpipe = small_run();
   gpipe.mode = "pipeline";
@@ -147,6 +147,13 @@ TEST_CASE("--mode pipeline: GPipe and 1F1B train bit for bit alike, and resume e
   one_f_one_b.save = dir + "/1f1b.safetensors";
   train_cifar10(one_f_one_b);
   check_same_weights(gpipe.save, one_f_one_b.save);  // Note [Stages wait only for what they need]
+  // Note [Checkpointed micro-batches are recomputed exactly]: weights and BatchNorm
+  // statistics as without --pipeline-checkpoint.
+  TrainConfig recomputed = one_f_one_b;
+  recomputed.pipeline_checkpoint = "except_last";
+  recomputed.save = dir + "/except_last.safetensors";
+  train_cifar10(recomputed);
+  check_same_weights(one_f_one_b.save, recomputed.save);
 
   check_resumes_exactly(one_f_one_b, 4, dir);
   std::filesystem::remove_all(dir);

@@ -11,6 +11,7 @@
 
 #include "autograd/grad_mode.h"             // defines: NoGradGuard, for evaluation
 #include "autograd/ops.h"                   // defines: argmax, eq, sum
+#include "core/allocator.h"                 // defines: memory_stats (the run's peak memory)
 #include "core/trace.h"                     // defines: trace::Span (LOOM_TRACE=path draws the steps)
 #include "data/cifar10.h"                   // defines: CIFAR10
 #include "data/data_root.h"                 // defines: find_cifar10_root
@@ -121,7 +122,8 @@ std::shared_ptr<nn::Module> data_parallel(std::shared_ptr<nn::Module> model, con
 // --mode mp / pipeline: the ResNet as a Sequential cut into --mp-devices stages on
 // consecutive devices (cpu:0, cpu:1, ...), balanced by each layer's measured time (Note
 // [Stage balance]). The stages share the model's layers, which move to their devices.
-// pipeline: the same stages, --chunks micro-batches under --pipeline-schedule.
+// pipeline: the same stages, --chunks micro-batches under --pipeline-schedule, with
+// --pipeline-checkpoint's micro-batches recomputed in their backward.
 std::shared_ptr<nn::Module> model_parallel(nn::Module& model, const TrainConfig& config, Device device,
                                            nn::CrossEntropyLoss& criterion) {
   auto* resnet = dynamic_cast<nn::ResNet*>(&model);
@@ -144,7 +146,8 @@ std::shared_ptr<nn::Module> model_parallel(nn::Module& model, const TrainConfig&
   if (config.mode == "pipeline")
     mp = std::make_shared<parallel::pipeline::Pipeline>(
         layers, devices, balance, config.chunks, config.pipeline_schedule,
-        [&criterion](const Tensor& out, const Tensor& target) { return criterion(out, target); });
+        [&criterion](const Tensor& out, const Tensor& target) { return criterion(out, target); },
+        config.pipeline_checkpoint);
   else
     mp = std::make_shared<parallel::ModelParallel>(layers, devices, balance);
   if (config.progress) std::fprintf(stderr, "%s: %s\n", config.mode.c_str(), mp->extra_repr().c_str());
@@ -354,6 +357,7 @@ TrainResult train_cifar10(const TrainConfig& config) {
   result.steps = position.global_step;
   result.img_per_s = dist.sum(timed_seconds > 0 ? timed_images / timed_seconds : 0);
   result.median_step_s = median(step_seconds);
+  result.peak_memory_bytes = memory_stats(device).peak_allocated_bytes;
   if (dist.is_main()) {
     if (!config.save.empty()) {
       nn::save(*model, config.save);  // the model's own keys, without DDP's "module." prefix
@@ -369,10 +373,11 @@ void write_metrics_json(const TrainResult& r, const std::string& path) {
   char json[512];
   std::snprintf(json, sizeof(json),
                 "{\"train_loss\": %.6f, \"train_acc\": %.6f, \"test_loss\": %.6f, \"test_acc\": %.6f, "
-                "\"test_images\": %lld, \"img_per_s\": %.3f, \"median_step_s\": %.6f, \"steps\": %lld, "
-                "\"epochs\": %lld}\n",
+                "\"test_images\": %lld, \"img_per_s\": %.3f, \"median_step_s\": %.6f, \"peak_memory_mib\": %.1f, "
+                "\"steps\": %lld, \"epochs\": %lld}\n",
                 r.train_loss, r.train_acc, r.test_loss, r.test_acc, static_cast<long long>(r.test_images), r.img_per_s,
-                r.median_step_s, static_cast<long long>(r.steps), static_cast<long long>(r.epochs));
+                r.median_step_s, static_cast<double>(r.peak_memory_bytes) / (1 << 20), static_cast<long long>(r.steps),
+                static_cast<long long>(r.epochs));
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
   {
     std::ofstream out(tmp, std::ios::trunc);

@@ -57,6 +57,7 @@ struct TrainConfig {
   int64_t mp_devices = 2;            // mp, pipeline: stages, one device each
   int64_t chunks = 4;                // pipeline: micro-batches per batch
   std::string pipeline_schedule = "1f1b";  // pipeline: gpipe | 1f1b
+  std::string pipeline_checkpoint = "never";  // pipeline: never | except_last | always (recompute activations)
   std::string backend;               // ddp: gloo | nccl; "" = nccl on CUDA, gloo on CPU
   bool sync_bn = false;              // ddp: BatchNorm2d statistics over every rank
   std::string lr_scaling = "none";   // none | linear (lr x world size: the global batch grew)
@@ -68,6 +69,7 @@ struct TrainResult {
   int64_t test_images = 0;  // how many test images the last evaluation counted (every rank)
   double img_per_s = 0;  // training images per second over the timed steps (all ranks)
   double median_step_s = 0;  // the median time of a timed step (rank 0's, under ddp)
+  int64_t peak_memory_bytes = 0;  // the most the device's allocator had handed out (this process's)
   int64_t steps = 0;     // optimizer steps taken in total (including before a resume)
   int64_t epochs = 0;    // epochs completed
 };

@@ -8,28 +8,50 @@
 #include "autograd/grad_mode.h"  // defines: GradMode
 #include "autograd/ops.h"        // defines: chunk, cat
 #include "core/error.h"
+#include "core/generator.h"      // defines: default_generator
 #include "core/trace.h"          // defines: trace::Span (each action is a span on its stage's row)
 #include "parallel/device_threads.h"  // defines: run_on_device_threads, CallerState, DeviceScope
 
 namespace loom::parallel::pipeline {
 
 Pipeline::Pipeline(std::shared_ptr<nn::Sequential> module, std::vector<Device> devices, std::vector<int64_t> balance,
-                   int64_t chunks, std::string schedule, LossFn loss_fn)
+                   int64_t chunks, std::string schedule, LossFn loss_fn, std::string checkpoint)
     : ModelParallel("Pipeline", std::move(module), std::move(devices), std::move(balance)),
       chunks_(chunks),
       schedule_name_(std::move(schedule)),
-      loss_fn_(std::move(loss_fn)) {
+      loss_fn_(std::move(loss_fn)),
+      checkpoint_(std::move(checkpoint)) {
   LOOM_CHECK(chunks_ >= 1, "Pipeline: chunks must be at least 1, got ", chunks_);
   LOOM_CHECK(loss_fn_ != nullptr, "Pipeline: no loss function");
+  LOOM_CHECK(checkpoint_ == "never" || checkpoint_ == "except_last" || checkpoint_ == "always",
+             "Pipeline: checkpoint must be 'never', 'except_last' or 'always' (torchgpipe's), got '", checkpoint_, "'");
   make_schedule(schedule_name_, static_cast<int64_t>(stages().size()), chunks_);  // a clear error for a bad name
+}
+
+bool Pipeline::checkpointed(int64_t m, int64_t M) const {
+  return checkpoint_ == "always" || (checkpoint_ == "except_last" && m < M - 1);
 }
 
 namespace {
 
+// A stage's buffers (BatchNorm's running statistics), copied: see Note [Checkpointed
+// micro-batches are recomputed exactly].
+std::vector<Tensor> snapshot_buffers(const nn::Module& stage) {
+  std::vector<Tensor> copies;
+  for (const Tensor& b : stage.named_buffers().values()) copies.push_back(b.clone());
+  return copies;
+}
+
+void load_buffers(const nn::Module& stage, const std::vector<Tensor>& copies) {
+  NoGradGuard no_grad;
+  const auto buffers = stage.named_buffers().values();
+  for (size_t i = 0; i < buffers.size(); ++i) Tensor(buffers[i]).copy_(copies[i]);
+}
+
 // What one step's stages hand each other; element [s][m] is written by stage s's thread
 // (or, for a consumed input, by stage s - 1's) at the tick of the action that makes it.
 struct StepState {
-  std::vector<std::vector<Tensor>> inputs;   // [s][m]: stage s's input leaf (s > 0)
+  std::vector<std::vector<Tensor>> inputs;   // [s][m]: stage s's input leaf (s > 0; s = 0 if checkpointed)
   std::vector<std::vector<Tensor>> outputs;  // [s][m]: stage s's output (the weighted loss on the last stage)
   std::vector<Tensor> losses, logits;        // [m]: detached, from the last stage
 };
@@ -58,17 +80,16 @@ Pipeline::StepResult Pipeline::step(const Tensor& input, const Tensor& target, d
     st.inputs[size_t(s)].resize(size_t(M));
     st.outputs[size_t(s)].resize(size_t(M));
   }
+  // Whether any micro-batch is recomputed (the first is, if any is), and the default
+  // generator's position before: Note [Checkpointed micro-batches are recomputed exactly].
+  const bool recomputes = checkpointed(0, M);
+  const uint64_t random_offset = default_generator().offset();
   st.losses.resize(size_t(M));
   st.logits.resize(size_t(M));
 
   // See Note [Stages wait only for what they need].
-  auto forward = [&](int64_t s, int64_t m) {
-    Tensor x = s == 0 ? micro_inputs[size_t(m)] : st.outputs[size_t(s) - 1][size_t(m)].detach();
-    x = x.to(devices()[size_t(s)]);
-    if (s > 0) {
-      x = x.detach().requires_grad_(true);  // a leaf: its .grad() is what stage s - 1 needs
-      st.inputs[size_t(s)][size_t(m)] = x;
-    }
+  // The stage's forward of micro-batch m; on the last stage also the (weighted, scaled) loss.
+  auto run_stage = [&](int64_t s, int64_t m, const Tensor& x) {
     Tensor y = (*stage_modules[size_t(s)])(x);
     if (s == S - 1) {
       const Tensor& t = micro_targets[size_t(m)];
@@ -78,9 +99,31 @@ Pipeline::StepResult Pipeline::step(const Tensor& input, const Tensor& target, d
       st.logits[size_t(m)] = y.detach();
       y = loss_scale == 1.0 ? loss : loss * loss_scale;  // GradScaler's scale under fp16
     }
-    st.outputs[size_t(s)][size_t(m)] = y;
+    return y;
+  };
+  auto forward = [&](int64_t s, int64_t m) {
+    Tensor x = s == 0 ? micro_inputs[size_t(m)] : st.outputs[size_t(s) - 1][size_t(m)].detach();
+    x = x.to(devices()[size_t(s)]);
+    if (s > 0) x = x.detach().requires_grad_(true);  // a leaf: its .grad() is what stage s - 1 needs
+    if (s > 0 || checkpointed(m, M)) st.inputs[size_t(s)][size_t(m)] = x;
+    if (!checkpointed(m, M)) {
+      st.outputs[size_t(s)][size_t(m)] = run_stage(s, m, x);
+      return;
+    }
+    // See Note [Checkpointed micro-batches are recomputed exactly].
+    if (s > 0) st.outputs[size_t(s) - 1][size_t(m)] = Tensor();  // recomputed by stage s - 1's backward
+    NoGradGuard no_graph;
+    st.outputs[size_t(s)][size_t(m)] = run_stage(s, m, x);
+  };
+  auto recompute = [&](int64_t s, int64_t m) {
+    const nn::Module& stage = *stage_modules[size_t(s)];
+    const std::vector<Tensor> buffers = snapshot_buffers(stage);
+    st.outputs[size_t(s)][size_t(m)] = run_stage(s, m, st.inputs[size_t(s)][size_t(m)]);
+    load_buffers(stage, buffers);  // the recomputation's update of the running statistics is undone
+    if (s == 0) st.inputs[0][size_t(m)] = Tensor();
   };
   auto backward = [&](int64_t s, int64_t m) {
+    if (checkpointed(m, M)) recompute(s, m);
     Tensor& out = st.outputs[size_t(s)][size_t(m)];
     if (s == S - 1) {
       out.backward();
@@ -161,13 +204,19 @@ Pipeline::StepResult Pipeline::step(const Tensor& input, const Tensor& target, d
       LOOM_FAIL("Pipeline: stage ", s, " (", devices()[size_t(s)], ") failed in the ", where[size_t(s)], ": ", e.what());
     }
   }
+  // See Note [Checkpointed micro-batches are recomputed exactly].
+  LOOM_CHECK(!recomputes || default_generator().offset() == random_offset,
+             "Pipeline: the default generator drew random numbers during a step with checkpoint='", checkpoint_,
+             "' (Dropout in a stage?). The recomputed forward cannot draw the same ones, so the gradients would not "
+             "be this step's; use checkpoint='never' for such stages");
   Tensor loss = st.losses[0];
   for (int64_t m = 1; m < M; ++m) loss = loss + st.losses[size_t(m)];
   return {loss, cat(st.logits, 0)};
 }
 
 std::string Pipeline::extra_repr() const {
-  return ModelParallel::extra_repr() + ", chunks=" + std::to_string(chunks_) + ", schedule=" + schedule_name_;
+  return ModelParallel::extra_repr() + ", chunks=" + std::to_string(chunks_) + ", schedule=" + schedule_name_ +
+         ", checkpoint=" + checkpoint_;
 }
 
 }  // namespace loom::parallel::pipeline

@@ -34,6 +34,27 @@
 // of the mean over the whole batch of B: what one device computes on the whole batch,
 // for models without batch statistics. (BatchNorm normalises each micro-batch by its own
 // statistics, as in GPipe; its running statistics see M updates per step.)
+//
+// Note [Checkpointed micro-batches are recomputed exactly]
+// With checkpoint = "always" (or "except_last": every micro-batch but the last, whose
+// backward follows its forward at once in GPipe, so keeping it saves nothing), as in
+// torchgpipe, a stage's forward of a checkpointed micro-batch runs without recording a
+// graph: it keeps only the stage's input, so the activations inside the stage are freed
+// at once instead of living until the micro-batch's backward. That backward first runs
+// the forward again, with the graph, then back-propagates through it. For the gradients
+// to be the ones of the first forward, the recomputation must see what it saw:
+// - the same input (kept) and parameters (unchanged within a step);
+// - the same buffers, or none: BatchNorm in training normalises by the micro-batch's own
+//   statistics, never reading its running ones, but it updates them, and the
+//   recomputation would do so a second time. So the stage's buffers are copied before
+//   the recomputation and put back after it: they end the step exactly as without
+//   checkpointing. (A layer whose training forward read its buffers would see them as
+//   the other micro-batches left them: loom has none);
+// - the same random numbers: the default generator is process-wide and the stages draw
+//   from it concurrently, so a dropout mask cannot be drawn again. A checkpointed step
+//   during which the default generator moved is an error, not silently other gradients.
+// Results are bitwise those of checkpoint = "never" (the tests compare them); the price
+// is one more forward of every checkpointed micro-batch (docs/pipeline.md).
 #pragma once
 
 #include <functional>
@@ -51,9 +72,10 @@ class Pipeline : public ModelParallel {
   using LossFn = std::function<Tensor(const Tensor& output, const Tensor& target)>;
 
   // chunks: micro-batches per batch (fewer when the batch is smaller); schedule: "gpipe"
-  // or "1f1b". The stages are ModelParallel's.
+  // or "1f1b"; checkpoint: "never", "except_last" or "always" (torchgpipe's; Note
+  // [Checkpointed micro-batches are recomputed exactly]). The stages are ModelParallel's.
   Pipeline(std::shared_ptr<nn::Sequential> module, std::vector<Device> devices, std::vector<int64_t> balance,
-           int64_t chunks, std::string schedule, LossFn loss_fn);
+           int64_t chunks, std::string schedule, LossFn loss_fn, std::string checkpoint = "never");
 
   struct StepResult {
     Tensor loss;    // the batch's loss (Note [Micro-batch losses add up to the batch's]), detached
@@ -68,12 +90,17 @@ class Pipeline : public ModelParallel {
 
   int64_t chunks() const { return chunks_; }
   const std::string& schedule_name() const { return schedule_name_; }
+  const std::string& checkpoint() const { return checkpoint_; }
   std::string extra_repr() const override;
 
  private:
+  // Whether micro-batch m of M is checkpointed.
+  bool checkpointed(int64_t m, int64_t M) const;
+
   int64_t chunks_;
   std::string schedule_name_;
   LossFn loss_fn_;
+  std::string checkpoint_;
 };
 
 }  // namespace loom::parallel::pipeline
