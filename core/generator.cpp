@@ -4,6 +4,11 @@ namespace loom {
 
 void Generator::manual_seed(uint64_t seed) { set_state(seed, 0); }
 
+uint64_t Generator::offset() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return offset_;
+}
+
 void Generator::set_state(uint64_t seed, uint64_t offset) {
   std::lock_guard<std::mutex> lock(mutex_);
   seed_ = seed;

@@ -18,14 +18,14 @@ class Generator {
 
   void manual_seed(uint64_t seed);
   uint64_t seed() const { return seed_; }
-  uint64_t offset() const { return offset_; }
+  uint64_t offset() const;  // thread-safe, as reserve()
   void set_state(uint64_t seed, uint64_t offset);
   // Reserves `count` consecutive counters and returns the first: the caller computes
   // element i from (seed(), first + i). Thread-safe.
   uint64_t reserve(uint64_t count);
 
  private:
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   uint64_t seed_;
   uint64_t offset_ = 0;
 };

@@ -170,21 +170,43 @@ TEST_CASE("checkpointing frees each stage's activations: the step's peak memory 
   const int64_t never = peak_of("never"), except_last = peak_of("except_last"), always = peak_of("always");
   MESSAGE("peak step memory above the model's: never ", never >> 20, " MiB, except_last ", except_last >> 20,
           " MiB, always ", always >> 20, " MiB");
-  CHECK(except_last < never / 2);
+  CHECK(except_last < never * 3 / 5);  // measured: 85, 41 and 33 MiB
+  CHECK(always < never / 2);
   CHECK(always <= except_last);
 }
 
-TEST_CASE("checkpointing refuses a step that drew random numbers, and a name it does not know") {
-  auto net = std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
-      std::make_shared<nn::Linear>(4, 4), std::make_shared<nn::Dropout>(0.5), std::make_shared<nn::Linear>(4, 3)});
-  net->to(kFloat64);
+// A layer that draws from the default generator without being a Dropout.
+struct Noise : nn::Cloneable<Noise> {
+  Noise() : Cloneable("Noise") {}
+  void reset() override {}
+  Tensor forward(const Tensor& x) override { return x + randn(x.shape(), TensorOptions(x.dtype())) * 0.1; }
+};
+
+TEST_CASE("checkpointing refuses what it cannot recompute exactly: dropout, any random draw; and unknown names") {
   Tensor x = randn({4, 4}, kFloat64), y = randint(0, 3, {4});
-  Pipeline never(net, {"cpu:0", "cpu:1"}, {2, 1}, 2, "1f1b", loss_of, "never");
+  auto with = [](std::shared_ptr<nn::Module> middle) {
+    auto net = std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+        std::make_shared<nn::Linear>(4, 4), std::move(middle), std::make_shared<nn::Linear>(4, 3)});
+    net->to(kFloat64);
+    return net;
+  };
+  // A Dropout draws another mask when recomputed, whatever generator it uses: refused
+  // before the step changes anything.
+  Generator own(5);
+  auto dropout_net = with(std::make_shared<nn::Dropout>(0.5, &own));
+  Pipeline never(dropout_net, {"cpu:0", "cpu:1"}, {2, 1}, 2, "1f1b", loss_of, "never");
   CHECK(std::isfinite(never.step(x, y).loss.item<double>()));
-  Pipeline always(net, {"cpu:0", "cpu:1"}, {2, 1}, 2, "1f1b", loss_of, "always");
-  CHECK_THROWS_WITH_AS(always.step(x, y), doctest::Contains("drew random numbers during a step with checkpoint='always'"),
-                       Error);
-  CHECK_THROWS_WITH_AS(Pipeline(net, {"cpu:0", "cpu:1"}, {2, 1}, 2, "1f1b", loss_of, "sometimes"),
+  never.zero_grad();
+  Pipeline always(dropout_net, {"cpu:0", "cpu:1"}, {2, 1}, 2, "1f1b", loss_of, "always");
+  CHECK_THROWS_WITH_AS(always.step(x, y), doctest::Contains("stage 0 has a Dropout in training mode ('1': Dropout(p=0.5)"), Error);
+  for (const Tensor& p : dropout_net->parameters()) CHECK_FALSE(p.grad().defined());
+  dropout_net->eval();  // no masks in eval mode: nothing random to recompute
+  CHECK(std::isfinite(always.step(x, y).loss.item<double>()));
+  // Any other draw from the default generator during a checkpointed step is caught after it.
+  Pipeline noisy(with(std::make_shared<Noise>()), {"cpu:0", "cpu:1"}, {2, 1}, 2, "gpipe", loss_of, "except_last");
+  CHECK_THROWS_WITH_AS(noisy.step(x, y),
+                       doctest::Contains("drew random numbers during a step with checkpoint='except_last'"), Error);
+  CHECK_THROWS_WITH_AS(Pipeline(dropout_net, {"cpu:0", "cpu:1"}, {2, 1}, 2, "1f1b", loss_of, "sometimes"),
                        doctest::Contains("checkpoint must be 'never', 'except_last' or 'always'"), Error);
   CHECK(always.str().find("checkpoint=always") != std::string::npos);
 }

@@ -200,7 +200,7 @@ TEST_CASE("resume without a checkpoint says where it looked") {
   std::filesystem::remove_all(c.checkpoint_dir);
 }
 
-TEST_CASE("counts out of range are refused before anything runs, naming the flag and what it takes") {
+TEST_CASE("counts out of range and unknown pipeline settings are refused before anything runs, naming the flag") {
   struct Bad {
     void (*set)(TrainConfig&);
     const char* message;
@@ -215,11 +215,18 @@ TEST_CASE("counts out of range are refused before anything runs, naming the flag
       {[](TrainConfig& c) { c.dp_devices = -1; }, "--dp-devices: expected 0 (the default devices) or more, got -1"},
       {[](TrainConfig& c) { c.checkpoint_every = -1; }, "--checkpoint-every: expected 0 (only at epoch ends) or more"},
       {[](TrainConfig& c) { c.workers = -1; }, "--workers: expected 0 (load in the training thread) or more, got -1"},
+      {[](TrainConfig& c) { c.pipeline_checkpoint = "sometimes"; },
+       "--pipeline-checkpoint: expected never, except_last or always, got 'sometimes'"},
+      {[](TrainConfig& c) { c.pipeline_schedule = "zb"; }, "--pipeline-schedule: expected gpipe or 1f1b, got 'zb'"},
+      {[](TrainConfig& c) {
+         c.mode = "single";
+         c.pipeline_checkpoint = "always";
+       },
+       "--pipeline-checkpoint always recomputes a pipeline's micro-batches: it needs --mode pipeline, got --mode single"},
   };
   for (const Bad& bad : cases) {
     CAPTURE(bad.message);
     TrainConfig c = small_run();
-    c.mode = "pipeline";  // so that --chunks is used
     bad.set(c);
     CHECK_THROWS_WITH_AS(train_cifar10(c), doctest::Contains(bad.message), Error);
   }
@@ -228,4 +235,8 @@ TEST_CASE("counts out of range are refused before anything runs, naming the flag
   eval.eval_only = true;
   eval.eval_limit = 300;  // not a whole number of the test loader's 256-image batches
   CHECK(train_cifar10(eval).test_images == 300);
+  eval.eval_limit = 0;
+  const TrainResult none = train_cifar10(eval);
+  CHECK(none.test_images == 0);
+  CHECK(none.test_loss == 0);
 }

@@ -154,10 +154,12 @@ std::shared_ptr<nn::Module> model_parallel(nn::Module& model, const TrainConfig&
   return mp;
 }
 
-// Counts out of range are refused here, naming the flag, before anything is built: the
-// code that uses them would divide by --chunks 0, read --max-steps -7 as "no limit" and
-// finish --epochs 0 successfully having done nothing.
-void check_counts(const TrainConfig& c) {
+// Counts out of range and pipeline settings are refused here, naming the flag, before
+// anything is built: the code that uses them would divide by --chunks 0, read
+// --max-steps -7 as "no limit", finish --epochs 0 successfully having done nothing, and
+// learn of a misspelt --pipeline-checkpoint only after loading the data and timing the
+// model's layers.
+void check_flags(const TrainConfig& c) {
   auto expect = [](bool ok, const char* flag, int64_t got, const char* expected) {
     LOOM_CHECK(ok, flag, ": expected ", expected, ", got ", got);
   };
@@ -168,15 +170,23 @@ void check_counts(const TrainConfig& c) {
   expect(c.threads >= 0, "--threads", c.threads, "0 (OpenMP's default) or more");
   expect(c.checkpoint_every >= 0, "--checkpoint-every", c.checkpoint_every, "0 (only at epoch ends) or more");
   expect(c.eval_limit >= -1, "--eval-limit", c.eval_limit, "-1 (the whole test set) or 0 or more");
-  expect(c.synthetic_size >= 1, "synthetic_size", c.synthetic_size, "at least 1");
+  expect(c.synthetic_size >= 1, "TrainConfig::synthetic_size", c.synthetic_size, "at least 1");
   expect(c.dp_devices >= 0, "--dp-devices", c.dp_devices, "0 (the default devices) or more");
   expect(c.chunks >= 1, "--chunks", c.chunks, "at least 1 micro-batch per batch");
+  LOOM_CHECK(c.pipeline_schedule == "gpipe" || c.pipeline_schedule == "1f1b",
+             "--pipeline-schedule: expected gpipe or 1f1b, got '", c.pipeline_schedule, "'");
+  LOOM_CHECK(c.pipeline_checkpoint == "never" || c.pipeline_checkpoint == "except_last" ||
+                 c.pipeline_checkpoint == "always",
+             "--pipeline-checkpoint: expected never, except_last or always, got '", c.pipeline_checkpoint, "'");
+  LOOM_CHECK(c.pipeline_checkpoint == "never" || c.mode == "pipeline", "--pipeline-checkpoint ",
+             c.pipeline_checkpoint, " recomputes a pipeline's micro-batches: it needs --mode pipeline, got --mode ",
+             c.mode);
 }
 
 }  // namespace
 
 TrainResult train_cifar10(const TrainConfig& config) {
-  check_counts(config);
+  check_flags(config);
   if (config.threads > 0) omp_set_num_threads(static_cast<int>(config.threads));
   // First: a missing GPU is an error naming why, before any data is read. Under ddp,
   // "--device cuda" is this process's GPU, cuda:LOCAL_RANK (set by loomrun).
@@ -357,7 +367,7 @@ TrainResult train_cifar10(const TrainConfig& config) {
   result.steps = position.global_step;
   result.img_per_s = dist.sum(timed_seconds > 0 ? timed_images / timed_seconds : 0);
   result.median_step_s = median(step_seconds);
-  result.peak_memory_bytes = memory_stats(device).peak_allocated_bytes;
+  result.peak_memory_bytes = memory_stats(device).peak_allocated_bytes;  // --device's (all CPU devices share one)
   if (dist.is_main()) {
     if (!config.save.empty()) {
       nn::save(*model, config.save);  // the model's own keys, without DDP's "module." prefix

@@ -69,7 +69,9 @@ struct TrainResult {
   int64_t test_images = 0;  // how many test images the last evaluation counted (every rank)
   double img_per_s = 0;  // training images per second over the timed steps (all ranks)
   double median_step_s = 0;  // the median time of a timed step (rank 0's, under ddp)
-  int64_t peak_memory_bytes = 0;  // the most the device's allocator had handed out (this process's)
+  // The most --device's allocator had handed out in this process: every CPU device shares
+  // one allocator; on GPUs it is --device's alone (dp, mp, pipeline: not the others').
+  int64_t peak_memory_bytes = 0;
   int64_t steps = 0;     // optimizer steps taken in total (including before a resume)
   int64_t epochs = 0;    // epochs completed
 };

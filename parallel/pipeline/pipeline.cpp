@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/generator.h"      // defines: default_generator
 #include "core/trace.h"          // defines: trace::Span (each action is a span on its stage's row)
+#include "nn/activation.h"       // defines: nn::Dropout
 #include "parallel/device_threads.h"  // defines: run_on_device_threads, CallerState, DeviceScope
 
 namespace loom::parallel::pipeline {
@@ -34,18 +35,33 @@ bool Pipeline::checkpointed(int64_t m, int64_t M) const {
 
 namespace {
 
-// A stage's buffers (BatchNorm's running statistics), copied: see Note [Checkpointed
-// micro-batches are recomputed exactly].
-std::vector<Tensor> snapshot_buffers(const nn::Module& stage) {
-  std::vector<Tensor> copies;
-  for (const Tensor& b : stage.named_buffers().values()) copies.push_back(b.clone());
-  return copies;
-}
+// Puts a stage's buffers (BatchNorm's running statistics) back as they were when it was
+// made, however its scope ends (a recomputation that throws included): see Note
+// [Checkpointed micro-batches are recomputed exactly].
+class RestoreBuffers {
+ public:
+  explicit RestoreBuffers(const nn::Module& stage) : buffers_(stage.named_buffers().values()) {
+    for (const Tensor& b : buffers_) copies_.push_back(b.clone());
+  }
+  ~RestoreBuffers() {
+    NoGradGuard no_grad;
+    for (size_t i = 0; i < buffers_.size(); ++i) buffers_[i].copy_(copies_[i]);
+  }
+  RestoreBuffers(const RestoreBuffers&) = delete;
+  RestoreBuffers& operator=(const RestoreBuffers&) = delete;
 
-void load_buffers(const nn::Module& stage, const std::vector<Tensor>& copies) {
-  NoGradGuard no_grad;
-  const auto buffers = stage.named_buffers().values();
-  for (size_t i = 0; i < buffers.size(); ++i) Tensor(buffers[i]).copy_(copies[i]);
+ private:
+  std::vector<Tensor> buffers_, copies_;
+};
+
+// The first Dropout of `stage` that would draw a mask (p > 0, training), named and
+// printed ("'1': Dropout(p=0.5)"), or "".
+std::string random_layer(nn::Module& stage) {
+  for (const auto& [name, module] : stage.named_modules()) {
+    const auto* dropout = dynamic_cast<const nn::Dropout*>(module.get());
+    if (dropout && dropout->p > 0 && dropout->is_training()) return detail::str("'", name, "': ", dropout->str());
+  }
+  return "";
 }
 
 // What one step's stages hand each other; element [s][m] is written by stage s's thread
@@ -83,6 +99,13 @@ Pipeline::StepResult Pipeline::step(const Tensor& input, const Tensor& target, d
   // Whether any micro-batch is recomputed (the first is, if any is), and the default
   // generator's position before: Note [Checkpointed micro-batches are recomputed exactly].
   const bool recomputes = checkpointed(0, M);
+  for (int64_t s = 0; recomputes && s < S; ++s) {
+    const std::string layer = random_layer(*stage_modules[size_t(s)]);
+    LOOM_CHECK(layer.empty(), "Pipeline: stage ", s, " has a Dropout in training mode (", layer, "), which draws a "
+               "new mask when checkpoint='", checkpoint_, "' recomputes its forward, so the gradients would not be "
+               "this step's. Use checkpoint='never' (train_cifar10 --pipeline-checkpoint never), or put the "
+               "module in eval mode");
+  }
   const uint64_t random_offset = default_generator().offset();
   st.losses.resize(size_t(M));
   st.logits.resize(size_t(M));
@@ -116,10 +139,10 @@ Pipeline::StepResult Pipeline::step(const Tensor& input, const Tensor& target, d
     st.outputs[size_t(s)][size_t(m)] = run_stage(s, m, x);
   };
   auto recompute = [&](int64_t s, int64_t m) {
-    const nn::Module& stage = *stage_modules[size_t(s)];
-    const std::vector<Tensor> buffers = snapshot_buffers(stage);
-    st.outputs[size_t(s)][size_t(m)] = run_stage(s, m, st.inputs[size_t(s)][size_t(m)]);
-    load_buffers(stage, buffers);  // the recomputation's update of the running statistics is undone
+    {
+      RestoreBuffers undo(*stage_modules[size_t(s)]);  // the recomputation's update of the running statistics
+      st.outputs[size_t(s)][size_t(m)] = run_stage(s, m, st.inputs[size_t(s)][size_t(m)]);
+    }
     if (s == 0) st.inputs[0][size_t(m)] = Tensor();
   };
   auto backward = [&](int64_t s, int64_t m) {
@@ -207,8 +230,8 @@ Pipeline::StepResult Pipeline::step(const Tensor& input, const Tensor& target, d
   // See Note [Checkpointed micro-batches are recomputed exactly].
   LOOM_CHECK(!recomputes || default_generator().offset() == random_offset,
              "Pipeline: the default generator drew random numbers during a step with checkpoint='", checkpoint_,
-             "' (Dropout in a stage?). The recomputed forward cannot draw the same ones, so the gradients would not "
-             "be this step's; use checkpoint='never' for such stages");
+             "' (a random op in a stage?). The recomputed forward cannot draw the same ones, so the gradients are "
+             "not this step's; use checkpoint='never' (train_cifar10 --pipeline-checkpoint never) for such a model");
   Tensor loss = st.losses[0];
   for (int64_t m = 1; m < M; ++m) loss = loss + st.losses[size_t(m)];
   return {loss, cat(st.logits, 0)};

@@ -37,8 +37,8 @@
 //
 // Note [Checkpointed micro-batches are recomputed exactly]
 // With checkpoint = "always" (or "except_last": every micro-batch but the last, whose
-// backward follows its forward at once in GPipe, so keeping it saves nothing), as in
-// torchgpipe, a stage's forward of a checkpointed micro-batch runs without recording a
+// backward follows its forward at once in GPipe, so checkpointing it saves nothing), as
+// in torchgpipe (whose except_last also counts from the micro-batches there are), a stage's forward of a checkpointed micro-batch runs without recording a
 // graph: it keeps only the stage's input, so the activations inside the stage are freed
 // at once instead of living until the micro-batch's backward. That backward first runs
 // the forward again, with the graph, then back-propagates through it. For the gradients
@@ -50,9 +50,12 @@
 //   the recomputation and put back after it: they end the step exactly as without
 //   checkpointing. (A layer whose training forward read its buffers would see them as
 //   the other micro-batches left them: loom has none);
-// - the same random numbers: the default generator is process-wide and the stages draw
-//   from it concurrently, so a dropout mask cannot be drawn again. A checkpointed step
-//   during which the default generator moved is an error, not silently other gradients.
+// - the same random numbers, which loom cannot promise: the default generator is
+//   process-wide and the stages draw from it concurrently, so a dropout mask cannot be
+//   drawn again (torchgpipe restores each device's generator instead). So a stage with
+//   a Dropout in training mode is refused before the step starts, and a checkpointed
+//   step during which the default generator moved anyway (another random op) is an
+//   error after it: never silently other gradients.
 // Results are bitwise those of checkpoint = "never" (the tests compare them); the price
 // is one more forward of every checkpointed micro-batch (docs/pipeline.md).
 #pragma once
