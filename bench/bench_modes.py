@@ -83,7 +83,11 @@ def main():
         configs += [
             ("torch single", lambda t: torch_json(args, "pipeline_torch.py", *common, "--chunks", "0")["img_per_s"]),
             ("torch pipeline (Pipe, gpipe)", lambda t: torch_json(args, "pipeline_torch.py", *common, "--chunks", c,
+                                                                  "--checkpoint", "never",
                                                                   "--port", str(free_port()))["img_per_s"]),
+            ("torch pipeline (Pipe, gpipe), ckpt", lambda t: torch_json(args, "pipeline_torch.py", *common, "--chunks",
+                                                                        c, "--checkpoint", "except_last",
+                                                                        "--port", str(free_port()))["img_per_s"]),
             ("torch ddp", lambda t: torch_json(args, "ddp_torch.py", "--world-size", d, "--model", "resnet18",
                                                "--batch-size", str(args.batch_size // args.devices), "--steps",
                                                str(args.steps), "--port", str(free_port()))["img_per_s"]),
@@ -106,7 +110,7 @@ def main():
         peak = f"{statistics.median(peaks[name]):8.0f}" if name in peaks else f"{'':8s}"
         print(f"{name:30s} {statistics.median(v):7.1f}  {paired:13.2f}  {peak}  {' '.join(f'{x:.1f}' for x in v)}")
     for mine, theirs in [("loom single", "torch single"), ("loom pipeline gpipe", "torch pipeline (Pipe, gpipe)"),
-                         ("loom ddp", "torch ddp")]:
+                         ("loom pipeline gpipe, ckpt", "torch pipeline (Pipe, gpipe), ckpt"), ("loom ddp", "torch ddp")]:
         if theirs in results:
             paired = statistics.median(x / y for x, y in zip(results[mine], results[theirs]))
             print(f"{mine} / {theirs} = {paired:.2f} (median of per-repeat ratios)")

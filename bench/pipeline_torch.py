@@ -1,5 +1,5 @@
 """PyTorch 1.13's pipeline (torch.distributed.pipeline.sync.Pipe, torchgpipe's GPipe) on
-the job loom's bench_pipeline.py runs.
+the job loom's `train_cifar10 --mode pipeline` runs in bench_modes.py.
 
     /usr/bin/python3 bench/pipeline_torch.py --chunks 4 --batch-size 64 --steps 12 --threads 2
 
@@ -8,7 +8,10 @@ ResNet::sequential() lists (conv1, bn1, relu, 8 blocks, avgpool, flatten, fc) an
 into two stages, trained with SGD(lr 0.1, momentum 0.9, weight decay 5e-4) on random
 CIFAR-shaped batches of --batch-size split into --chunks micro-batches; --chunks 0 trains
 the unsplit model instead. Both stages live on the CPU, so Pipe runs them on one worker
-(it keeps one per device): the GPipe schedule with --threads intra-op threads. Prints one
+(it keeps one per device): the GPipe schedule with --threads intra-op threads.
+--checkpoint is Pipe's (never | except_last | always); Pipe's own default is
+except_last, which recomputes activations, so it is passed explicitly here and compared
+with loom's --pipeline-checkpoint of the same name. Prints one
 JSON line: {"median_step_s": ..., "img_per_s": ...}; the first step is not timed.
 """
 import argparse
@@ -29,6 +32,7 @@ def main():
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--port", type=int, default=29631)
+    parser.add_argument("--checkpoint", default="never", choices=["never", "except_last", "always"])
     args = parser.parse_args()
     import torch
     import torch.nn as nn
@@ -44,7 +48,8 @@ def main():
         from torch.distributed.pipeline.sync import Pipe
         os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(args.port)
         rpc.init_rpc("bench", rank=0, world_size=1)  # Pipe needs the RPC framework
-        model = Pipe(nn.Sequential(nn.Sequential(*layers[:7]), nn.Sequential(*layers[7:])), chunks=args.chunks)
+        model = Pipe(nn.Sequential(nn.Sequential(*layers[:7]), nn.Sequential(*layers[7:])), chunks=args.chunks,
+                     checkpoint=args.checkpoint)
         forward = lambda x: model(x).local_value()  # noqa: E731
     else:
         model = nn.Sequential(*layers)
