@@ -37,8 +37,9 @@
 //
 // Note [Checkpointed micro-batches are recomputed exactly]
 // With checkpoint = "always" (or "except_last": every micro-batch but the last, whose
-// backward follows its forward at once in GPipe, so checkpointing it saves nothing), as
-// in torchgpipe (whose except_last also counts from the micro-batches there are), a stage's forward of a checkpointed micro-batch runs without recording a
+// backward follows its forward at once in GPipe, so checkpointing it saves nothing; the
+// last of those the batch gives, where torchgpipe counts from `chunks`), as in
+// torchgpipe, a stage's forward of a checkpointed micro-batch runs without recording a
 // graph: it keeps only the stage's input, so the activations inside the stage are freed
 // at once instead of living until the micro-batch's backward. That backward first runs
 // the forward again, with the graph, then back-propagates through it. For the gradients
