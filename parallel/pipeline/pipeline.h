@@ -77,7 +77,10 @@ class Pipeline : public ModelParallel {
 
   // chunks: micro-batches per batch (fewer when the batch is smaller); schedule: "gpipe"
   // or "1f1b"; checkpoint: "never", "except_last" or "always" (torchgpipe's; Note
-  // [Checkpointed micro-batches are recomputed exactly]). The stages are ModelParallel's.
+  // [Checkpointed micro-batches are recomputed exactly]). The default is "never", where
+  // torchgpipe's and PyTorch's Pipe's is "except_last": recomputing costs a fifth of the
+  // throughput (docs/pipeline.md), worth paying only where memory is what runs out.
+  // The stages are ModelParallel's.
   Pipeline(std::shared_ptr<nn::Sequential> module, std::vector<Device> devices, std::vector<int64_t> balance,
            int64_t chunks, std::string schedule, LossFn loss_fn, std::string checkpoint = "never");
 
