@@ -9,7 +9,18 @@
 
 namespace loom {
 
+void check_scalar_fits(double value, DType dtype, const char* what) {
+  if (is_floating(dtype) || dtype == kBool) return;  // bool: nonzero is true, as in PyTorch
+  double lo = 0, end = 256;                          // uint8: [lo, end)
+  if (dtype == kInt32) lo = -2147483648.0, end = 2147483648.0;
+  if (dtype == kInt64) lo = -9223372036854775808.0, end = 9223372036854775808.0;
+  LOOM_CHECK(std::floor(value) == value && value >= lo && value < end, what, ": the scalar ", value,
+             " is not a value of ", dtype, " (whole numbers from ", lo, " to below ", end, "). loom does not "
+             "promote dtypes, where PyTorch would make a floating tensor: convert first, e.g. x.to(kFloat32)");
+}
+
 Tensor full(const Shape& shape, double value, TensorOptions options) {
+  check_scalar_fits(value, options.dtype_, "full");
   bool requires_grad = options.requires_grad_;
   Tensor t = empty(shape, options.requires_grad(false));
   if (t.numel() > 0) fill_kernel(t.device())(t, value);

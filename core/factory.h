@@ -13,6 +13,9 @@ namespace loom {
 Tensor zeros(const Shape& shape, TensorOptions options = {});
 Tensor ones(const Shape& shape, TensorOptions options = {});
 Tensor full(const Shape& shape, double value, TensorOptions options = {});
+// Refuses a scalar that `dtype` cannot hold exactly (0.5, NaN or 1e30 for an integer
+// dtype): silently truncating it would be a wrong answer. `what` names the caller.
+void check_scalar_fits(double value, DType dtype, const char* what);
 Tensor zeros_like(const Tensor& like);
 Tensor ones_like(const Tensor& like);
 Tensor empty_like(const Tensor& like);

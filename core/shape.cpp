@@ -6,7 +6,12 @@ namespace loom {
 
 int64_t numel(const Shape& shape) {
   int64_t n = 1;
-  for (int64_t size : shape) n *= size;
+  for (int64_t size : shape) {
+    // An overflowing product would make a tensor smaller than its shape says: an error
+    // here rather than reads and writes past its storage later.
+    LOOM_CHECK(!__builtin_mul_overflow(n, size, &n), "shape ", shape_str(shape),
+               " has more elements than an int64 can count");
+  }
   return n;
 }
 
@@ -44,11 +49,10 @@ Shape broadcast_shapes(const Shape& a, const Shape& b) {
 }
 
 int64_t wrap_dim(int64_t dim, int64_t ndim) {
-  int64_t lo = ndim == 0 ? -1 : -ndim, hi = ndim == 0 ? 0 : ndim - 1;
-  LOOM_CHECK(dim >= lo && dim <= hi, "dimension out of range: expected in [", lo, ", ", hi,
-             "], got ", dim);
-  if (dim < 0) dim += std::max<int64_t>(ndim, 1);
-  return dim;
+  LOOM_CHECK(ndim > 0, "dimension out of range: a 0-d tensor (a scalar) has no dimensions, got dim ", dim);
+  LOOM_CHECK(dim >= -ndim && dim < ndim, "dimension out of range: expected in [", -ndim, ", ", ndim - 1, "], got ",
+             dim);
+  return dim < 0 ? dim + ndim : dim;
 }
 
 }  // namespace loom

@@ -74,8 +74,10 @@ Tensor make_tensor(Storage storage, Shape shape, Shape strides, int64_t offset, 
 Tensor empty(const Shape& shape, TensorOptions options) {
   for (int64_t size : shape)
     LOOM_CHECK(size >= 0, "empty: sizes must be non-negative, got shape ", shape);
-  auto storage = std::make_shared<StorageImpl>(static_cast<size_t>(numel(shape)) * element_size(options.dtype_),
-                                               options.device_);
+  const auto count = static_cast<size_t>(numel(shape));
+  LOOM_CHECK(count <= SIZE_MAX / element_size(options.dtype_), "empty: shape ", shape, " of ", options.dtype_,
+             " needs more bytes than a size_t can count");
+  auto storage = std::make_shared<StorageImpl>(count * element_size(options.dtype_), options.device_);
   Tensor t = make_tensor(std::move(storage), shape, contiguous_strides(shape), 0, options.dtype_);
   if (options.requires_grad_) t.requires_grad_(true);
   return t;

@@ -59,8 +59,8 @@ struct ArithmeticFn {
       case BinaryOp::Sub: return narrow<T>(x - alpha * y);
       case BinaryOp::Mul: return narrow<T>(x * y);
       case BinaryOp::Div: return narrow<T>(x / y);
-      case BinaryOp::Maximum: return narrow<T>(x > y ? x : y);
-      default: return narrow<T>(x < y ? x : y);  // Minimum
+      case BinaryOp::Maximum: return narrow<T>(x > y || x != x ? x : y);  // NaN propagates, as on the CPU
+      default: return narrow<T>(x < y || x != x ? x : y);                 // Minimum
     }
   }
 };

@@ -44,8 +44,8 @@ struct Reducer {
     return Acc(0);
   }
   __device__ Acc combine(Acc a, Acc b) const {
-    if (op == ReduceOp::Max) return a > b ? a : b;
-    if (op == ReduceOp::Min) return a < b ? a : b;
+    if (op == ReduceOp::Max) return a > b || a != a ? a : b;  // NaN wins, as on the CPU
+    if (op == ReduceOp::Min) return a < b || a != a ? a : b;
     return a + b;
   }
   template <typename Out>
@@ -211,20 +211,15 @@ struct ArgBest {
   int64_t index;
 };
 
-// Mirrors the CPU's sequential scan `if (row[i] > row[best]) best = i` from best = 0:
-// the first extreme wins ties; a NaN is never chosen, except at index 0, where nothing
-// compares greater than it and it stays the answer.
+// Mirrors the CPU's sequential scan: the first extreme wins ties, and a NaN is the
+// extreme (the first NaN, as PyTorch).
 template <typename T>
 __device__ bool better(const ArgBest<T>& a, const ArgBest<T>& b, bool is_max) {
   if (a.index < 0) return false;
   if (b.index < 0) return true;
   const auto x = widen(a.value), y = widen(b.value);
   const bool a_nan = x != x, b_nan = y != y;
-  if (a_nan || b_nan) {
-    if (a_nan && a.index == 0) return true;
-    if (b_nan && b.index == 0) return false;
-    return b_nan && !a_nan;
-  }
+  if (a_nan || b_nan) return a_nan && (!b_nan || a.index < b.index);
   if (x == y) return a.index < b.index;
   return is_max ? x > y : x < y;
 }

@@ -21,7 +21,8 @@ void check_replicas(int64_t dataset_size, int64_t num_replicas, int64_t rank) {
 int64_t distributed_num_samples(int64_t dataset_size, int64_t num_replicas, bool drop_last) {
   LOOM_CHECK(num_replicas >= 1, "DistributedSampler: num_replicas must be >= 1, got ", num_replicas);
   // PyTorch writes the drop_last case as ceil((N - R) / R), which is floor(N / R).
-  return drop_last ? dataset_size / num_replicas : (dataset_size + num_replicas - 1) / num_replicas;
+  if (drop_last || dataset_size == 0) return dataset_size / num_replicas;
+  return (dataset_size - 1) / num_replicas + 1;  // ceil, without overflow
 }
 
 std::vector<int64_t> distributed_indices(int64_t dataset_size, int64_t num_replicas, int64_t rank, bool shuffle,

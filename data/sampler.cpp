@@ -21,7 +21,8 @@ std::vector<int64_t> random_permutation(int64_t n, uint64_t seed) {
 
 int64_t num_batches(int64_t num_indices, int64_t batch_size, bool drop_last) {
   LOOM_CHECK(batch_size >= 1, "batch_size must be a positive integer, got ", batch_size);
-  return drop_last ? num_indices / batch_size : (num_indices + batch_size - 1) / batch_size;
+  if (drop_last || num_indices == 0) return num_indices / batch_size;
+  return (num_indices - 1) / batch_size + 1;  // ceil, without overflowing for a huge batch_size
 }
 
 SequentialSampler::SequentialSampler(int64_t size) : size_(size) {

@@ -48,6 +48,17 @@ Tensor Module::forward(const Tensor&) {
             "forward overload (a loss takes (input, target))");
 }
 
+void Module::check_not_ancestor(const std::string& name, const Module& child) const {
+  std::vector<const Module*> stack = {&child};
+  while (!stack.empty()) {
+    const Module* m = stack.back();
+    stack.pop_back();
+    LOOM_CHECK(m != this, type_name_, ".register_module(\"", name, "\"): the ", child.type_name(),
+               m == &child ? " is this module itself" : " contains this module", "; a module tree cannot have cycles");
+    for (const auto& c : m->children_.values()) stack.push_back(c.get());
+  }
+}
+
 void Module::check_new_name(const std::string& name, Kind kind) const {
   LOOM_CHECK(!name.empty(), type_name_, ": a parameter, buffer or module name cannot be empty");
   LOOM_CHECK(name.find('.') == std::string::npos, type_name_, ": name \"", name,

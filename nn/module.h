@@ -76,6 +76,7 @@ class Module : public std::enable_shared_from_this<Module> {
   template <typename M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
     LOOM_CHECK(module, type_name_, ".register_module(\"", name, "\"): the module is null");
+    check_not_ancestor(name, *module);
     check_new_name(name, Kind::Module);
     children_.insert(name, module);
     return module;
@@ -145,6 +146,8 @@ class Module : public std::enable_shared_from_this<Module> {
  private:
   enum class Kind { Parameter, Buffer, Module };
   void check_new_name(const std::string& name, Kind kind) const;
+  // A child that is this module or has it below would make every traversal endless.
+  void check_not_ancestor(const std::string& name, const Module& child) const;
   void collect(bool parameters, const std::string& prefix, bool recurse, bool dedupe,
                OrderedDict<Tensor>& out, std::set<const TensorImpl*>& seen) const;
   void state_dict_into(const std::string& prefix, OrderedDict<Tensor>& out) const;

@@ -57,6 +57,7 @@ std::vector<Tensor> parallel_apply(const std::vector<std::shared_ptr<nn::Module>
   LOOM_CHECK(modules.size() == inputs.size(), "parallel_apply: got ", modules.size(), " modules but ", inputs.size(),
              " inputs; each module needs one input");
   const size_t n = modules.size();
+  for (size_t i = 0; i < n; ++i) LOOM_CHECK(modules[i] != nullptr, "parallel_apply: module ", i, " is null");
   std::vector<Tensor> outputs(n);
   std::vector<std::exception_ptr> errors(n);
   const CallerState caller = CallerState::capture(n);  // Note [What a device thread inherits]

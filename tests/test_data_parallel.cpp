@@ -183,7 +183,7 @@ TEST_CASE("BatchNorm: the module's running statistics come from the first device
   }
 }
 
-TEST_CASE("errors: the module off device_ids[0], devices listed twice or of two types, a failing replica") {
+TEST_CASE("errors: the module off device_ids[0], devices listed twice or of two types, a failing replica, a null module") {
   auto net = small_net();
   CHECK_THROWS_WITH_AS(DataParallel(net, {Device("cpu:1"), Device("cpu:0")}),
                        doctest::Contains("must have its parameters and buffers on cpu:1 (device_ids[0]), but "
@@ -205,6 +205,9 @@ TEST_CASE("errors: the module off device_ids[0], devices listed twice or of two 
     CHECK(plain(randn({2, 3, 8, 8}, kFloat64)).shape() == Shape{2, 10});
   }
   CHECK(dp.named_parameters().keys().front() == "module.0.weight");  // PyTorch's state_dict keys
+  CHECK_THROWS_WITH_AS(parallel::parallel_apply({net, nullptr}, {randn({1, 3, 8, 8}, kFloat64),
+                                                                 randn({1, 3, 8, 8}, kFloat64)}),
+                       doctest::Contains("parallel_apply: module 1 is null"), Error);
 }
 
 // replicate() onto the GPU from a CPU module: the replica's forward runs there, and its

@@ -3,6 +3,8 @@
 // differences; errors naming the offending tensor, index, dim and size.
 #include <doctest/doctest.h>
 
+#include <limits>
+
 #include <algorithm>
 #include <vector>
 
@@ -63,6 +65,9 @@ TEST_CASE("split, split_with_sizes and chunk return views with PyTorch's sizes")
   CHECK(sizes_along(x.chunk(9), 0) == std::vector<int64_t>{1, 1, 1, 1, 1});
   CHECK(sizes_along(zeros({0, 3}).chunk(3), 0) == std::vector<int64_t>{0, 0, 0});
   CHECK(split(zeros({0}), 2).size() == 1);
+  // Huge sizes count their pieces without overflowing: one piece, the whole tensor.
+  CHECK(sizes_along(split(x, std::numeric_limits<int64_t>::max()), 0) == std::vector<int64_t>{5});
+  CHECK(sizes_along(x.chunk(std::numeric_limits<int64_t>::max()), 0) == std::vector<int64_t>{1, 1, 1, 1, 1});
 
   // Zero-copy: the pieces alias x's storage, so writes to x show through.
   Tensor y = zeros({6, 4});

@@ -241,3 +241,9 @@ TEST_CASE("dropout gradient is the saved mask") {
   CHECK_THROWS_WITH_AS(dropout(x, 1.5, true), doctest::Contains("expected a probability p between 0 and 1, got 1.5"), Error);
   CHECK_THROWS_WITH_AS(dropout(x, -0.1, false), doctest::Contains("got -0.1"), Error);
 }
+
+TEST_CASE("a reduction that is not None, Mean or Sum is an error, not a loss of 0") {
+  Tensor logits = randn({2, 3}), labels = randint(0, 3, {2});
+  CHECK_THROWS_WITH_AS(cross_entropy(logits, labels, Tensor(), static_cast<Reduction>(7)),
+                       doctest::Contains("reduction must be None, Mean or Sum, got the value 7"), Error);
+}

@@ -260,3 +260,16 @@ TEST_CASE("a module forward runs through operator() and backward reaches every p
     CHECK_MESSAGE(p.grad().defined(), name);
   }
 }
+
+TEST_CASE("a module cannot be registered below itself: a cycle would make every traversal endless") {
+  auto outer = std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{std::make_shared<nn::ReLU>()});
+  auto inner = std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{});
+  outer->register_module("inner", inner);
+  CHECK_THROWS_WITH_AS(outer->register_module("self", outer), doctest::Contains("is this module itself"), Error);
+  CHECK_THROWS_WITH_AS(inner->register_module("up", outer), doctest::Contains("contains this module"), Error);
+  // The same module twice (a shared layer) is no cycle.
+  auto relu = std::make_shared<nn::ReLU>();
+  inner->register_module("a", relu);
+  inner->register_module("b", relu);
+  CHECK(outer->named_modules().size() >= 3);
+}

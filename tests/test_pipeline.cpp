@@ -248,6 +248,9 @@ TEST_CASE("a stage that throws: an error naming the stage, the micro-batch and t
   CHECK(pipe.str().rfind("Pipeline(", 0) == 0);
   CHECK_THROWS_WITH_AS(pipe.step(randn({4, 3, 8, 8}, kFloat64), randint(0, 10, {3})),
                        doctest::Contains("the same positive batch size"), Error);
+  for (double bad_scale : {0.0, -1.0, std::nan(""), double(INFINITY)})
+    CHECK_THROWS_WITH_AS(pipe.step(randn({4, 3, 8, 8}, kFloat64), randint(0, 10, {4}), bad_scale),
+                         doctest::Contains("loss_scale must be a positive finite number"), Error);
   NoGradGuard no_grad;
   CHECK_THROWS_WITH_AS(pipe.step(randn({4, 3, 8, 8}, kFloat64), randint(0, 10, {4})),
                        doctest::Contains("needs grad mode on"), Error);

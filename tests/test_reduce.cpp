@@ -97,3 +97,35 @@ TEST_CASE("gradients of reductions") {
   gradcheck([](const auto& in) { return min(in[0], 2, true).first; }, {x});
   gradcheck([](const auto& in) { return in[0].transpose(0, 2).sum({1}); }, {x});
 }
+
+TEST_CASE("integers and bools sum in int64, as in PyTorch") {
+  Tensor bytes = full({300}, 1, TensorOptions(kUInt8));
+  CHECK(sum(bytes).dtype() == kInt64);
+  CHECK(sum(bytes).item<int64_t>() == 300);  // not 300 mod 256
+  Tensor flags = full({2, 3}, 1, TensorOptions(kBool));
+  CHECK(sum(flags).item<int64_t>() == 6);
+  CHECK(sum(flags, {1}).tolist<int64_t>() == std::vector<int64_t>{3, 3});
+  CHECK(sum(full({4}, 1 << 30, TensorOptions(kInt32))).item<int64_t>() == int64_t(1) << 32);
+}
+
+TEST_CASE("max, min, argmax and maximum propagate NaN, as in PyTorch") {
+  const double nan = std::nan("");
+  for (DType dtype : {kFloat32, kFloat64}) {
+    CAPTURE(dtype);
+    Tensor x = from_vector<double>({1, nan, 2, nan}, {4}).to(dtype);
+    CHECK(std::isnan(max(x).to(kFloat64).item<double>()));
+    CHECK(std::isnan(min(x).to(kFloat64).item<double>()));
+    CHECK(argmax(x, 0).item<int64_t>() == 1);  // the first NaN
+    CHECK(max(x, 0).second.item<int64_t>() == 1);
+    CHECK(min(x, 0).second.item<int64_t>() == 1);
+    Tensor leading = from_vector<double>({nan, 5, 2}, {3}).to(dtype);
+    CHECK(argmax(leading, 0).item<int64_t>() == 0);
+    Tensor one = from_vector<double>({1, 1}, {2}).to(dtype), nans = from_vector<double>({nan, 3}, {2}).to(dtype);
+    for (const Tensor& m : {maximum(one, nans), maximum(nans, one), minimum(one, nans), minimum(nans, one)}) {
+      CHECK(std::isnan(m.to(kFloat64).tolist<double>()[0]));
+    }
+    CHECK(maximum(one, nans).to(kFloat64).tolist<double>()[1] == 3);
+    Tensor plain = from_vector<double>({3, 1, 3}, {3}).to(dtype);
+    CHECK(argmax(plain, 0).item<int64_t>() == 0);  // ties: the first, as before
+  }
+}

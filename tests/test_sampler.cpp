@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <sstream>
 
@@ -193,4 +194,16 @@ TEST_CASE("DistributedSampler follows set_epoch and warns once when it is forgot
     CHECK(fixed.next_pass() == fixed.next_pass());
     CHECK(err.text.str().empty());
   }
+}
+
+TEST_CASE("batch and shard counts do not overflow for huge batch sizes") {
+  const int64_t huge = std::numeric_limits<int64_t>::max();
+  CHECK(num_batches(10, huge, false) == 1);
+  CHECK(num_batches(10, huge - 5, false) == 1);
+  CHECK(num_batches(10, huge, true) == 0);
+  CHECK(num_batches(0, 4, false) == 0);
+  CHECK(num_batches(9, 4, false) == 3);
+  CHECK(distributed_num_samples(huge, 2, false) == huge / 2 + 1);
+  CHECK(distributed_num_samples(0, 3, false) == 0);
+  CHECK(distributed_num_samples(7, 3, false) == 3);
 }

@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <sstream>
 
@@ -132,4 +133,34 @@ TEST_CASE("printing") {
   CHECK(out.str().find("{1, 2}") != std::string::npos);
   CHECK(Tensor().str() == "Tensor[undefined]");
   CHECK_THROWS_WITH_AS(Tensor().shape(), doctest::Contains("undefined"), Error);
+}
+
+TEST_CASE("sizes that would overflow, and dims of a 0-d tensor, are errors, not reads past the storage") {
+  const int64_t huge = 6148914691236517206;  // 9 * huge wraps around int64
+  CHECK_THROWS_WITH_AS(ones({9, huge}), doctest::Contains("more elements than an int64 can count"), Error);
+  CHECK_THROWS_WITH_AS(ones({1, 1}).expand({9, huge}).contiguous(), doctest::Contains("more elements than"), Error);
+  CHECK_THROWS_WITH_AS(zeros({int64_t(1) << 62}), doctest::Contains("more bytes than a size_t can count"), Error);
+  Tensor s = scalar_tensor(1.0);
+  CHECK_THROWS_WITH_AS(s.size(0), doctest::Contains("a 0-d tensor (a scalar) has no dimensions, got dim 0"), Error);
+  CHECK_THROWS_WITH_AS(s.stride(-1), doctest::Contains("has no dimensions"), Error);
+  CHECK_THROWS_WITH_AS(s.select(0, 0), doctest::Contains("has no dimensions"), Error);
+  CHECK_THROWS_WITH_AS(sum(s, {0}), doctest::Contains("has no dimensions"), Error);
+  CHECK(sum(s).item<float>() == 1.0f);  // reducing everything still works
+}
+
+TEST_CASE("a scalar an integer tensor cannot hold exactly is refused, not truncated") {
+  Tensor i = full({3}, 7, TensorOptions(kInt64));
+  CHECK((i + 2.0).tolist<int64_t>() == std::vector<int64_t>{9, 9, 9});
+  CHECK_THROWS_WITH_AS(i + 0.5, doctest::Contains("the scalar 0.5 is not a value of int64"), Error);
+  CHECK_THROWS_WITH_AS(i * 2.5, doctest::Contains("convert first, e.g. x.to(kFloat32)"), Error);
+  CHECK_THROWS_WITH_AS(add(i, i, 0.5), doctest::Contains("alpha: the scalar 0.5"), Error);
+  CHECK_THROWS_WITH_AS(full({2}, std::nan(""), TensorOptions(kInt64)), doctest::Contains("full: the scalar nan"), Error);
+  CHECK_THROWS_WITH_AS(full({2}, 1e30, TensorOptions(kInt32)), doctest::Contains("is not a value of int32"), Error);
+  CHECK_THROWS_WITH_AS(full({2}, 256, TensorOptions(kUInt8)), doctest::Contains("is not a value of uint8"), Error);
+  CHECK(full({2}, 255, TensorOptions(kUInt8)).tolist<uint8_t>() == std::vector<uint8_t>{255, 255});
+  CHECK(full({1}, 0.5, TensorOptions(kBool)).item<bool>());  // nonzero is true, as in PyTorch
+  // Division of integers is true division in PyTorch (floats): refused rather than
+  // truncated, or crashing on a zero divisor.
+  CHECK_THROWS_WITH_AS(i / zeros({3}, TensorOptions(kInt64)), doctest::Contains("div: dividing int64 tensors"), Error);
+  CHECK_THROWS_WITH_AS(i / 2.0, doctest::Contains("PyTorch's division of integers gives floats"), Error);
 }

@@ -12,6 +12,12 @@ using Grads = std::vector<Tensor>;
 
 Tensor binary_forward(const char* name, BinaryOp op, const Tensor& a, const Tensor& b, double alpha) {
   check_same_device_dtype(name, a, b);
+  if (alpha != 1.0) check_scalar_fits(alpha, a.dtype(), "alpha");
+  // PyTorch's `/` of integer tensors is true division, giving floats; loom does not
+  // promote dtypes, so rather than truncate (or crash on a zero divisor) it refuses.
+  LOOM_CHECK(op != BinaryOp::Div || is_floating(a.dtype()), name, ": dividing ", a.dtype(), " tensors: PyTorch's "
+             "division of integers gives floats, and loom does not promote dtypes; convert first, e.g. "
+             "a.to(kFloat32) / b.to(kFloat32)");
   Shape shape = broadcast_shapes(a.shape(), b.shape());
   bool compare = op >= BinaryOp::Eq;
   Tensor out = empty(shape, TensorOptions(compare ? kBool : a.dtype()).device(a.device()));
@@ -29,6 +35,7 @@ Tensor unary_forward(UnaryOp op, const Tensor& x) {
 }  // namespace
 
 Tensor wrap_scalar(double value, const Tensor& like) {
+  check_scalar_fits(value, like.dtype(), "a scalar operand");
   return scalar_tensor(value, TensorOptions(like.dtype()).device(like.device()));
 }
 

@@ -128,7 +128,7 @@ std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim) {
              split_size, " for dimension ", dim, " of size ", size);
   if (size == 0) return {x};
   // Full pieces of split_size, then what is left (smaller) as the last.
-  std::vector<int64_t> sizes((size + split_size - 1) / split_size, split_size);
+  std::vector<int64_t> sizes((size - 1) / split_size + 1, split_size);  // ceil(size / split_size), no overflow
   sizes.back() = size - split_size * (static_cast<int64_t>(sizes.size()) - 1);
   return split_with_sizes(x, sizes, dim);
 }
@@ -143,7 +143,7 @@ std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
   dim = wrap_dim(dim, x.dim());
   const int64_t size = x.size(dim);
   if (size == 0) return split_with_sizes(x, std::vector<int64_t>(static_cast<size_t>(chunks), 0), dim);
-  return split(x, (size + chunks - 1) / chunks, dim);
+  return split(x, (size - 1) / chunks + 1, dim);  // ceil(size / chunks), no overflow
 }
 
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {

@@ -352,6 +352,8 @@ NllResult nll_loss_2d(const Tensor& log_probs, const Tensor& target, const Tenso
 // Checks shapes and dtypes, then runs nll_loss_2d on the [N, C] form of the input.
 NllResult nll_loss_checked(const char* op, const Tensor& log_probs, const Tensor& target, const Tensor& weight,
                            Reduction reduction, int64_t ignore_index) {
+  LOOM_CHECK(reduction == Reduction::None || reduction == Reduction::Mean || reduction == Reduction::Sum, op,
+             ": reduction must be None, Mean or Sum, got the value ", static_cast<int>(reduction));
   ops::check_defined(op, log_probs, "input");
   ops::check_defined(op, target, "target");
   ops::check_floating(op, log_probs);

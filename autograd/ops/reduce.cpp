@@ -136,6 +136,9 @@ Tensor sum(const Tensor& x, const Shape& dims, bool keepdim) {
     Tensor cx = x;
     if (autocast::apply("sum", {&cx})) return sum(cx, dims, keepdim);
   }
+  // As PyTorch: integers and bools sum in int64 (300 ones of uint8 are 300, not 44).
+  if (x.defined() && !is_floating(x.dtype()) && x.dtype() != kInt64)
+    return sum_or_mean(ReduceOp::Sum, "sum", x.to(kInt64), dims, keepdim);
   return sum_or_mean(ReduceOp::Sum, "sum", x, dims, keepdim);
 }
 Tensor mean(const Tensor& x) { return mean(x, {}, false); }

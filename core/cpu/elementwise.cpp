@@ -67,8 +67,9 @@ void binary_cpu(BinaryOp op, const Tensor& a, const Tensor& b, double alpha, Ten
           return cpu_map_typed<T, T, T>(out, [s](T x, T y) { return x - s * y; }, a, b);
         case BinaryOp::Mul: return cpu_map_typed<T, T, T>(out, [](T x, T y) { return x * y; }, a, b);
         case BinaryOp::Div: return cpu_map_typed<T, T, T>(out, [](T x, T y) { return x / y; }, a, b);
-        case BinaryOp::Maximum: return cpu_map_typed<T, T, T>(out, [](T x, T y) { return x > y ? x : y; }, a, b);
-        case BinaryOp::Minimum: return cpu_map_typed<T, T, T>(out, [](T x, T y) { return x < y ? x : y; }, a, b);
+        // NaN propagates from either side (x != x), as in PyTorch.
+        case BinaryOp::Maximum: return cpu_map_typed<T, T, T>(out, [](T x, T y) { return x > y || x != x ? x : y; }, a, b);
+        case BinaryOp::Minimum: return cpu_map_typed<T, T, T>(out, [](T x, T y) { return x < y || x != x ? x : y; }, a, b);
         default: LOOM_FAIL("unhandled binary op");
       }
     }

@@ -37,8 +37,9 @@ struct Reducer {
     return Acc(0);
   }
   Acc combine(Acc a, Acc b) const {
-    if (op == ReduceOp::Max) return a > b ? a : b;
-    if (op == ReduceOp::Min) return a < b ? a : b;
+    // A NaN wins either way round (a != a), as in PyTorch: max([1, nan, 2]) is nan.
+    if (op == ReduceOp::Max) return a > b || a != a ? a : b;
+    if (op == ReduceOp::Min) return a < b || a != a ? a : b;
     return a + b;
   }
   T finish(Acc a, int64_t count) const {
@@ -167,7 +168,8 @@ void max_min_dim_cpu(bool is_max, const Tensor& in, int64_t dim, Tensor& values,
       const T* row = src + k * size;
       int64_t best = 0;
       for (int64_t i = 1; i < size; ++i) {
-        bool better = is_max ? row[i] > row[best] : row[i] < row[best];
+        if (row[best] != row[best]) break;  // a NaN is the extreme, and the first one wins (PyTorch)
+        const bool better = row[i] != row[i] || (is_max ? row[i] > row[best] : row[i] < row[best]);
         if (better) best = i;
       }
       val[k] = row[best];

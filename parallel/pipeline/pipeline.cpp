@@ -1,5 +1,6 @@
 #include "parallel/pipeline/pipeline.h"
 
+#include <cmath>
 #include <condition_variable>
 #include <exception>
 #include <mutex>
@@ -83,6 +84,8 @@ Pipeline::StepResult Pipeline::step(const Tensor& input, const Tensor& target, d
                  input.size(0) == target.size(0) && input.size(0) > 0,
              "Pipeline::step: expected an input and a target with the same positive batch size, got ", input.str(),
              " and ", target.str());
+  LOOM_CHECK(std::isfinite(loss_scale) && loss_scale > 0, "Pipeline::step: loss_scale must be a positive finite "
+             "number (GradScaler's scale), got ", loss_scale);
   const double batch = static_cast<double>(input.size(0));
   std::vector<Tensor> micro_inputs = chunk(input.detach(), chunks_, 0);
   std::vector<Tensor> micro_targets = chunk(target, chunks_, 0);
