@@ -37,7 +37,13 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
     std::lock_guard<std::mutex> lock(meta.mutex);
     for (auto& hook : meta.leaf_hooks) {
       Tensor replaced = hook(grad);
-      if (replaced.defined()) grad = replaced;
+      if (!replaced.defined()) continue;
+      LOOM_CHECK(replaced.shape() == grad.shape() && replaced.dtype() == grad.dtype() &&
+                     replaced.device() == grad.device(),
+                 "a gradient hook of a leaf returned a ", replaced.dtype(), " tensor of shape ", replaced.shape(),
+                 " on ", replaced.device(), " for a gradient of shape ", grad.shape(), ", ", grad.dtype(), " on ",
+                 grad.device(), ": a hook that replaces a gradient must keep its shape, dtype and device");
+      grad = replaced;
     }
     if (!meta.grad.defined()) {
       // Steal the incoming buffer when nobody else can see it; otherwise copy, so two

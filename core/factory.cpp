@@ -36,7 +36,14 @@ Tensor empty_like(const Tensor& like) { return empty(like.shape(), TensorOptions
 Tensor scalar_tensor(double value, TensorOptions options) { return full({}, value, options); }
 
 Tensor arange(double start, double end, double step, TensorOptions options) {
+  LOOM_CHECK(std::isfinite(start) && std::isfinite(end) && std::isfinite(step), "arange: start, end and step must "
+             "be finite, got ", start, ", ", end, ", ", step);
   LOOM_CHECK(step != 0, "arange: step must be nonzero");
+  // PyTorch infers a floating dtype from a fractional start or step; loom's default is
+  // int64, so it asks rather than truncate (arange(0, 1, 0.3) would be [0, 0, 0, 0]).
+  LOOM_CHECK(is_floating(options.dtype_) || (std::floor(start) == start && std::floor(step) == step), "arange: start ",
+             start, " and step ", step, " are not both whole numbers, for a result of ", options.dtype_,
+             "; pass a floating dtype, e.g. arange(", start, ", ", end, ", ", step, ", kFloat32)");
   LOOM_CHECK((end - start) / step >= 0, "arange: upper bound and step are inconsistent: start ", start,
              ", end ", end, ", step ", step);
   auto n = static_cast<int64_t>(std::ceil((end - start) / step));

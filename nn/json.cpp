@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <unordered_set>
 
 namespace loom::json {
 
@@ -141,16 +142,15 @@ class Parser {
     expect('{');
     Value::Object members;
     if (consume('}')) return Value(std::move(members));
+    std::unordered_set<std::string> seen;  // a linear scan per key made a 2M-key header take an hour
     do {
       skip_space();
       if (pos_ >= text_.size() || text_[pos_] != '"') fail("expected a string key");
       size_t key_pos = pos_;
       std::string key = parse_string();
-      for (const auto& [k, v] : members) {
-        if (k == key) {
-          pos_ = key_pos;
-          fail(detail::str("duplicate key \"", key, "\""));
-        }
+      if (!seen.insert(key).second) {
+        pos_ = key_pos;
+        fail(detail::str("duplicate key \"", key, "\""));
       }
       expect(':');
       members.emplace_back(std::move(key), parse_value(depth + 1));

@@ -208,15 +208,17 @@ File deserialize(std::string_view bytes, const std::string& source, Device devic
     entries.push_back(parse_entry(name, value, data.size(), where));
   }
 
+  // Sorted by start, non-empty tensors overlap iff one starts before the previous ends
+  // (empty ones take no bytes: left out, so that one between two others hides nothing).
   std::vector<const Entry*> by_offset;
-  for (const Entry& e : entries) by_offset.push_back(&e);
+  for (const Entry& e : entries)
+    if (e.begin != e.end) by_offset.push_back(&e);
   std::sort(by_offset.begin(), by_offset.end(), [](const Entry* a, const Entry* b) { return a->begin < b->begin; });
   for (size_t i = 1; i < by_offset.size(); ++i) {
     const Entry& prev = *by_offset[i - 1];
     const Entry& cur = *by_offset[i];
-    LOOM_CHECK(cur.begin >= prev.end || cur.begin == cur.end || prev.begin == prev.end, where, ": tensors \"",
-               prev.name, "\" [", prev.begin, ", ", prev.end, ") and \"", cur.name, "\" [", cur.begin, ", ", cur.end,
-               ") overlap in the data buffer");
+    LOOM_CHECK(cur.begin >= prev.end, where, ": tensors \"", prev.name, "\" [", prev.begin, ", ", prev.end,
+               ") and \"", cur.name, "\" [", cur.begin, ", ", cur.end, ") overlap in the data buffer");
   }
 
   for (const Entry& e : entries) {

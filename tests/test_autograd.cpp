@@ -118,6 +118,16 @@ TEST_CASE("tensor hooks can inspect and replace gradients") {
   p.register_hook([](const Tensor& g) { return g * 0.5; });
   (p * 4.0).sum().backward();
   CHECK(p.grad().item<double>() == 2.0);
+
+  // A replacement must keep the gradient's shape, dtype and device, leaf or not.
+  Tensor q = from_vector<double>({1, 2, 3}, {3}).requires_grad_(true);
+  q.register_hook([](const Tensor&) { return zeros({5}, kFloat64); });
+  CHECK_THROWS_WITH_AS((q * 2.0).sum().backward(),
+                       doctest::Contains("a gradient hook of a leaf returned a float64 tensor of shape [5]"), Error);
+  Tensor r = from_vector<double>({1, 2, 3}, {3}).requires_grad_(true);
+  Tensor mid = r * 2.0;
+  mid.register_hook([](const Tensor& g) { return g.to(kFloat32); });
+  CHECK_THROWS_WITH_AS(mid.sum().backward(), doctest::Contains("returned a float32 tensor of shape [3]"), Error);
 }
 
 TEST_CASE("post-accumulate hooks fire once the leaf's gradient is complete, as soon as it is") {

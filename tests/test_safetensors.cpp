@@ -158,6 +158,13 @@ TEST_CASE("corrupt files are loom::Errors naming the file and the problem") {
                  R"("y":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
                  data),
        "overlap"},
+      // An empty tensor sorted between two that overlap hides nothing.
+      {"overlap_around_empty",
+       make_file(R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                 R"("e":{"dtype":"F32","shape":[0],"data_offsets":[2,2]},)"
+                 R"("y":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                 data),
+       "\"x\" [0, 8) and \"y\" [4, 8) overlap"},
       {"bad_bool", make_file(R"({"x":{"dtype":"BOOL","shape":[2],"data_offsets":[0,2]}})", std::string("\x01\x07", 2)),
        "holds byte 7"},
       {"duplicate", make_file(R"({"x":{"dtype":"U8","shape":[0],"data_offsets":[0,0]},"x":{}})", ""),

@@ -164,3 +164,11 @@ TEST_CASE("a scalar an integer tensor cannot hold exactly is refused, not trunca
   CHECK_THROWS_WITH_AS(i / zeros({3}, TensorOptions(kInt64)), doctest::Contains("div: dividing int64 tensors"), Error);
   CHECK_THROWS_WITH_AS(i / 2.0, doctest::Contains("PyTorch's division of integers gives floats"), Error);
 }
+
+TEST_CASE("arange refuses what it would truncate or could never finish") {
+  CHECK(arange(0, 1, 0.25, kFloat32).tolist<float>() == std::vector<float>{0, 0.25f, 0.5f, 0.75f});
+  CHECK_THROWS_WITH_AS(arange(0, 1, 0.3), doctest::Contains("pass a floating dtype, e.g. arange(0, 1, 0.3, kFloat32)"),
+                       Error);
+  CHECK_THROWS_WITH_AS(arange(0, INFINITY, 1, kFloat32), doctest::Contains("must be finite"), Error);
+  CHECK(arange(0, 6, 2).tolist<int64_t>() == std::vector<int64_t>{0, 2, 4});
+}
