@@ -162,3 +162,27 @@ TEST_CASE("in-place ops mutate, bump the version, and refuse tensors that requir
   CHECK(p.detach().tolist<float>() == std::vector<float>{2, 2, 2});
   CHECK_THROWS_WITH_AS(t.add_(ones({2, 3})), doctest::Contains("does not fit"), Error);
 }
+
+TEST_CASE("in-place writes into expanded or overlapping memory are refused (Note [In-place writes must not overlap])") {
+  Tensor base = zeros({3});
+  CHECK_THROWS_WITH_AS(base.expand({2, 3}).add_(ones({2, 3})),
+                       doctest::Contains("more than one element of the written-to tensor refers to a single memory "
+                                         "location (dim 0 of [2, 3] is expanded"),
+                       Error);
+  CHECK_THROWS_WITH_AS(base.expand({2, 3}).fill_(1), doctest::Contains("is expanded, stride 0"), Error);
+  CHECK(base.tolist<float>() == std::vector<float>{0, 0, 0});  // nothing was written
+  Tensor a = arange(0, 6, 1, kFloat32);
+  CHECK_THROWS_WITH_AS(a.slice(0, 1, 6).add_(a.slice(0, 0, 5)),
+                       doctest::Contains("some elements of the input and of the written-to tensor refer to the same "
+                                         "memory location (elements [0, 5) and [1, 6)"),
+                       Error);
+  CHECK_THROWS_WITH_AS(a.slice(0, 0, 3).copy_(a.slice(0, 2, 5)), doctest::Contains("pass a clone() of the input"),
+                       Error);
+  // The tensor itself, a disjoint part of the same storage, and a clone are fine.
+  a.add_(a);
+  CHECK(a.tolist<float>() == std::vector<float>{0, 2, 4, 6, 8, 10});
+  a.slice(0, 3, 6).copy_(a.slice(0, 0, 3));
+  CHECK(a.tolist<float>() == std::vector<float>{0, 2, 4, 0, 2, 4});
+  a.slice(0, 1, 6).add_(a.slice(0, 0, 5).clone());
+  CHECK(a.tolist<float>() == std::vector<float>{0, 2, 6, 4, 2, 6});
+}
