@@ -28,6 +28,12 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
              options_.num_workers, "; use num_workers=0 to load in the main thread");
   LOOM_CHECK(options_.num_workers == 0 || options_.prefetch_factor >= 1,
              "DataLoader: prefetch_factor must be >= 1 with worker threads, got ", options_.prefetch_factor);
+  LOOM_CHECK(options_.num_workers <= WorkerPool::kMaxWorkers, "DataLoader: num_workers ", options_.num_workers,
+             " is more threads than loom starts (at most ", WorkerPool::kMaxWorkers, ")");
+  LOOM_CHECK(options_.num_workers == 0 ||
+                 options_.prefetch_factor <= WorkerPool::kMaxCapacity / options_.num_workers,
+             "DataLoader: num_workers x prefetch_factor (", options_.num_workers, " x ", options_.prefetch_factor,
+             ") batches in flight is more than loom holds (at most ", WorkerPool::kMaxCapacity, ")");
   LOOM_CHECK(!options_.persistent_workers || options_.num_workers > 0,
              "DataLoader: persistent_workers option needs num_workers > 0 (there are no worker threads to keep)");
   LOOM_CHECK(!(options_.shuffle && options_.sampler), "DataLoader: sampler option is mutually exclusive with shuffle; "

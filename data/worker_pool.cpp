@@ -1,14 +1,33 @@
 #include "data/worker_pool.h"
 
+#include <system_error>
+
 #include "core/error.h"
 
 namespace loom::data {
 
-WorkerPool::WorkerPool(int64_t num_workers, int64_t capacity) : capacity_(capacity), slots_(static_cast<size_t>(capacity)) {
-  LOOM_CHECK(num_workers >= 1 && capacity >= 1, "WorkerPool: needs num_workers >= 1 and capacity >= 1, got ",
+WorkerPool::WorkerPool(int64_t num_workers, int64_t capacity) : capacity_(capacity) {
+  // Checked before anything is allocated or started: a capacity of 2^40 slots would be
+  // a bare std::bad_alloc.
+  LOOM_CHECK(num_workers >= 1 && num_workers <= kMaxWorkers && capacity >= 1 && capacity <= kMaxCapacity,
+             "WorkerPool: needs 1 to ", kMaxWorkers, " workers and 1 to ", kMaxCapacity, " batches in flight, got ",
              num_workers, " and ", capacity);
+  slots_.resize(static_cast<size_t>(capacity));
   threads_.reserve(static_cast<size_t>(num_workers));
-  for (int64_t w = 0; w < num_workers; ++w) threads_.emplace_back([this, w] { run(w); });
+  try {
+    for (int64_t w = 0; w < num_workers; ++w) threads_.emplace_back([this, w] { run(w); });
+  } catch (const std::system_error& e) {
+    // The threads already started must be joined before they are destroyed, or the
+    // process aborts: stop them, then say what the system refused.
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    work_ready_.notify_all();
+    for (auto& thread : threads_) thread.join();
+    LOOM_FAIL("DataLoader: could not start worker thread ", threads_.size() + 1, " of ", num_workers, ": ", e.what(),
+              "; ask for fewer num_workers");
+  }
 }
 
 WorkerPool::~WorkerPool() {

@@ -33,6 +33,10 @@ class WorkerPool {
   // task -> result, run on worker thread `worker` (0-based).
   using Producer = std::function<Batch(int64_t task, int64_t worker)>;
 
+  // Beyond these, a request is a mistake (and a thread or an allocation that fails).
+  static constexpr int64_t kMaxWorkers = 1024;
+  static constexpr int64_t kMaxCapacity = int64_t(1) << 20;
+
   WorkerPool(int64_t num_workers, int64_t capacity);
   ~WorkerPool();  // cancels the pass and joins every thread
   WorkerPool(const WorkerPool&) = delete;

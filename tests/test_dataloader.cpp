@@ -192,6 +192,10 @@ TEST_CASE("options are validated as PyTorch validates them") {
   CHECK_THROWS_AS(DataLoader(dataset, {.num_workers = 2, .prefetch_factor = 0}), Error);
   CHECK_THROWS_AS(DataLoader(dataset, {.persistent_workers = true}), Error);
   CHECK_THROWS_AS(DataLoader(nullptr, {}), Error);
+  CHECK_THROWS_WITH_AS(DataLoader(dataset, {.num_workers = 2000}), doctest::Contains("more threads than loom starts"),
+                       Error);
+  CHECK_THROWS_WITH_AS(DataLoader(dataset, {.num_workers = 4, .prefetch_factor = int64_t(1) << 40}),
+                       doctest::Contains("batches in flight is more than loom holds"), Error);
   CHECK_NOTHROW(DataLoader(dataset, {.num_workers = 0, .pin_memory = true}));
   // Collating examples of different shapes names both.
   class Ragged : public Dataset {
