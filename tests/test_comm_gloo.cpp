@@ -3,6 +3,8 @@
 // multi-rank run inside one process. Timeouts are short so failure tests end quickly.
 #include <doctest/doctest.h>
 
+#include <signal.h>
+
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -526,3 +528,24 @@ TEST_CASE("CUDA tensors through gloo: all_reduce, broadcast, all_gather on 2 ran
   }
 }
 #endif  // LOOM_WITH_GLOO
+
+TEST_CASE("a gloo group ignores SIGPIPE unless the program chose otherwise (Note [Gloo's sockets and SIGPIPE])") {
+  struct sigaction saved {};
+  ::sigaction(SIGPIPE, nullptr, &saved);
+  auto disposition = [] {
+    struct sigaction now {};
+    ::sigaction(SIGPIPE, nullptr, &now);
+    return now.sa_handler;
+  };
+  auto make_group = [] {
+    require_no_errors(run_ranks(1, [](Communicator&) {}));  // over TCP, as every group of this file
+  };
+  ::signal(SIGPIPE, SIG_DFL);
+  make_group();
+  CHECK((disposition() == SIG_IGN));  // a closed peer is then an error, not a silent death
+  static void (*const handler)(int) = [](int) {};
+  ::signal(SIGPIPE, handler);
+  make_group();
+  CHECK((disposition() == handler));  // the program's own handler stays
+  ::sigaction(SIGPIPE, &saved, nullptr);
+}

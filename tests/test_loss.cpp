@@ -247,3 +247,11 @@ TEST_CASE("a reduction that is not None, Mean or Sum is an error, not a loss of 
   CHECK_THROWS_WITH_AS(cross_entropy(logits, labels, Tensor(), static_cast<Reduction>(7)),
                        doctest::Contains("reduction must be None, Mean or Sum, got the value 7"), Error);
 }
+
+TEST_CASE("softmax and log_softmax: an empty dim gives an empty result, an integer input a clear error") {
+  CHECK(log_softmax(zeros({5, 0}), 1).shape() == Shape{5, 0});
+  CHECK(softmax(zeros({0, 3}), 1).shape() == Shape{0, 3});
+  CHECK_THROWS_WITH_AS(softmax(zeros({5}, kInt64), 0), doctest::Contains("softmax: expected a floating-point tensor"),
+                       Error);
+  CHECK_THROWS_WITH_AS(cross_entropy(zeros({2, 0}), zeros({2}, kInt64)), doctest::Contains("for 0 classes"), Error);
+}

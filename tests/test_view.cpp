@@ -90,3 +90,11 @@ TEST_CASE("gradients of view ops") {
   gradcheck([](const auto& in) { return in[0].to(Device("cpu:1")).to(Device("cpu:0")); }, {x});
   gradcheck([](const auto& in) { return in[0].to(kFloat32).to(kFloat64); }, {x}, 1e-3, 1e-3, 1e-3);
 }
+
+TEST_CASE("narrow names a negative length as such") {
+  CHECK_THROWS_WITH_AS(narrow(zeros({5}), 0, 0, -1), doctest::Contains("narrow: length must be non-negative, got -1"),
+                       Error);
+  CHECK_THROWS_WITH_AS(narrow(zeros({5}), 0, 3, 3), doctest::Contains("start (3) + length (3) exceeds dimension 0"),
+                       Error);
+  CHECK(narrow(zeros({5}), 0, -2, 2).shape() == Shape{2});
+}

@@ -145,9 +145,10 @@ Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t s
 
 Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
   dim = wrap_dim(dim, x.dim());
+  LOOM_CHECK(length >= 0, "narrow: length must be non-negative, got ", length);
   if (start < 0) start += x.size(dim);
-  LOOM_CHECK(start >= 0 && length >= 0 && start + length <= x.size(dim), "narrow: start (", start, ") + length (",
-             length, ") exceeds dimension ", dim, " of size ", x.size(dim), " in shape ", x.shape());
+  LOOM_CHECK(start >= 0 && start <= x.size(dim) - length, "narrow: start (", start, ") + length (", length,
+             ") exceeds dimension ", dim, " of size ", x.size(dim), " in shape ", x.shape());
   return slice(x, dim, start, start + length);
 }
 

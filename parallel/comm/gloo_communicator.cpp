@@ -9,6 +9,8 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <signal.h>  // defines: sigaction, for Note [Gloo's sockets and SIGPIPE]
+
 #include <cstring>
 
 #include "core/error.h"
@@ -33,6 +35,21 @@ static void wait_until_all_connected(TCPStore& store, const std::string& prefix,
   store.wait({all_in}, timeout);
 }
 
+// Note [Gloo's sockets and SIGPIPE]
+// Gloo's TCP transport writes to its sockets without MSG_NOSIGNAL, so a write to a peer
+// that already closed its end (a rank that finished or failed first) raises SIGPIPE,
+// whose default action kills this process without a word (test_comm_gloo was, once,
+// in a full test run). loom's own sockets (the store) pass MSG_NOSIGNAL and
+// report a closed peer as an error naming it. For Gloo's, SIGPIPE is ignored process-
+// wide, as servers do, so such a write fails with EPIPE, which Gloo reports as an
+// error; only if the program has not chosen a disposition of its own (SIG_DFL).
+static void ignore_sigpipe_unless_handled() {
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL &&
+      !(current.sa_flags & SA_SIGINFO))
+    ::signal(SIGPIPE, SIG_IGN);
+}
+
 GlooCommunicator::GlooCommunicator(std::shared_ptr<TCPStore> store, const std::string& prefix, int rank, int size,
                                    GlooOptions options)
     : Communicator(rank, size, options.timeout),
@@ -40,6 +57,7 @@ GlooCommunicator::GlooCommunicator(std::shared_ptr<TCPStore> store, const std::s
       prefix_(prefix),
       verify_collectives_(options.verify_collectives) {
   LOOM_CHECK(store_ != nullptr, "GlooCommunicator: the store is null; create a TCPStore first");
+  ignore_sigpipe_unless_handled();  // See Note [Gloo's sockets and SIGPIPE].
   try {
     gloo::transport::tcp::attr attr;
     if (!options.iface.empty()) attr.iface = options.iface;
