@@ -269,3 +269,11 @@ TEST_CASE("conv2d errors name what was expected and what came") {
 
   CHECK_THROWS_AS(conv2d(x, zeros({4, 3, 3, 3}, kFloat64)), Error);
 }
+
+TEST_CASE("conv2d: a weight with no output channels or an empty kernel is named, not passed to oneDNN") {
+  Tensor x = randn({1, 3, 5, 5});
+  CHECK_THROWS_WITH_AS(conv2d(x, zeros({4, 3, 0, 0})), doctest::Contains("has no output channels or an empty kernel"),
+                       Error);
+  CHECK_THROWS_WITH_AS(conv2d(x, zeros({0, 3, 3, 3})), doctest::Contains("has no output channels or an empty kernel"),
+                       Error);
+}

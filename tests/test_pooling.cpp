@@ -252,3 +252,10 @@ TEST_CASE("pooling errors say what was expected and what came") {
   CHECK_THROWS_WITH_AS(max_pool2d(zeros({1, 2, 4, 4}, kInt64), {2}), doctest::Contains("expected a floating-point tensor"), Error);
   CHECK_THROWS_WITH_AS(adaptive_avg_pool2d(zeros({1, 0, 4, 4}), {1}), doctest::Contains("non-empty"), Error);
 }
+
+TEST_CASE("pooling sizes are computed without overflow: a huge window is an error, not an output") {
+  Tensor x = randn({1, 1, 4, 4});
+  CHECK_THROWS_WITH_AS(max_pool2d(x, {int64_t(1) << 62}), doctest::Contains("is larger than the padded input"), Error);
+  CHECK_THROWS_WITH_AS(max_pool2d(x, {2}, {1}, {0}, {int64_t(1) << 62}),
+                       doctest::Contains("is larger than the padded input"), Error);
+}

@@ -30,6 +30,9 @@ void check_shapes(const Tensor& input, const Tensor& weight, const Tensor& bias,
   LOOM_CHECK(weight.dim() == 4, "conv2d: expected a 4-D weight [out_channels, in_channels / groups, kH, kW], got a ",
              weight.dim(), "-D tensor of shape ", weight.shape());
   LOOM_CHECK(groups >= 1, "conv2d: expected groups >= 1, got ", groups);
+  LOOM_CHECK(weight.size(0) > 0 && weight.size(2) > 0 && weight.size(3) > 0, "conv2d: weight ", weight.shape(),
+             " has no output channels or an empty kernel; expected [out_channels >= 1, in_channels / groups, "
+             "kH >= 1, kW >= 1]");
   const int64_t channels = input.size(1), out_channels = weight.size(0);
   LOOM_CHECK(channels % groups == 0 && out_channels % groups == 0, "conv2d: input ", input.shape(), " has ",
              channels, " channels and weight ", weight.shape(), " has ", out_channels,

@@ -42,10 +42,13 @@ void check_pool_input(const char* op, const Tensor& input) {
 // floor (or ceil) of (size + 2*pad - dilation*(kernel-1) - 1) / stride + 1, where in
 // ceil mode the last window must still start inside the input or its left padding.
 int64_t pooled_size(int64_t size, int64_t kernel, int64_t pad, int64_t stride, int64_t dilation, bool ceil_mode) {
-  const int64_t span = size + 2 * pad - dilation * (kernel - 1) - 1 + (ceil_mode ? stride - 1 : 0);
-  int64_t out = (span >= 0 ? span / stride : -((-span + stride - 1) / stride)) + 1;  // floor division
-  if (ceil_mode && (out - 1) * stride >= size + pad) --out;
-  return out;
+  // In 128 bits: a huge kernel, padding or dilation must not wrap around into a plausible size.
+  using Wide = __int128;
+  const Wide span = Wide(size) + 2 * Wide(pad) - Wide(dilation) * (kernel - 1) - 1 + (ceil_mode ? stride - 1 : 0);
+  Wide out = (span >= 0 ? span / stride : -((-span + stride - 1) / stride)) + 1;  // floor division
+  if (ceil_mode && (out - 1) * stride >= Wide(size) + pad) --out;
+  if (out < 0) return -1;  // no output: the caller says why
+  return out > Wide(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(out);  // too large: the shape check says so
 }
 
 Pool2dParams pool_params(const char* op, const Tensor& input, const std::vector<int64_t>& kernel_size,
