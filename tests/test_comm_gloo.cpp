@@ -1,9 +1,7 @@
 // Communicator with the Gloo backend. Each rank is a thread with its own store client
 // and communicator, talking over real TCP on 127.0.0.1, so every test is a genuine
-// multi-rank run inside one process. Timeouts are short so failure tests end quickly.
+// multi-rank run inside one process. Errors, timeouts and faults: test_comm_gloo_errors.cpp.
 #include <doctest/doctest.h>
-
-#include <signal.h>
 
 #include <atomic>
 #include <chrono>
@@ -14,7 +12,6 @@
 #include "core/factory.h"
 #include "cuda/device.h"  // defines: is_available
 #include "parallel/comm/communicator.h"
-#include "never_arrives.h"  // defines: NeverArrives
 
 using namespace loom;
 using namespace loom::distributed;
@@ -78,37 +75,19 @@ TEST_CASE("Work::awaited: true once a thread waits before the end; the callback 
 #ifdef LOOM_WITH_GLOO
 #include "parallel/comm/gloo_communicator.h"
 #include "parallel/comm/host_staging.h"
-#include "parallel/comm/process_group.h"
-#include "parallel/store/socket.h"
 
-#include "rank_threads.h"  // defines: run_rank_threads, require_no_errors, contains
+#include "gloo_tcp_ranks.h"  // defines: run_tcp_ranks
+#include "rank_threads.h"    // defines: require_no_errors, contains
 
 using loom::testing::contains;
 using loom::testing::require_no_errors;
-
-// Runs body(comm) on `n` ranks, one thread each, over Gloo's own TCP collectives
-// (tests/test_comm_shm.cpp tests the shared-memory path); `groups` communicators per rank
-// in turn. Returns each rank's error ("" if none).
-static std::vector<std::string> run_ranks(int n, const std::function<void(Communicator&)>& body,
-                                          std::chrono::milliseconds timeout = 10s, int groups = 1,
-                                          bool verify_collectives = true) {
-  return loom::testing::run_rank_threads(n, [&](int r, std::shared_ptr<TCPStore> store) {
-    GlooOptions options;
-    options.timeout = timeout;
-    options.verify_collectives = verify_collectives;
-    options.shared_memory = false;
-    for (int g = 0; g < groups; ++g) {
-      GlooCommunicator comm(store, "group" + std::to_string(g), r, n, options);
-      body(comm);
-    }
-  });
-}
+using loom::testing::run_tcp_ranks;
 
 TEST_CASE("all_reduce sum, avg, max and min on 2 and 3 ranks, in three dtypes") {
   for (int n : {2, 3}) {
     CAPTURE(n);
     std::vector<std::vector<std::vector<double>>> got(n);
-    require_no_errors(run_ranks(n, [&](Communicator& comm) {
+    require_no_errors(run_tcp_ranks(n, [&](Communicator& comm) {
       const double r = comm.rank();
       for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
         Tensor t = from_vector<float>({float(r + 1), float(-10 * r), 0.5f}, {3});
@@ -142,7 +121,7 @@ TEST_CASE("broadcast, all_gather and reduce_scatter on 3 ranks") {
   const int n = 3;
   std::vector<std::vector<double>> broadcast_got(n), reduced(n);
   std::vector<std::vector<std::vector<int64_t>>> gathered(n);
-  require_no_errors(run_ranks(n, [&](Communicator& comm) {
+  require_no_errors(run_tcp_ranks(n, [&](Communicator& comm) {
     const int r = comm.rank();
     Tensor b = r == 2 ? from_vector<double>({3.5, -1}, {2, 1}) : zeros({2, 1}, kFloat64);
     comm.broadcast(b, /*root=*/2)->wait();
@@ -171,7 +150,7 @@ TEST_CASE("float16, bfloat16 and uint8 reduce (uint8 sums wrap); bool and every 
   std::vector<std::vector<double>> got(n);
   std::vector<std::vector<int64_t>> wrapped(n);
   std::vector<std::vector<bool>> flags(n), gathered_flags(n);
-  require_no_errors(run_ranks(n, [&](Communicator& comm) {
+  require_no_errors(run_tcp_ranks(n, [&](Communicator& comm) {
     const int r = comm.rank();
     for (DType dtype : {kFloat16, kBFloat16}) {
       for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
@@ -237,7 +216,7 @@ TEST_CASE("float16 and bfloat16 sums: Gloo's TCP ring and shared memory agree bi
 TEST_CASE("send and recv: a ring where everyone sends first, and in-order messages on one tag") {
   const int n = 3;
   std::vector<std::vector<float>> from_left(n), ordered(n);
-  require_no_errors(run_ranks(n, [&](Communicator& comm) {
+  require_no_errors(run_tcp_ranks(n, [&](Communicator& comm) {
     const int r = comm.rank();
     Tensor out = full({3}, r), in = zeros({3});
     // Everyone waits for its send first: fine, because the recvs were posted already
@@ -268,7 +247,7 @@ TEST_CASE("point-to-point runs while collectives are in flight, with and without
   for (bool verify : {true, false}) {
     CAPTURE(verify);
     std::vector<float> sums(2), received(2);
-    require_no_errors(run_ranks(2, [&](Communicator& comm) {
+    require_no_errors(run_tcp_ranks(2, [&](Communicator& comm) {
       const int r = comm.rank(), peer = 1 - r;
       Tensor big = full({100000}, r + 1), mine = full({7}, 10 * r), theirs = zeros({7});
       auto reduce = comm.all_reduce(big);
@@ -289,7 +268,7 @@ TEST_CASE("point-to-point runs while collectives are in flight, with and without
 
 TEST_CASE("barrier waits for the slowest rank") {
   std::vector<double> waited(3);
-  require_no_errors(run_ranks(3, [&](Communicator& comm) {
+  require_no_errors(run_tcp_ranks(3, [&](Communicator& comm) {
     if (comm.rank() == 2) std::this_thread::sleep_for(300ms);
     auto start = Clock::now();
     comm.barrier()->wait();
@@ -303,7 +282,7 @@ TEST_CASE("operations are asynchronous: two outstanding all_reduces while the ca
   double issue_seconds = 1;
   bool completed_early = true;
   std::vector<float> a_got, b_got;
-  require_no_errors(run_ranks(2, [&](Communicator& comm) {
+  require_no_errors(run_tcp_ranks(2, [&](Communicator& comm) {
     Tensor a = full({1000}, comm.rank() + 1), b = full({10}, 10.0 * (comm.rank() + 1));
     if (comm.rank() == 1) {
       std::this_thread::sleep_for(300ms);  // rank 0 must not be blocked meanwhile
@@ -327,83 +306,9 @@ TEST_CASE("operations are asynchronous: two outstanding all_reduces while the ca
   CHECK(b_got == std::vector<float>(10, 20));
 }
 
-TEST_CASE("mismatched shapes or ops across ranks are an error on every rank, not a hang or an abort") {
-  std::vector<std::string> messages(2);
-  std::vector<float> after(2);
-  auto errors = run_ranks(2, [&](Communicator& comm) {
-    const int r = comm.rank();
-    try {
-      comm.all_reduce(zeros({r == 0 ? 4 : 5}))->wait();
-    } catch (const Error& e) {
-      messages[r] = e.what();
-    }
-    try {
-      if (r == 0) comm.barrier()->wait();
-      else comm.broadcast(zeros({2}), 0)->wait();
-    } catch (const Error& e) {
-      messages[r] += e.what();
-    }
-    Tensor t = ones({2});
-    comm.all_reduce(t)->wait();  // the communicator is still usable
-    after[r] = t.tolist<float>()[0];
-  }, 5s);
-  require_no_errors(errors);
-  for (int r = 0; r < 2; ++r) {
-    CAPTURE(messages[r]);
-    CHECK(contains(messages[r], "all_reduce #0 (sum) of float32 [" + std::to_string(r == 0 ? 4 : 5) + "]"));
-    CHECK(contains(messages[r], "all_reduce(sum) of float32 [4] on rank 0"));
-    CHECK(contains(messages[r], "all_reduce(sum) of float32 [5] on rank 1"));
-    CHECK(contains(messages[r], "barrier on rank 0"));
-    CHECK(contains(messages[r], "broadcast(root 0) of float32 [2] on rank 1"));
-    CHECK(after[r] == 2);
-  }
-}
-
-TEST_CASE("a recv whose tensor does not match the sender's fails with both shapes; the group goes on") {
-  std::string message;
-  std::vector<float> later;
-  require_no_errors(run_ranks(2, [&](Communicator& comm) {
-    if (comm.rank() == 0) {
-      comm.send(ones({4}), 1)->wait();
-      comm.send(full({2}, 5), 1)->wait();
-    } else {
-      try {
-        comm.recv(zeros({5}), 0)->wait();
-      } catch (const Error& e) {
-        message = e.what();
-      }
-      Tensor t = zeros({2});
-      comm.recv(t, 0)->wait();
-      later = t.tolist<float>();
-    }
-  }, 5s));
-  CHECK(contains(message, "recv #0 (from rank 0, tag 0) of float32 [5] on rank 1 of 2"));
-  CHECK(contains(message, "rank 0 sent float32 [4]"));
-  CHECK(later == std::vector<float>{5, 5});
-}
-
-TEST_CASE("a rank that never arrives: timeout naming rank, op, number and shape; then the group is unusable") {
-  loom::testing::NeverArrives seen;
-  require_no_errors(run_ranks(2, [&](Communicator& comm) { seen.run(comm, 1500ms, {}); }, 700ms));
-  seen.check(700ms, /*why=*/"", /*at_most_seconds=*/3.0);
-}
-
-TEST_CASE("destroying a communicator with queued work fails that work instead of hanging") {
-  std::shared_ptr<Work> running, queued;
-  require_no_errors(run_ranks(2, [&](Communicator& comm) {
-    if (comm.rank() == 1) return;  // rank 1 leaves at once: rank 0's op cannot complete
-    running = comm.all_reduce(zeros({1}));
-    queued = comm.barrier();
-  }, 600ms));
-  REQUIRE(running);
-  CHECK(running->is_completed());
-  CHECK_THROWS_AS(running->wait(), Error);
-  CHECK_THROWS_WITH_AS(queued->wait(), doctest::Contains("barrier #1"), Error);
-}
-
 TEST_CASE("several communicators share one store under different prefixes") {
   std::vector<float> got(2);
-  require_no_errors(run_ranks(2, [&](Communicator& comm) {
+  require_no_errors(run_tcp_ranks(2, [&](Communicator& comm) {
     Tensor t = ones({1});
     comm.all_reduce(t)->wait();
     got[comm.rank()] += t.item<float>();
@@ -411,58 +316,6 @@ TEST_CASE("several communicators share one store under different prefixes") {
   CHECK(got == std::vector<float>{6, 6});
 }
 
-TEST_CASE("a world of one, and arguments checked before anything moves") {
-  require_no_errors(run_ranks(1, [&](Communicator& comm) {
-    Tensor t = from_vector<float>({1, 2}, {2});
-    comm.all_reduce(t, ReduceOp::Avg)->wait();
-    CHECK(t.tolist<float>() == std::vector<float>{1, 2});
-    std::vector<Tensor> out;
-    comm.all_gather(out, t)->wait();
-    CHECK(out.size() == 1);
-    CHECK(out[0].tolist<float>() == std::vector<float>{1, 2});
-    Tensor mine = zeros({2});
-    comm.reduce_scatter(mine, {t})->wait();
-    CHECK(mine.tolist<float>() == std::vector<float>{1, 2});
-    comm.barrier()->wait();
-
-    Tensor m = zeros({2, 3});
-    CHECK_THROWS_WITH_AS(comm.all_reduce(m.t()), doctest::Contains("not contiguous"), Error);
-    CHECK_THROWS_WITH_AS(comm.all_reduce(zeros({2}, kBool)), doctest::Contains("reduces float32, float64"), Error);
-    CHECK_THROWS_WITH_AS(comm.all_reduce(zeros({2}, kInt64), ReduceOp::Avg), doctest::Contains("truncate"), Error);
-    CHECK_THROWS_WITH_AS(comm.broadcast(t, 1), doctest::Contains("root rank in [0, 1)"), Error);
-    std::vector<Tensor> two = {zeros({2}), zeros({2})};
-    CHECK_THROWS_WITH_AS(comm.all_gather(two, t), doctest::Contains("world size is 1"), Error);
-    std::vector<Tensor> wrong = {zeros({3})};
-    CHECK_THROWS_WITH_AS(comm.all_gather(wrong, t), doctest::Contains("must match"), Error);
-    CHECK_THROWS_WITH_AS(comm.send(t, 0), doctest::Contains("with itself"), Error);
-    CHECK_THROWS_WITH_AS(comm.recv(t, 3), doctest::Contains("source rank in [0, 1)"), Error);
-  }, 5s));
-}
-TEST_CASE("the default process group: a world of one through tcp://, and teaching errors") {
-  CHECK_FALSE(is_initialized());
-  CHECK(is_main_process());  // no group: a single-process run is its own main process
-  CHECK_THROWS_WITH_AS(get_rank(), doctest::Contains("call loom::distributed::init_process_group() first"), Error);
-  const std::string where = "tcp://127.0.0.1:" + std::to_string(net::find_free_port());
-  if (!cuda::is_available())  // with a GPU, "nccl" works (tests/test_comm_nccl.cpp)
-    CHECK_THROWS_WITH_AS(init_process_group("nccl", where, 5s, 0, 1), doctest::Contains("Use backend \"gloo\""), Error);
-  CHECK_THROWS_WITH_AS(init_process_group("mpi", where, 5s, 0, 1), doctest::Contains("unknown backend"), Error);
-  CHECK_THROWS_WITH_AS(init_process_group("gloo", "file:///tmp/x", 5s, 0, 1), doctest::Contains("env://"), Error);
-  CHECK_THROWS_WITH_AS(init_process_group("gloo", where, 5s, 2, 1), doctest::Contains("RANK=2"), Error);
-  init_process_group("gloo", where, 5s, /*rank=*/0, /*world_size=*/1);
-  CHECK(is_initialized());
-  CHECK(get_rank() == 0);
-  CHECK(get_world_size() == 1);
-  CHECK(is_main_process());
-  CHECK(std::string(default_group()->backend()) == "gloo");
-  Tensor t = full({2}, 3);
-  all_reduce(t, ReduceOp::Max);
-  broadcast(t, 0);
-  barrier();
-  CHECK(t.tolist<float>() == std::vector<float>{3, 3});
-  CHECK_THROWS_WITH_AS(init_process_group("gloo", where, 5s, 0, 1), doctest::Contains("already initialized"), Error);
-  destroy_process_group();
-  CHECK_FALSE(is_initialized());
-}
 // Note [CUDA tensors through gloo]: the bookkeeping of host staging, exercised on the CPU
 // with cpu:1 as the "host" (what changes on a GPU is only which copy kernel runs).
 TEST_CASE("host staging: inputs copied, outputs allocated and copied back, for every kind of operation") {
@@ -504,7 +357,7 @@ TEST_CASE("host staging: inputs copied, outputs allocated and copied back, for e
 TEST_CASE("CUDA tensors through gloo: all_reduce, broadcast, all_gather on 2 ranks match the CPU" *
           doctest::skip(!cuda::is_available())) {
   std::vector<std::vector<float>> reduced(2), broadcasted(2), gathered(2);
-  require_no_errors(run_ranks(2, [&](Communicator& comm) {
+  require_no_errors(run_tcp_ranks(2, [&](Communicator& comm) {
     const int r = comm.rank();
     const TensorOptions on_gpu = TensorOptions().device(Device("cuda:0"));
     Tensor a = full({1000}, r + 1.0, on_gpu);
@@ -528,24 +381,3 @@ TEST_CASE("CUDA tensors through gloo: all_reduce, broadcast, all_gather on 2 ran
   }
 }
 #endif  // LOOM_WITH_GLOO
-
-TEST_CASE("a gloo group ignores SIGPIPE unless the program chose otherwise (Note [Gloo's sockets and SIGPIPE])") {
-  struct sigaction saved {};
-  ::sigaction(SIGPIPE, nullptr, &saved);
-  auto disposition = [] {
-    struct sigaction now {};
-    ::sigaction(SIGPIPE, nullptr, &now);
-    return now.sa_handler;
-  };
-  auto make_group = [] {
-    require_no_errors(run_ranks(1, [](Communicator&) {}));  // over TCP, as every group of this file
-  };
-  ::signal(SIGPIPE, SIG_DFL);
-  make_group();
-  CHECK((disposition() == SIG_IGN));  // a closed peer is then an error, not a silent death
-  static void (*const handler)(int) = [](int) {};
-  ::signal(SIGPIPE, handler);
-  make_group();
-  CHECK((disposition() == handler));  // the program's own handler stays
-  ::sigaction(SIGPIPE, &saved, nullptr);
-}
