@@ -67,6 +67,7 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
   ops::check_inplace("add_", *this);
   ops::check_same_device_dtype("add_", *this, other);
   ops::check_no_partial_overlap("add_", *this, other);
+  if (alpha != 1.0) check_scalar_fits(alpha, dtype(), "add_: alpha");
   Shape shape = broadcast_shapes(this->shape(), other.shape());
   LOOM_CHECK(shape == this->shape(), "add_: the result of broadcasting, ", shape,
              ", does not fit the in-place tensor of shape ", this->shape());
@@ -91,6 +92,7 @@ Tensor& Tensor::mul_(double value) { return mul_(wrap_scalar(value, *this)); }
 
 Tensor& Tensor::fill_(double value) {
   ops::check_inplace("fill_", *this);
+  check_scalar_fits(value, dtype(), "fill_");
   fill_kernel(device())(*this, value);
   bump_version();
   return *this;

@@ -48,6 +48,13 @@ Shape broadcast_shapes(const Shape& a, const Shape& b) {
   return out;
 }
 
+int64_t wrap_dim_or_scalar(int64_t dim, int64_t ndim) {
+  if (ndim > 0) return wrap_dim(dim, ndim);
+  LOOM_CHECK(dim == 0 || dim == -1, "dimension out of range: a 0-d tensor (a scalar) takes dim 0 or -1 here, got ",
+             dim);
+  return 0;
+}
+
 int64_t wrap_dim(int64_t dim, int64_t ndim) {
   LOOM_CHECK(ndim > 0, "dimension out of range: a 0-d tensor (a scalar) has no dimensions, got dim ", dim);
   LOOM_CHECK(dim >= -ndim && dim < ndim, "dimension out of range: expected in [", -ndim, ", ", ndim - 1, "], got ",

@@ -22,6 +22,9 @@ std::string shape_str(const Shape& shape);
 // The broadcast of two shapes; a loom::Error naming both shapes if they don't broadcast.
 Shape broadcast_shapes(const Shape& a, const Shape& b);
 // Wraps a possibly negative dimension index into [0, ndim); error names the valid range.
+// As wrap_dim, but a 0-d tensor takes dim 0 or -1 (returned as 0), as PyTorch's
+// reductions and squeeze do: sum(scalar, {0}) is the scalar.
+int64_t wrap_dim_or_scalar(int64_t dim, int64_t ndim);
 int64_t wrap_dim(int64_t dim, int64_t ndim);
 
 }  // namespace loom

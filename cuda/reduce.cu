@@ -18,7 +18,7 @@
 //
 // Accumulation: float (and 16-bit floats) in float, double in double, int64 in int64.
 // The CPU accumulates float in double, so float sums agree to about 1e-6 relative, not
-// bit for bit. NaN inputs to max/min: unspecified (the CPU's answer depends on order).
+// bit for bit. A NaN wins max and min, and the first NaN argmax/argmin, as on the CPU.
 #include <algorithm>
 #include <limits>
 

@@ -1,7 +1,5 @@
 #include "data/worker_pool.h"
 
-#include <system_error>
-
 #include "core/error.h"
 
 namespace loom::data {
@@ -16,7 +14,7 @@ WorkerPool::WorkerPool(int64_t num_workers, int64_t capacity) : capacity_(capaci
   threads_.reserve(static_cast<size_t>(num_workers));
   try {
     for (int64_t w = 0; w < num_workers; ++w) threads_.emplace_back([this, w] { run(w); });
-  } catch (const std::system_error& e) {
+  } catch (...) {
     // The threads already started must be joined before they are destroyed, or the
     // process aborts: stop them, then say what the system refused.
     {
@@ -25,8 +23,12 @@ WorkerPool::WorkerPool(int64_t num_workers, int64_t capacity) : capacity_(capaci
     }
     work_ready_.notify_all();
     for (auto& thread : threads_) thread.join();
-    LOOM_FAIL("DataLoader: could not start worker thread ", threads_.size() + 1, " of ", num_workers, ": ", e.what(),
-              "; ask for fewer num_workers");
+    try {
+      throw;
+    } catch (const std::exception& e) {
+      LOOM_FAIL("DataLoader: could not start worker thread ", threads_.size() + 1, " of ", num_workers, ": ",
+                e.what(), "; ask for fewer num_workers");
+    }
   }
 }
 

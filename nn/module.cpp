@@ -1,6 +1,7 @@
 #include "nn/module.h"
 
 #include <sstream>
+#include <unordered_set>
 
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
@@ -50,9 +51,11 @@ Tensor Module::forward(const Tensor&) {
 
 void Module::check_not_ancestor(const std::string& name, const Module& child) const {
   std::vector<const Module*> stack = {&child};
+  std::unordered_set<const Module*> seen;  // shared submodules: each walked once
   while (!stack.empty()) {
     const Module* m = stack.back();
     stack.pop_back();
+    if (!seen.insert(m).second) continue;
     LOOM_CHECK(m != this, type_name_, ".register_module(\"", name, "\"): the ", child.type_name(),
                m == &child ? " is this module itself" : " contains this module", "; a module tree cannot have cycles");
     for (const auto& c : m->children_.values()) stack.push_back(c.get());

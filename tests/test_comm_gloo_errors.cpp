@@ -1,7 +1,7 @@
 // The gloo backend's errors, over TCP as in test_comm_gloo.cpp: operations that disagree
 // across ranks, a rank that never arrives, a communicator destroyed with queued work,
 // arguments checked before anything moves, the default process group's teaching errors,
-// and SIGPIPE from a peer that closed first. Each fails with a message naming the rank,
+// and SIGPIPE's disposition (so that a peer that closed first is an error, not a death). Each fails with a message naming the rank,
 // the operation and what was expected; none hangs or aborts.
 #include <doctest/doctest.h>
 

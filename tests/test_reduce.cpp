@@ -129,3 +129,17 @@ TEST_CASE("max, min, argmax and maximum propagate NaN, as in PyTorch") {
     CHECK(argmax(plain, 0).item<int64_t>() == 0);  // ties: the first, as before
   }
 }
+
+TEST_CASE("the gradient of max, min and maximum at a NaN goes to the NaN, and nowhere else") {
+  const double nan = std::nan("");
+  Tensor x = from_vector<double>({1, nan, 2}, {3}).requires_grad_(true);
+  max(x).backward();
+  const auto g = x.grad().tolist<double>();
+  CHECK(g[0] == 0);
+  CHECK(g[1] == 1);
+  CHECK(g[2] == 0);
+  Tensor a = from_vector<double>({nan, 1}, {2}).requires_grad_(true), b = from_vector<double>({3, 2}, {2}).requires_grad_(true);
+  sum(maximum(a, b)).backward();
+  CHECK(a.grad().tolist<double>() == std::vector<double>{1, 0});  // a's NaN was the output, then b's 2
+  CHECK(b.grad().tolist<double>() == std::vector<double>{0, 1});
+}

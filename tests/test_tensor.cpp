@@ -144,8 +144,14 @@ TEST_CASE("sizes that would overflow, and dims of a 0-d tensor, are errors, not 
   CHECK_THROWS_WITH_AS(s.size(0), doctest::Contains("a 0-d tensor (a scalar) has no dimensions, got dim 0"), Error);
   CHECK_THROWS_WITH_AS(s.stride(-1), doctest::Contains("has no dimensions"), Error);
   CHECK_THROWS_WITH_AS(s.select(0, 0), doctest::Contains("has no dimensions"), Error);
-  CHECK_THROWS_WITH_AS(sum(s, {0}), doctest::Contains("has no dimensions"), Error);
-  CHECK(sum(s).item<float>() == 1.0f);  // reducing everything still works
+  CHECK_THROWS_WITH_AS(s.narrow(0, 0, 1), doctest::Contains("has no dimensions"), Error);
+  // Reductions and squeeze take dim 0 or -1 of a scalar, as PyTorch's: the scalar itself.
+  CHECK(sum(s).item<float>() == 1.0f);
+  CHECK(sum(s, {0}).item<float>() == 1.0f);
+  CHECK(max(s, -1).first.item<float>() == 1.0f);
+  CHECK(argmax(s, 0).item<int64_t>() == 0);
+  CHECK(s.squeeze(0).dim() == 0);
+  CHECK_THROWS_WITH_AS(sum(s, {1}), doctest::Contains("takes dim 0 or -1 here, got 1"), Error);
 }
 
 TEST_CASE("a scalar an integer tensor cannot hold exactly is refused, not truncated") {
@@ -171,4 +177,13 @@ TEST_CASE("arange refuses what it would truncate or could never finish") {
                        Error);
   CHECK_THROWS_WITH_AS(arange(0, INFINITY, 1, kFloat32), doctest::Contains("must be finite"), Error);
   CHECK(arange(0, 6, 2).tolist<int64_t>() == std::vector<int64_t>{0, 2, 4});
+}
+
+TEST_CASE("in-place forms check their scalars too; an empty expanded tensor writes nothing and is fine") {
+  Tensor i = full({2}, 1, TensorOptions(kInt64));
+  CHECK_THROWS_WITH_AS(i.add_(i.clone(), 0.5), doctest::Contains("add_: alpha: the scalar 0.5"), Error);
+  CHECK_THROWS_WITH_AS(i.fill_(std::nan("")), doctest::Contains("fill_: the scalar nan"), Error);
+  CHECK(i.tolist<int64_t>() == std::vector<int64_t>{1, 1});
+  Tensor empty_expanded = zeros({0}).expand({0, 0});
+  CHECK_NOTHROW(empty_expanded.fill_(1));
 }

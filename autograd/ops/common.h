@@ -37,7 +37,7 @@ inline void check_inplace(const char* op, const Tensor& self) {
   LOOM_CHECK(!(GradMode::is_enabled() && self.requires_grad()), op, ": a ",
              self.is_leaf() ? "leaf tensor" : "tensor", " that requires grad is being used in an in-place "
              "operation; wrap parameter updates in NoGradGuard, or use the out-of-place form");
-  for (int64_t d = 0; d < self.dim(); ++d)
+  for (int64_t d = 0; d < self.dim() && self.numel() > 0; ++d)  // an empty tensor writes nothing
     LOOM_CHECK(self.stride(d) != 0 || self.size(d) <= 1, op, ": more than one element of the written-to tensor "
                "refers to a single memory location (dim ", d, " of ", self.shape(), " is expanded, stride 0); "
                "write into a clone() instead");

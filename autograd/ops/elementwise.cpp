@@ -110,7 +110,9 @@ Tensor extremum(const char* name, BinaryOp op, const Tensor& a, const Tensor& b)
            [a_ = SavedTensor(a, name), b_ = SavedTensor(b, name), op](const Grads& g) {
              const Tensor& av = a_.get();
              const Tensor& bv = b_.get();
-             Tensor a_wins = (op == BinaryOp::Maximum ? gt(av, bv) : lt(av, bv)).to(g[0].dtype());
+             // a is the output where it wins or is NaN (NaN propagates from either side).
+             Tensor a_wins = (op == BinaryOp::Maximum ? gt(av, bv) : lt(av, bv)).to(g[0].dtype()) +
+                             ne(av, av).to(g[0].dtype());
              Tensor tie = eq(av, bv).to(g[0].dtype()) * 0.5;
              Tensor share_a = a_wins + tie;
              Tensor share_b = (1.0 - a_wins) - tie;

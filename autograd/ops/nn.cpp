@@ -426,7 +426,9 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const Tensor& we
   Tensor weighted = log_probs;
   if (weight.defined()) weighted = input.dim() == 2 ? log_probs * weight.reshape({1, -1}) : log_probs * weight;
   Tensor smooth = -sum(weighted, {class_dim});
-  smooth = smooth * ne(target, wrap_scalar(static_cast<double>(ignore_index), target)).to(smooth.dtype());
+  // ignore_index as an int64 tensor, exactly (through a double, INT64_MAX would not fit).
+  const Tensor ignored = from_vector<int64_t>({ignore_index}, Shape{}).to(target.device());
+  smooth = smooth * ne(target, ignored).to(smooth.dtype());
   Tensor reduced = smooth;
   if (reduction == Reduction::Sum) reduced = sum(smooth);
   if (reduction == Reduction::Mean) reduced = sum(smooth) / nll.total_weight;

@@ -18,7 +18,10 @@ std::vector<int64_t> normalize_dims(const Tensor& x, const Shape& dims) {
     for (int64_t d = 0; d < x.dim(); ++d) out.push_back(d);
     return out;
   }
-  for (int64_t d : dims) out.push_back(wrap_dim(d, x.dim()));
+  for (int64_t d : dims) {
+    const int64_t wrapped = wrap_dim_or_scalar(d, x.dim());
+    if (x.dim() > 0) out.push_back(wrapped);  // a scalar's dim 0 reduces nothing
+  }
   std::sort(out.begin(), out.end());
   LOOM_CHECK(std::adjacent_find(out.begin(), out.end()) == out.end(), "reduction: a dim appears more than once in ",
              dims);
@@ -85,7 +88,10 @@ Tensor extreme_all(bool is_max, const Tensor& x) {
   if (any_requires_grad({x})) {
     record(is_max ? "MaxBackward" : "MinBackward", {x}, {out},
            [x_ = SavedTensor(x, name), y_ = SavedTensor(out, name)](const Grads& g) {
-             Tensor mask = eq(x_.get(), y_.get()).to(g[0].dtype());
+             // The elements equal to the result; if it is NaN, the NaNs (which equal nothing).
+             const Tensor& xv = x_.get();
+             Tensor mask = eq(xv, y_.get()).to(g[0].dtype()) +
+                           ne(xv, xv).to(g[0].dtype()) * ne(y_.get(), y_.get()).to(g[0].dtype());
              return Grads{mask * (g[0] / sum(mask))};
            });
   }
@@ -95,7 +101,7 @@ Tensor extreme_all(bool is_max, const Tensor& x) {
 std::pair<Tensor, Tensor> extreme_dim(bool is_max, const Tensor& x, int64_t dim, bool keepdim) {
   const char* name = is_max ? "max" : "min";
   ops::check_defined(name, x, "input");
-  dim = wrap_dim(dim, x.dim());
+  dim = wrap_dim_or_scalar(dim, x.dim());
   std::vector<int64_t> dims = {dim};
   Shape keep = x.dim() == 0 ? Shape{} : keepdim_shape(x, dims);
   Tensor values = empty(keep, TensorOptions(x.dtype()).device(x.device()));

@@ -197,7 +197,8 @@ Tensor squeeze(const Tensor& x) {
 }
 
 Tensor squeeze(const Tensor& x, int64_t dim) {
-  dim = wrap_dim(dim, x.dim());
+  dim = wrap_dim_or_scalar(dim, x.dim());
+  if (x.dim() == 0) return x;  // as PyTorch: a scalar squeezed is itself
   if (x.size(dim) != 1) return x;
   Shape shape = x.shape(), strides = x.strides();
   shape.erase(shape.begin() + dim);
