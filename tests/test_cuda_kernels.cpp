@@ -188,6 +188,34 @@ TEST_CASE("max/min along a dim return the first extreme, as the CPU" * doctest::
   }
 }
 
+// NaNs scattered through rows longer than a block (so across warps and blocks), among
+// ties: max, min and argmax pick the first NaN, and full reductions return NaN, as the
+// CPU does (untested on a GPU so far: none has been lent).
+TEST_CASE("max/min with NaNs: the first NaN wins along a dim and overall, as the CPU" * doctest::skip(!kGpu)) {
+  for (DType dtype : {kFloat32, kFloat64, kFloat16, kBFloat16}) {
+    Tensor x = to_device(random_cpu({6, 1000}, kInt64, 0, 6, 17), kCpu, kFloat64);
+    auto values = x.tolist<double>();
+    for (int64_t row = 0; row < 5; ++row)  // row 5 has no NaN
+      for (int64_t k = 0; k <= row; ++k) values[static_cast<size_t>(row * 1000 + 300 * k + 7 * row)] = std::nan("");
+    x = to_device(from_vector<double>(values, {6, 1000}), kCpu, dtype);
+    Tensor x_gpu = to_device(x, kCuda0);
+    for (bool is_max : {true, false}) {
+      INFO("dtype ", dtype, is_max ? ", max" : ", min");
+      Tensor v = empty({6, 1}, dtype), i = empty({6, 1}, kInt64);
+      Tensor v_gpu = gpu_empty({6, 1}, dtype), i_gpu = gpu_empty({6, 1}, kInt64);
+      max_min_dim_kernel(kCpu)(is_max, x, 1, v, i);
+      max_min_dim_kernel(kCuda0)(is_max, x_gpu, 1, v_gpu, i_gpu);
+      check_close(v_gpu, v, 0.0);  // NaN matches NaN
+      check_close(i_gpu, i, 0.0);
+      Tensor all = empty({1, 1}, dtype), all_gpu = gpu_empty({1, 1}, dtype);  // keepdim-shaped
+      reduce_kernel(kCpu)(is_max ? ReduceOp::Max : ReduceOp::Min, x, {0, 1}, all);
+      reduce_kernel(kCuda0)(is_max ? ReduceOp::Max : ReduceOp::Min, x_gpu, {0, 1}, all_gpu);
+      CHECK(std::isnan(host_values(all_gpu)[0]));
+      CHECK(std::isnan(host_values(all)[0]));
+    }
+  }
+}
+
 TEST_CASE("mm and bmm through cuBLAS match a float64 reference, transposed views included" * doctest::skip(!kGpu)) {
   cuda::set_allow_tf32(false);
   const int64_t M = 37, K = 53, N = 29, B = 3;
