@@ -143,3 +143,13 @@ TEST_CASE("the gradient of max, min and maximum at a NaN goes to the NaN, and no
   CHECK(a.grad().tolist<double>() == std::vector<double>{1, 0});  // a's NaN was the output, then b's 2
   CHECK(b.grad().tolist<double>() == std::vector<double>{0, 1});
 }
+
+TEST_CASE("the max of infinities is infinite, not the largest finite value") {
+  for (DType dtype : {kFloat32, kFloat64}) {
+    CAPTURE(dtype);
+    Tensor lows = full({3}, -INFINITY, TensorOptions(dtype)), highs = full({2, 3}, INFINITY, TensorOptions(dtype));
+    CHECK(max(lows).to(kFloat64).item<double>() == -INFINITY);
+    CHECK(min(highs).to(kFloat64).item<double>() == INFINITY);
+    CHECK(max(highs, 1).first.to(kFloat64).tolist<double>() == std::vector<double>{INFINITY, INFINITY});
+  }
+}

@@ -32,8 +32,10 @@ struct Reducer {
   using Acc = typename Accumulate<T>::type;
   ReduceOp op;
   Acc init() const {
-    if (op == ReduceOp::Max) return std::numeric_limits<Acc>::lowest();
-    if (op == ReduceOp::Min) return std::numeric_limits<Acc>::max();
+    // -inf / +inf where the type has them: the max of [-inf, -inf] is -inf, not lowest().
+    using Limits = std::numeric_limits<Acc>;
+    if (op == ReduceOp::Max) return Limits::has_infinity ? -Limits::infinity() : Limits::lowest();
+    if (op == ReduceOp::Min) return Limits::has_infinity ? Limits::infinity() : Limits::max();
     return Acc(0);
   }
   Acc combine(Acc a, Acc b) const {
