@@ -44,9 +44,12 @@ GlobalMoments gather_moments(const Tensor& x, Communicator& comm) {
   {
     NoGradGuard no_grad;
     Shape dims = reduced_dims(x);
-    Tensor mean = x.mean(dims).to(kFloat64);
-    Tensor m2 = x.var(dims, /*unbiased=*/false).to(kFloat64) * local_count;
-    local = cat({mean, m2, full({1}, local_count, TensorOptions(kFloat64).device(x.device()))});
+    // A rank with an empty batch contributes n = 0 and zero moments: the mean of nothing
+    // is NaN, and 0 * NaN would make every rank's statistics NaN.
+    const TensorOptions f64 = TensorOptions(kFloat64).device(x.device());
+    Tensor mean = local_count > 0 ? x.mean(dims).to(kFloat64) : zeros({channels}, f64);
+    Tensor m2 = local_count > 0 ? x.var(dims, /*unbiased=*/false).to(kFloat64) * local_count : zeros({channels}, f64);
+    local = cat({mean, m2, full({1}, local_count, f64)});
   }
   std::vector<Tensor> gathered;
   comm.all_gather(gathered, local)->wait();

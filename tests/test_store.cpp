@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -57,6 +58,9 @@ TEST_CASE("set, get, add, check, delete_key and num_keys") {
   CHECK(store.num_keys() == 2);
   CHECK_THROWS_WITH_AS(store.add("bytes", 1), doctest::Contains("not an integer"), Error);
   CHECK(store.add("counter", 1) == 0);  // the connection still works after a refused request
+  CHECK(store.add("big", std::numeric_limits<int64_t>::max()) == std::numeric_limits<int64_t>::max());
+  CHECK_THROWS_WITH_AS(store.add("big", 1), doctest::Contains("overflows an int64"), Error);
+  CHECK(store.add("big", 0) == std::numeric_limits<int64_t>::max());  // unchanged
 }
 
 TEST_CASE("get blocks until another client sets the key") {

@@ -110,6 +110,24 @@ TEST_CASE("sync_batch_norm's gradients match finite differences across 3 ranks w
       {x, weight, bias});
 }
 
+TEST_CASE("a rank with an empty batch contributes nothing: the others normalise by their own images, not NaN") {
+  Tensor x = randn({3, 2, 2, 2}, kFloat64);
+  auto reference = std::make_shared<nn::BatchNorm2d>(2);
+  reference->to(kFloat64);
+  Tensor want = reference->forward(x);
+  std::vector<Tensor> out(2);
+  require_no_errors(run_ranks(2, [&](std::shared_ptr<Communicator> comm) {
+    auto bn = nn::SyncBatchNorm(2, comm);
+    bn->to(kFloat64);
+    const int r = comm->rank();
+    Tensor mine = (r == 0 ? x : zeros({0, 2, 2, 2}, kFloat64)).clone().requires_grad_();
+    out[r] = bn->forward(mine);
+    out[r].sum().backward();  // the backward's all_reduce runs on both ranks too
+  }));
+  CHECK(max_abs_diff(out[0], want) < 1e-12);
+  CHECK(out[1].shape() == Shape{0, 2, 2, 2});
+}
+
 TEST_CASE("eval mode and world size 1 are plain BatchNorm2d, without communication") {
   require_no_errors(run_ranks(1, [&](std::shared_ptr<Communicator> comm) {
     Tensor x = randn({4, 3, 2, 2});

@@ -242,8 +242,14 @@ void StoreServer::Loop::handle(Connection& c, const std::string& payload) {
           break;
         }
       }
-      value = std::to_string(current + delta);
-      w.u8(static_cast<uint8_t>(Status::Ok)).i64(current + delta);
+      int64_t sum = 0;
+      if (__builtin_add_overflow(current, delta, &sum)) {
+        w.u8(static_cast<uint8_t>(Status::Error))
+            .str("adding " + std::to_string(delta) + " to " + std::to_string(current) + " overflows an int64");
+        break;
+      }
+      value = std::to_string(sum);
+      w.u8(static_cast<uint8_t>(Status::Ok)).i64(sum);
       break;
     }
     case Command::Wait: {
