@@ -163,15 +163,8 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
       if (hooks != node->pre_hooks.end() && inputs[slot].defined()) {
         for (auto& hook : hooks->second) {
           Tensor replaced = hook(inputs[slot]);
-          if (!replaced.defined()) continue;
-          const Tensor& grad = inputs[slot];
-          LOOM_CHECK(replaced.shape() == grad.shape() && replaced.dtype() == grad.dtype() &&
-                         replaced.device() == grad.device(),
-                     "a gradient hook on an output of ", node->name(), " returned a ", replaced.dtype(),
-                     " tensor of shape ", replaced.shape(), " on ", replaced.device(), " for a gradient of shape ",
-                     grad.shape(), ", ", grad.dtype(), " on ", grad.device(),
-                     ": a hook that replaces a gradient must keep its shape, dtype and device");
-          inputs[slot] = replaced;
+          if (replaced.defined())
+            inputs[slot] = check_hook_result(replaced, inputs[slot], "on an output of " + node->name());
         }
       }
       any_defined = any_defined || inputs[slot].defined();

@@ -28,6 +28,14 @@ AccumulateGrad::AccumulateGrad(std::shared_ptr<TensorImpl> leaf)
   outputs.push_back(OutputMeta{leaf_->shape, leaf_->dtype, leaf_->storage->device()});
 }
 
+const Tensor& check_hook_result(const Tensor& replaced, const Tensor& grad, const std::string& whose) {
+  LOOM_CHECK(replaced.shape() == grad.shape() && replaced.dtype() == grad.dtype() && replaced.device() == grad.device(),
+             "a gradient hook ", whose, " returned a ", replaced.dtype(), " tensor of shape ", replaced.shape(), " on ",
+             replaced.device(), " for a gradient of shape ", grad.shape(), ", ", grad.dtype(), " on ", grad.device(),
+             ": a hook that replaces a gradient must keep its shape, dtype and device");
+  return replaced;
+}
+
 std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
   Tensor grad = grads.at(0);
   AutogradMeta& meta = *leaf_->autograd;
@@ -37,13 +45,7 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
     std::lock_guard<std::mutex> lock(meta.mutex);
     for (auto& hook : meta.leaf_hooks) {
       Tensor replaced = hook(grad);
-      if (!replaced.defined()) continue;
-      LOOM_CHECK(replaced.shape() == grad.shape() && replaced.dtype() == grad.dtype() &&
-                     replaced.device() == grad.device(),
-                 "a gradient hook of a leaf returned a ", replaced.dtype(), " tensor of shape ", replaced.shape(),
-                 " on ", replaced.device(), " for a gradient of shape ", grad.shape(), ", ", grad.dtype(), " on ",
-                 grad.device(), ": a hook that replaces a gradient must keep its shape, dtype and device");
-      grad = replaced;
+      if (replaced.defined()) grad = check_hook_result(replaced, grad, "of a leaf");
     }
     if (!meta.grad.defined()) {
       // Steal the incoming buffer when nobody else can see it; otherwise copy, so two

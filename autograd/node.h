@@ -91,6 +91,10 @@ class FunctionNode final : public Node {
   bool saves_tensors_;
 };
 
+// A gradient hook may replace the gradient, but not its shape, dtype or device (as in
+// PyTorch); `whose` names the hook's owner in the error. Returns `replaced`.
+const Tensor& check_hook_result(const Tensor& replaced, const Tensor& grad, const std::string& whose);
+
 // The sink of a leaf's gradient: adds it into leaf.grad() and runs the leaf's hooks.
 class AccumulateGrad final : public Node {
  public:

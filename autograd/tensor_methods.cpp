@@ -64,9 +64,8 @@ Tensor Tensor::argmax(int64_t dim, bool keepdim) const { return loom::argmax(*th
 // see Note [Version counter].
 
 Tensor& Tensor::add_(const Tensor& other, double alpha) {
-  ops::check_inplace("add_", *this);
+  ops::check_inplace("add_", *this, other);
   ops::check_same_device_dtype("add_", *this, other);
-  ops::check_no_partial_overlap("add_", *this, other);
   if (alpha != 1.0) check_scalar_fits(alpha, dtype(), "add_: alpha");
   Shape shape = broadcast_shapes(this->shape(), other.shape());
   LOOM_CHECK(shape == this->shape(), "add_: the result of broadcasting, ", shape,
@@ -77,9 +76,8 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
 }
 
 Tensor& Tensor::mul_(const Tensor& other) {
-  ops::check_inplace("mul_", *this);
+  ops::check_inplace("mul_", *this, other);
   ops::check_same_device_dtype("mul_", *this, other);
-  ops::check_no_partial_overlap("mul_", *this, other);
   Shape shape = broadcast_shapes(this->shape(), other.shape());
   LOOM_CHECK(shape == this->shape(), "mul_: the result of broadcasting, ", shape,
              ", does not fit the in-place tensor of shape ", this->shape());
@@ -101,9 +99,8 @@ Tensor& Tensor::fill_(double value) {
 Tensor& Tensor::zero_() { return fill_(0.0); }
 
 Tensor& Tensor::copy_(const Tensor& src, bool non_blocking) {
-  ops::check_inplace("copy_", *this);
+  ops::check_inplace("copy_", *this, src);
   ops::check_defined("copy_", src, "source");
-  ops::check_no_partial_overlap("copy_", *this, src);
   Shape shape = broadcast_shapes(this->shape(), src.shape());
   LOOM_CHECK(shape == this->shape(), "copy_: source of shape ", src.shape(), " cannot be broadcast to ",
              this->shape());

@@ -32,25 +32,25 @@ inline void check_same_device_dtype(const char* op, const Tensor& a, const Tenso
 // writes: a running sum instead of a sum. PyTorch refuses both, and so does loom. Like
 // PyTorch's, the second check is by address ranges, for dense tensors (where ranges that
 // meet do share elements); other layouts are not checked.
-inline void check_inplace(const char* op, const Tensor& self) {
+// `source`, if given, is what the op reads while it writes self.
+inline void check_inplace(const char* op, const Tensor& self, const Tensor& source = Tensor()) {
   check_defined(op, self, "self");
   LOOM_CHECK(!(GradMode::is_enabled() && self.requires_grad()), op, ": a ",
              self.is_leaf() ? "leaf tensor" : "tensor", " that requires grad is being used in an in-place "
              "operation; wrap parameter updates in NoGradGuard, or use the out-of-place form");
-  for (int64_t d = 0; d < self.dim() && self.numel() > 0; ++d)  // an empty tensor writes nothing
-    LOOM_CHECK(self.stride(d) != 0 || self.size(d) <= 1, op, ": more than one element of the written-to tensor "
-               "refers to a single memory location (dim ", d, " of ", self.shape(), " is expanded, stride 0); "
-               "write into a clone() instead");
-}
-
-// See Note [In-place writes must not overlap].
-inline void check_no_partial_overlap(const char* op, const Tensor& self, const Tensor& other) {
-  if (self.storage() != other.storage() || self.numel() == 0 || other.numel() == 0) return;
-  if (!self.is_contiguous() || !other.is_contiguous()) return;
-  if (self.storage_offset() == other.storage_offset() && self.shape() == other.shape()) return;  // self itself
-  const int64_t a = self.storage_offset(), b = other.storage_offset();
-  LOOM_CHECK(a + self.numel() <= b || b + other.numel() <= a, op, ": some elements of the input and of the "
-             "written-to tensor refer to the same memory location (elements [", b, ", ", b + other.numel(),
+  if (self.numel() == 0) return;  // an empty tensor writes nothing
+  const Shape& sizes = self.shape();
+  const Shape& strides = self.strides();
+  for (size_t d = 0; d < sizes.size(); ++d)
+    LOOM_CHECK(strides[d] != 0 || sizes[d] <= 1, op, ": more than one element of the written-to tensor refers to "
+               "a single memory location (dim ", d, " of ", sizes, " is expanded, stride 0); write into a clone() "
+               "instead");
+  if (!source.defined() || source.numel() == 0 || self.storage() != source.storage()) return;
+  if (!self.is_contiguous() || !source.is_contiguous()) return;
+  const int64_t a = self.storage_offset(), b = source.storage_offset();
+  if (a == b && sizes == source.shape()) return;  // self itself
+  LOOM_CHECK(a + self.numel() <= b || b + source.numel() <= a, op, ": some elements of the input and of the "
+             "written-to tensor refer to the same memory location (elements [", b, ", ", b + source.numel(),
              ") and [", a, ", ", a + self.numel(), ") of one storage), so the result would depend on the order of "
              "the writes; pass a clone() of the input");
 }

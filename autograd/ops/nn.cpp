@@ -294,7 +294,7 @@ Tensor log_softmax(const Tensor& input, int64_t dim) {
   ops::check_defined("log_softmax", input, "input");
   ops::check_floating("log_softmax", input);
   // A 0-d tensor is one row of one class (dim 0 or -1), as in PyTorch.
-  const int64_t d = wrap_dim(dim, std::max<int64_t>(input.dim(), 1));
+  const int64_t d = wrap_dim_or_scalar(dim, input.dim());
   if (input.numel() == 0) return input.clone();  // nothing to normalise: an empty result, as PyTorch
   const int64_t last = std::max<int64_t>(input.dim() - 1, 0);
   // The kernel works along the last dim of a dense tensor; move `dim` there if needed.

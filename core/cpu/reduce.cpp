@@ -168,11 +168,15 @@ void max_min_dim_cpu(bool is_max, const Tensor& in, int64_t dim, Tensor& values,
 #pragma omp parallel for schedule(static) if (in.numel() > kGrain)
     for (int64_t k = 0; k < K; ++k) {
       const T* row = src + k * size;
+      // A NaN is the extreme, and the first one wins (PyTorch): the scan stops at it.
       int64_t best = 0;
-      for (int64_t i = 1; i < size; ++i) {
-        if (row[best] != row[best]) break;  // a NaN is the extreme, and the first one wins (PyTorch)
-        const bool better = row[i] != row[i] || (is_max ? row[i] > row[best] : row[i] < row[best]);
-        if (better) best = i;
+      const bool first_is_nan = row[0] != row[0];
+      for (int64_t i = 1; i < size && !first_is_nan; ++i) {
+        if (row[i] != row[i]) {
+          best = i;
+          break;
+        }
+        if (is_max ? row[i] > row[best] : row[i] < row[best]) best = i;
       }
       val[k] = row[best];
       idx[k] = best;
