@@ -70,14 +70,9 @@ std::vector<Tensor> parallel_apply(const std::vector<std::shared_ptr<nn::Module>
       errors[i] = std::current_exception();
     }
   });
-  for (size_t i = 0; i < n; ++i) {
-    if (!errors[i]) continue;
-    try {
-      std::rethrow_exception(errors[i]);
-    } catch (const std::exception& e) {
-      LOOM_FAIL("DataParallel: replica ", i, " (input on ", inputs[i].device(), ") failed: ", e.what());
-    }
-  }
+  rethrow_first_error(errors, [&](size_t i) {
+    return detail::str("DataParallel: replica ", i, " (input on ", inputs[i].device(), ") failed");
+  });
   return outputs;
 }
 

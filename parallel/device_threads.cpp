@@ -117,4 +117,16 @@ void run_on_device_threads(size_t n, const std::function<void(size_t)>& task) {
   DeviceThreads::instance().run(n, task);
 }
 
+void rethrow_first_error(const std::vector<std::exception_ptr>& errors,
+                         const std::function<std::string(size_t)>& describe) {
+  for (size_t i = 0; i < errors.size(); ++i) {
+    if (!errors[i]) continue;
+    try {
+      std::rethrow_exception(errors[i]);
+    } catch (const std::exception& e) {
+      LOOM_FAIL(describe(i), ": ", e.what());
+    }
+  }
+}
+
 }  // namespace loom::parallel

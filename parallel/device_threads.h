@@ -24,8 +24,11 @@
 #pragma once
 
 #include <cstddef>
+#include <exception>
 #include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "core/device.h"
 #include "core/dtype.h"
@@ -61,5 +64,10 @@ class DeviceScope {
 // Runs task(0) here and task(i), 0 < i < n, on worker thread i - 1, concurrently;
 // returns when all have returned. Tasks must not throw (catch and hand errors back).
 void run_on_device_threads(size_t n, const std::function<void(size_t)>& task);
+
+// The errors tasks handed back, one slot per task: the first one that is set, rethrown
+// as a loom::Error "<describe(i)>: <its message>". Nothing if none is set.
+void rethrow_first_error(const std::vector<std::exception_ptr>& errors,
+                         const std::function<std::string(size_t)>& describe);
 
 }  // namespace loom::parallel

@@ -222,14 +222,9 @@ Pipeline::StepResult Pipeline::step(const Tensor& input, const Tensor& target, d
       changed.notify_all();
     }
   });
-  for (int64_t s = 0; s < S; ++s) {
-    if (!errors[size_t(s)]) continue;
-    try {
-      std::rethrow_exception(errors[size_t(s)]);
-    } catch (const std::exception& e) {
-      LOOM_FAIL("Pipeline: stage ", s, " (", devices()[size_t(s)], ") failed in the ", where[size_t(s)], ": ", e.what());
-    }
-  }
+  rethrow_first_error(errors, [&](size_t s) {
+    return detail::str("Pipeline: stage ", s, " (", devices()[s], ") failed in the ", where[s]);
+  });
   // See Note [Checkpointed micro-batches are recomputed exactly].
   LOOM_CHECK(!recomputes || default_generator().offset() == random_offset,
              "Pipeline: the default generator drew random numbers during a step with checkpoint='", checkpoint_,
