@@ -26,6 +26,7 @@ struct DefaultGroup {
   std::shared_ptr<Communicator> comm;
   std::string prefix;
   int local_rank = 0;
+  World world;  // for new_group
 };
 
 std::mutex g_mutex;
@@ -71,7 +72,8 @@ DefaultGroup& group_or_fail(const char* what) {
 
 std::shared_ptr<Communicator> make_communicator(const std::string& backend, std::shared_ptr<TCPStore> store,
                                                 const std::string& prefix, int rank, int world_size,
-                                                std::chrono::milliseconds timeout, const std::string& master_addr) {
+                                                std::chrono::milliseconds timeout, const std::string& master_addr,
+                                                int world_rank) {
   if (backend == "gloo") {
 #ifdef LOOM_WITH_GLOO
     GlooOptions options;
@@ -94,7 +96,7 @@ std::shared_ptr<Communicator> make_communicator(const std::string& backend, std:
     }
     return comm;
 #else
-    (void)store, (void)prefix, (void)rank, (void)world_size, (void)timeout, (void)master_addr;
+    (void)store, (void)prefix, (void)rank, (void)world_size, (void)timeout, (void)master_addr, (void)world_rank;
     LOOM_FAIL("backend \"gloo\": this loom was built without Gloo. Install libgloo-dev and reconfigure "
               "(meson setup --reconfigure build -Dgloo=enabled)");
 #endif
@@ -103,7 +105,7 @@ std::shared_ptr<Communicator> make_communicator(const std::string& backend, std:
 #ifdef LOOM_WITH_NCCL
     NcclOptions options;
     options.timeout = timeout;
-    const int device = NcclCommunicator::default_device(rank);
+    const int device = NcclCommunicator::default_device(world_rank >= 0 ? world_rank : rank);
     return std::make_shared<NcclCommunicator>(std::move(store), prefix, rank, world_size, device, options);
 #else
     LOOM_FAIL("backend \"nccl\": this loom was built without NCCL (it needs the CUDA backend and NCCL 2.14+; "
@@ -147,7 +149,9 @@ void init_process_group(const std::string& backend, const std::string& init_meth
   std::string prefix = "default_pg/" + std::to_string(g_groups_made++);
   verify_rendezvous(*store, prefix, rank, world_size, backend, timeout);  // Note [Why check the rendezvous]
   auto comm = make_communicator(backend, store, prefix, rank, world_size, timeout, host);
-  g_group = DefaultGroup{std::move(store), std::move(comm), prefix, local_rank};
+  World world{.store = store, .backend = backend, .rank = rank, .size = world_size, .timeout = timeout,
+              .master_addr = host, .prefix = prefix};
+  g_group = DefaultGroup{std::move(store), std::move(comm), prefix, local_rank, std::move(world)};
 }
 
 bool is_initialized() {
@@ -188,6 +192,11 @@ std::shared_ptr<Communicator> default_group() {
 std::shared_ptr<TCPStore> default_store() {
   std::lock_guard<std::mutex> lock(g_mutex);
   return group_or_fail("default_store").store;
+}
+
+std::shared_ptr<Communicator> new_group(const std::vector<int>& ranks, const std::string& name) {
+  std::lock_guard<std::mutex> lock(g_mutex);  // the group count is the default group's
+  return new_group(group_or_fail("new_group").world, ranks, name);
 }
 
 int get_rank() { return default_group()->rank(); }
