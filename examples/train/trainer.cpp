@@ -239,7 +239,12 @@ TrainResult train_cifar10(const TrainConfig& config) {
   MixedPrecision amp(config.amp, device);
 
   TrainingPosition position;
-  if (config.resume) {
+  // --resume, or a restart by loomrun --max-restarts: Note [Resuming after a restart].
+  const bool resume = config.resume || resume_after_restart(config.checkpoint_dir);
+  LOOM_CHECK(dist.sum(resume ? 1.0 : 0.0) == (resume ? dist.world_size() : 0), "--checkpoint-dir ",
+             config.checkpoint_dir, ": some ranks found a checkpoint to resume from and others did not; on several "
+             "nodes the directory must be shared by every rank");
+  if (resume) {
     LOOM_CHECK(!config.checkpoint_dir.empty(), "--resume needs --checkpoint-dir DIR");
     position = load_checkpoint(config.checkpoint_dir, *model, optimizer, scheduler.get(), &amp.scaler());
     // A checkpoint's epoch metrics are every rank's sum; one rank carries them on.
