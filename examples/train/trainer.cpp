@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>  // defines: getenv, atoi (LOCAL_RANK)
 #include <filesystem>
 #include <fstream>
 
@@ -29,6 +28,7 @@
 #include "nn/optim/sgd.h"                   // defines: SGD
 #include "nn/resnet.h"                      // defines: resnet18, resnet_tiny
 #include "nn/safetensors.h"                 // defines: nn::save, nn::load
+#include "parallel/comm/launch_env.h"       // defines: launch_local_rank (loomrun's, Slurm's or Open MPI's)
 #include "parallel/pipeline/pipeline.h"     // defines: Pipeline, what --mode pipeline changes
 
 namespace loom::examples {
@@ -136,9 +136,9 @@ TrainResult train_cifar10(const TrainConfig& config) {
   check_flags(config);
   if (config.threads > 0) omp_set_num_threads(static_cast<int>(config.threads));
   // First: a missing GPU is an error naming why, before any data is read. Under ddp,
-  // "--device cuda" is this process's GPU, cuda:LOCAL_RANK (set by loomrun).
-  const char* local_rank = config.mode == "ddp" ? std::getenv("LOCAL_RANK") : nullptr;
-  const Device device = training_device(config.device, local_rank ? std::atoi(local_rank) : 0);
+  // "--device cuda" is this process's GPU, cuda:LOCAL_RANK (set by loomrun; srun and
+  // mpirun say it as SLURM_LOCALID and OMPI_COMM_WORLD_LOCAL_RANK).
+  const Device device = training_device(config.device, config.mode == "ddp" ? distributed::launch_local_rank() : 0);
   Distributed dist(config);  // single mode: rank 0 of 1, no communication
   trace::set_thread_name("train");  // this thread's row in a LOOM_TRACE picture
   manual_seed(config.seed);
@@ -184,7 +184,12 @@ TrainResult train_cifar10(const TrainConfig& config) {
   MixedPrecision amp(config.amp, device);
 
   TrainingPosition position;
-  if (config.resume) {
+  // --resume, or a restart by loomrun --max-restarts: Note [Resuming after a restart].
+  const bool resume = config.resume || resume_after_restart(config.checkpoint_dir);
+  LOOM_CHECK(dist.sum(resume ? 1.0 : 0.0) == (resume ? dist.world_size() : 0), "--checkpoint-dir ",
+             config.checkpoint_dir, ": some ranks found a checkpoint to resume from and others did not; on several "
+             "nodes the directory must be shared by every rank");
+  if (resume) {
     LOOM_CHECK(!config.checkpoint_dir.empty(), "--resume needs --checkpoint-dir DIR");
     position = load_checkpoint(config.checkpoint_dir, *model, optimizer, scheduler.get(), &amp.scaler());
     // A checkpoint's epoch metrics are every rank's sum; one rank carries them on.
