@@ -208,6 +208,8 @@ TrainResult train_cifar10(const TrainConfig& config) {
     if (dist.is_main())
       std::printf("eval: test loss %.4f  test acc %.2f%% (%lld images)\n", test.loss(), 100 * test.accuracy(),
                   static_cast<long long>(test.examples));
+    if (dist.is_main() && !config.metrics_json.empty()) write_metrics_json(result, config.metrics_json);
+    dist.barrier();  // as after training: nobody leaves before rank 0 has written the file
     return result;
   }
 
