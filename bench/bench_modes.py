@@ -1,5 +1,6 @@
 """Every parallel mode side by side on one machine: loom's single, dp, mp, pipeline (GPipe,
-1F1B) and ddp, and PyTorch's single process, pipeline (Pipe) and DDP on the same job.
+1F1B), ddp and ddp + ZeRO-1, and PyTorch's single process, pipeline (Pipe), DDP and DDP +
+ZeroRedundancyOptimizer on the same job.
 
     python3 bench/bench_modes.py                    # ResNet18, global batch 64, 2 devices
     python3 bench/bench_modes.py --repeat 5 --steps 16
@@ -11,7 +12,8 @@ or --devices processes of one thread (ddp, with the batch split between them). R
 interleaved --repeat times; the table gives img/s (global batch / median step; median
 over repeats) and each mode against loom single, loom's peak tensor memory (the
 allocator's, in the process or rank 0; the pipeline's checkpointing rows trade speed for
-it), and the PyTorch rows against their loom counterparts (median of per-repeat ratios: configurations of one repeat run minutes apart
+it), rank 0's model state (parameters + gradients + optimizer state, model_state_mib: what
+ZeRO-1 shards; docs/sharding.md), and the PyTorch rows against their loom counterparts (median of per-repeat ratios: configurations of one repeat run minutes apart
 at most). PyTorch 1.13's DataParallel needs GPUs, so it has no row; its Pipe keeps one
 worker per device, so with both stages on the CPU it runs GPipe's schedule on one worker.
 Needs a built loom (build/) and, for the PyTorch rows, python3-torch (--torch-python).
@@ -42,6 +44,7 @@ def loom(args, tmp, mode, *extra, processes=1):
     with open(metrics) as f:
         m = json.load(f)
     args.peak_mib = m["peak_memory_mib"]
+    args.state_mib = m.get("model_state_mib", float("nan"))
     return args.batch_size / m["median_step_s"]
 
 
@@ -77,6 +80,7 @@ def main():
         ("loom pipeline 1f1b, ckpt", lambda t: loom(args, t, "pipeline", "--mp-devices", d, "--chunks", c,
                                                      "--pipeline-schedule", "1f1b", "--pipeline-checkpoint", "always")),
         ("loom ddp", lambda t: loom(args, t, "ddp", processes=args.devices)),
+        ("loom ddp+zero1", lambda t: loom(args, t, "ddp", "--zero-redundancy-optimizer", processes=args.devices)),
     ]
     if args.torch_python:
         common = ["--batch-size", str(args.batch_size), "--steps", str(args.steps), "--threads", d]
@@ -91,9 +95,14 @@ def main():
             ("torch ddp", lambda t: torch_json(args, "ddp_torch.py", "--world-size", d, "--model", "resnet18",
                                                "--batch-size", str(args.batch_size // args.devices), "--steps",
                                                str(args.steps), "--port", str(free_port()))["img_per_s"]),
+            ("torch ddp+zero1", lambda t: torch_json(args, "ddp_torch.py", "--world-size", d, "--model", "resnet18",
+                                                     "--batch-size", str(args.batch_size // args.devices), "--steps",
+                                                     str(args.steps), "--port", str(free_port()),
+                                                     "--zero-redundancy-optimizer")["img_per_s"]),
         ]
     results = {name: [] for name, _ in configs}
     peaks = {name: [] for name, _ in configs if name.startswith("loom")}
+    states = {name: [] for name in peaks}
     print(f"# ResNet18, global batch {args.batch_size}, {args.devices} devices/cores, pipeline {args.chunks} "
           f"micro-batches, {args.steps - 1} timed steps, {args.repeat} interleaved repeats", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -102,15 +111,23 @@ def main():
                 results[name].append(fn(tmp))
                 if name in peaks:
                     peaks[name].append(args.peak_mib)
+                    states[name].append(args.state_mib)
                 print(f"#   repeat {r + 1}: {name:30s} {results[name][-1]:7.1f} img/s", flush=True)
     single = results["loom single"]
-    print(f"{'configuration':30s} {'img/s':>7s}  {'/ loom single':>13s}  {'peak MiB':>8s}  img/s of each repeat")
+    print(f"{'configuration':30s} {'img/s':>7s}  {'/ loom single':>13s}  {'peak MiB':>8s}  {'state MiB':>9s}  "
+          "img/s of each repeat")
     for name, v in results.items():
         paired = statistics.median(x / s for x, s in zip(v, single))
         peak = f"{statistics.median(peaks[name]):8.0f}" if name in peaks else f"{'':8s}"
-        print(f"{name:30s} {statistics.median(v):7.1f}  {paired:13.2f}  {peak}  {' '.join(f'{x:.1f}' for x in v)}")
+        state = f"{statistics.median(states[name]):9.1f}" if name in states else f"{'':9s}"
+        print(f"{name:30s} {statistics.median(v):7.1f}  {paired:13.2f}  {peak}  {state}  "
+              f"{' '.join(f'{x:.1f}' for x in v)}")
+    zero, ddp = results["loom ddp+zero1"], results["loom ddp"]
+    print(f"loom ddp+zero1 / loom ddp = {statistics.median(x / y for x, y in zip(zero, ddp)):.2f} "
+          "(median of per-repeat ratios)")
     for mine, theirs in [("loom single", "torch single"), ("loom pipeline gpipe", "torch pipeline (Pipe, gpipe)"),
-                         ("loom pipeline gpipe, ckpt", "torch pipeline (Pipe, gpipe), ckpt"), ("loom ddp", "torch ddp")]:
+                         ("loom pipeline gpipe, ckpt", "torch pipeline (Pipe, gpipe), ckpt"), ("loom ddp", "torch ddp"),
+                         ("loom ddp+zero1", "torch ddp+zero1")]:
         if theirs in results:
             paired = statistics.median(x / y for x, y in zip(results[mine], results[theirs]))
             print(f"{mine} / {theirs} = {paired:.2f} (median of per-repeat ratios)")
