@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>  // defines: getenv, atoi (LOCAL_RANK)
 #include <filesystem>
 #include <fstream>
 
@@ -20,17 +19,16 @@
 #include "data/transforms.h"                // defines: Compose, RandomCrop, ...
 #include "examples/train/checkpoint.h"      // defines: save_checkpoint, load_checkpoint
 #include "examples/train/device.h"          // defines: training_device, to_training_device, read_loss_and_correct
-#include "cuda/device.h"                    // defines: cuda::device_count (--mode dp's default)
 #include "examples/train/distributed.h"     // defines: Distributed, what --mode ddp changes
 #include "examples/train/mixed_precision.h" // defines: MixedPrecision, what --amp changes
+#include "examples/train/parallelize.h"     // defines: parallelize, one apply_* per parallelism
 #include "examples/train/progress.h"        // defines: ProgressBar, RunningMetrics
 #include "nn/loss.h"                        // defines: CrossEntropyLoss
 #include "nn/optim/lr_scheduler.h"          // defines: CosineAnnealingLR, OneCycleLR
 #include "nn/optim/sgd.h"                   // defines: SGD
 #include "nn/resnet.h"                      // defines: resnet18, resnet_tiny
 #include "nn/safetensors.h"                 // defines: nn::save, nn::load
-#include "parallel/data_parallel.h"         // defines: DataParallel, what --mode dp changes
-#include "parallel/model_parallel.h"        // defines: ModelParallel, what --mode mp changes
+#include "parallel/comm/launch_env.h"       // defines: launch_local_rank (loomrun's, Slurm's or Open MPI's)
 #include "parallel/pipeline/pipeline.h"     // defines: Pipeline, what --mode pipeline changes
 
 namespace loom::examples {
@@ -103,57 +101,6 @@ double median(std::vector<double> values) {
   return values.size() % 2 ? values[mid] : (values[mid - 1] + values[mid]) / 2;
 }
 
-// `count` devices of `first`'s type from `first` on: cpu:0, cpu:1, ... or cuda:0, cuda:1, ...
-std::vector<Device> consecutive_devices(Device first, int64_t count) {
-  std::vector<Device> devices;
-  for (int64_t i = 0; i < count; ++i) devices.emplace_back(first.type, first.index + static_cast<int>(i));
-  return devices;
-}
-
-// --mode dp: DataParallel over --dp-devices devices of --device's type, starting at the
-// model's (cpu:0, cpu:1, ... are CPU virtual devices: one thread each in forward).
-std::shared_ptr<nn::Module> data_parallel(std::shared_ptr<nn::Module> model, const TrainConfig& config, Device device) {
-  const int64_t count = config.dp_devices > 0 ? config.dp_devices : device.is_cuda() ? cuda::device_count() : 2;
-  auto dp = std::make_shared<parallel::DataParallel>(model, consecutive_devices(device, count));
-  if (config.progress) std::fprintf(stderr, "DataParallel over %s\n", dp->extra_repr().c_str());
-  return dp;
-}
-
-// --mode mp / pipeline: the ResNet as a Sequential cut into --mp-devices stages on
-// consecutive devices (cpu:0, cpu:1, ...), balanced by each layer's measured time (Note
-// [Stage balance]). The stages share the model's layers, which move to their devices.
-// pipeline: the same stages, --chunks micro-batches under --pipeline-schedule, with
-// --pipeline-checkpoint's micro-batches recomputed in their backward.
-std::shared_ptr<nn::Module> model_parallel(nn::Module& model, const TrainConfig& config, Device device,
-                                           nn::CrossEntropyLoss& criterion) {
-  auto* resnet = dynamic_cast<nn::ResNet*>(&model);
-  LOOM_CHECK(resnet != nullptr, "--mode mp needs a ResNet (its layers as a Sequential), got ", model.type_name());
-  const int64_t count = config.mp_devices;
-  const std::vector<Device> devices = consecutive_devices(device, count);
-  auto layers = resnet->sequential();
-  LOOM_CHECK(count >= 1 && count <= static_cast<int64_t>(layers->size()), "--mp-devices ", count, ": the model has ",
-             layers->size(), " layers to cut into stages (one or more each), so use 1 to ", layers->size());
-  // Measured as the stages will run: a micro-batch (pipeline) or a batch of at most 32,
-  // on each stage's share of the threads.
-  const int64_t per_pass = config.mode == "pipeline" ? (config.batch_size + config.chunks - 1) / config.chunks
-                                                     : std::min<int64_t>(config.batch_size, 32);
-  Tensor sample = randn({std::max<int64_t>(per_pass, 1), resnet->in_channels, 32, 32}, TensorOptions().device(device));
-  const int threads = omp_get_max_threads();
-  if (config.mode == "pipeline") omp_set_num_threads(std::max(1, threads / static_cast<int>(count)));
-  auto balance = parallel::balance_by_time(*layers, sample, count);
-  omp_set_num_threads(threads);
-  std::shared_ptr<parallel::ModelParallel> mp;
-  if (config.mode == "pipeline")
-    mp = std::make_shared<parallel::pipeline::Pipeline>(
-        layers, devices, balance, config.chunks, config.pipeline_schedule,
-        [&criterion](const Tensor& out, const Tensor& target) { return criterion(out, target); },
-        config.pipeline_checkpoint);
-  else
-    mp = std::make_shared<parallel::ModelParallel>(layers, devices, balance);
-  if (config.progress) std::fprintf(stderr, "%s: %s\n", config.mode.c_str(), mp->extra_repr().c_str());
-  return mp;
-}
-
 // Counts out of range and pipeline settings are refused here, naming the flag, before
 // anything is built: the code that uses them would divide by --chunks 0, read
 // --max-steps -7 as "no limit", finish --epochs 0 successfully having done nothing, and
@@ -189,9 +136,9 @@ TrainResult train_cifar10(const TrainConfig& config) {
   check_flags(config);
   if (config.threads > 0) omp_set_num_threads(static_cast<int>(config.threads));
   // First: a missing GPU is an error naming why, before any data is read. Under ddp,
-  // "--device cuda" is this process's GPU, cuda:LOCAL_RANK (set by loomrun).
-  const char* local_rank = config.mode == "ddp" ? std::getenv("LOCAL_RANK") : nullptr;
-  const Device device = training_device(config.device, local_rank ? std::atoi(local_rank) : 0);
+  // "--device cuda" is this process's GPU, cuda:LOCAL_RANK (set by loomrun; srun and
+  // mpirun say it as SLURM_LOCALID and OMPI_COMM_WORLD_LOCAL_RANK).
+  const Device device = training_device(config.device, config.mode == "ddp" ? distributed::launch_local_rank() : 0);
   Distributed dist(config);  // single mode: rank 0 of 1, no communication
   trace::set_thread_name("train");  // this thread's row in a LOOM_TRACE picture
   manual_seed(config.seed);
@@ -219,9 +166,7 @@ TrainResult train_cifar10(const TrainConfig& config) {
   // around it (which share its parameters, so the optimizer and checkpoints use the
   // model's own).
   nn::CrossEntropyLoss criterion(Tensor(), Reduction::Mean, -100, config.label_smoothing);
-  auto net = config.mode == "dp"                              ? data_parallel(model, config, device)
-             : config.mode == "mp" || config.mode == "pipeline" ? model_parallel(*model, config, device, criterion)
-                                                                : dist.wrap(model, config);
+  auto net = parallelize(model, dist.mesh(), config, device, criterion);
   // --mode pipeline: forward and backward are one call, the schedule's (Note [Stages wait
   // only for what they need]).
   auto* pipeline = dynamic_cast<parallel::pipeline::Pipeline*>(net.get());
@@ -239,7 +184,12 @@ TrainResult train_cifar10(const TrainConfig& config) {
   MixedPrecision amp(config.amp, device);
 
   TrainingPosition position;
-  if (config.resume) {
+  // --resume, or a restart by loomrun --max-restarts: Note [Resuming after a restart].
+  const bool resume = config.resume || resume_after_restart(config.checkpoint_dir);
+  LOOM_CHECK(dist.sum(resume ? 1.0 : 0.0) == (resume ? dist.world_size() : 0), "--checkpoint-dir ",
+             config.checkpoint_dir, ": some ranks found a checkpoint to resume from and others did not; on several "
+             "nodes the directory must be shared by every rank");
+  if (resume) {
     LOOM_CHECK(!config.checkpoint_dir.empty(), "--resume needs --checkpoint-dir DIR");
     position = load_checkpoint(config.checkpoint_dir, *model, optimizer, scheduler.get(), &amp.scaler());
     // A checkpoint's epoch metrics are every rank's sum; one rank carries them on.
