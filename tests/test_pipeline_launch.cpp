@@ -52,3 +52,48 @@ TEST_CASE("a stage's process that dies mid-step: loomrun stops the others and na
   CHECK_MESSAGE(contains(r.output, "pipeline_worker: dying in forward call 2"), r.output);
   CHECK_MESSAGE(contains(r.output, "rank 1"), r.output);
 }
+
+TEST_CASE("train_cifar10 --mode pipeline --pp P under loomrun saves the in-process pipeline's weights, bit for bit") {
+  TempDir dir("loom_pipeline_train");
+  const std::string loomrun = path_from_env("LOOMRUN"), train = path_from_env("TRAIN_CIFAR10");
+  // The tiny ResNet's Sequential has 10 layers; BatchNorm normalises each micro-batch alike
+  // in both. Sequential order and no augmentation: the same batches in both runs.
+  const std::string common = " --mode pipeline --model tiny --synthetic --max-steps 2 --batch-size 8 --eval-limit 40 "
+                             "--threads 1 --workers 0 --quiet --no-shuffle --no-augment --chunks 4";
+  struct Case {
+    int ranks;
+    std::string flags;
+  };
+  for (const Case& c : {Case{2, "--pipeline-schedule gpipe --balance 5,5"}, Case{2, "--pipeline-schedule 1f1b"},
+                        Case{2, "--pipeline-schedule interleaved_1f1b --virtual-stages 2 --balance 3,2,3,2"},
+                        Case{3, "--pipeline-schedule interleaved_1f1b --virtual-stages 2 --balance 2,2,1,2,2,1"}}) {
+    CAPTURE(c.flags);
+    CAPTURE(c.ranks);
+    const std::string n = std::to_string(c.ranks);
+    const std::string want = (dir.path / "threads.safetensors").string(), got = (dir.path / "processes.safetensors").string();
+    Result threads = Launch(train + common + " " + c.flags + " --mp-devices " + n + " --save " + want).finish();
+    REQUIRE_MESSAGE(threads.code == 0, threads.output);
+    Result processes = Launch(loomrun + " --standalone --nproc_per_node " + n + " " + train + common + " " + c.flags +
+                              " --pp " + n + " --save " + got).finish();
+    REQUIRE_MESSAGE(processes.code == 0, processes.output);
+    // The same progress line: loss and accuracy (all-reduced from the last stage), and the
+    // evaluation of the whole model after share_weights.
+    const auto line = [](const std::string& out) { return out.substr(out.find("epoch 1/"), out.find(" time") - out.find("epoch 1/")); };
+    CHECK(line(threads.output) == line(processes.output));
+    auto a = safetensors::load_file(want), b = safetensors::load_file(got);
+    REQUIRE(a.size() == b.size());
+    for (const auto& [name, tensor] : a) {
+      CAPTURE(name);
+      CHECK(tensor.to(kFloat64).tolist<double>() == b.find(name)->to(kFloat64).tolist<double>());
+    }
+  }
+  // Flags that cannot work are refused, naming them.
+  Result bad = Launch(loomrun + " --standalone --nproc_per_node 2 " + train + common + " --pp 2 --balance 4,4").finish();
+  CHECK(bad.code != 0);
+  CHECK_MESSAGE(contains(bad.output, "--balance: expected 2 positive layer counts (one per model chunk: stages × virtual "
+                                     "stages) adding up to the Sequential's length, 10 layers; got 2 entries adding up to 8"),
+                bad.output);
+  Result three = Launch(loomrun + " --standalone --nproc_per_node 3 " + train + common + " --pp 2").finish();
+  CHECK(three.code != 0);
+  CHECK_MESSAGE(contains(three.output, "WORLD_SIZE is 3"), three.output);
+}
