@@ -1,5 +1,6 @@
 """Every parallel mode side by side on one machine: loom's single, dp, mp, pipeline (GPipe,
-1F1B) and ddp, and PyTorch's single process, pipeline (Pipe) and DDP on the same job.
+1F1B), ddp and ddp + ZeRO-1, and PyTorch's single process, pipeline (Pipe), DDP and DDP +
+ZeroRedundancyOptimizer on the same job.
 
     python3 bench/bench_modes.py                    # ResNet18, global batch 64, 2 devices
     python3 bench/bench_modes.py --repeat 5 --steps 16
@@ -11,12 +12,22 @@ or --devices processes of one thread (ddp, with the batch split between them). R
 interleaved --repeat times; the table gives img/s (global batch / median step; median
 over repeats) and each mode against loom single, loom's peak tensor memory (the
 allocator's, in the process or rank 0; the pipeline's checkpointing rows trade speed for
-it), and the PyTorch rows against their loom counterparts (median of per-repeat ratios: configurations of one repeat run minutes apart
+it), rank 0's model state (parameters + gradients + optimizer state, model_state_mib: what
+ZeRO-1 shards; docs/sharding.md), and the PyTorch rows against their loom counterparts (median of per-repeat ratios: configurations of one repeat run minutes apart
 at most). PyTorch 1.13's DataParallel needs GPUs, so it has no row; its Pipe keeps one
 worker per device, so with both stages on the CPU it runs GPipe's schedule on one worker.
 Needs a built loom (build/) and, for the PyTorch rows, python3-torch (--torch-python).
+
+    python3 bench/bench_modes.py --out docs/img/modes      # also results.json, .csv and the chart
+
+--out DIR writes DIR/results.json and DIR/results.csv (per mode: img/s, speed-up over loom
+single, peak memory, model-state memory where the trainer reports it, and the PyTorch
+counterpart's img/s) and DIR/modes.png + modes.svg, two panels: throughput and memory
+(matplotlib, Debian's python3-matplotlib; bench/plotting.py installs it).
+A quick check that it all runs: --steps 2 --repeat 1 --batch-size 8 --model tiny --torch-python ''.
 """
 import argparse
+import csv
 import json
 import os
 import statistics
@@ -30,19 +41,22 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def loom(args, tmp, mode, *extra, processes=1):
+    """One run of train_cifar10: {"img_per_s", "peak_mib"[, "model_state_mib"]}."""
     metrics = os.path.join(tmp, "m.json")
     threads = args.devices if processes == 1 else 1
     batch = args.batch_size // processes
-    cmd = [args.train, "--mode", mode, "--synthetic", "--batch-size", str(batch), "--max-steps", str(args.steps),
-           "--epochs", "1", "--threads", str(threads), "--workers", "0", "--eval-limit", "0", "--quiet",
-           "--metrics-json", metrics, *extra]
+    cmd = [args.train, "--mode", mode, "--model", args.model, "--synthetic", "--batch-size", str(batch),
+           "--max-steps", str(args.steps), "--epochs", "1", "--threads", str(threads), "--workers", "0",
+           "--eval-limit", "0", "--quiet", "--metrics-json", metrics, *extra]
     if processes > 1:
         cmd = [args.loomrun, "--standalone", "--nproc_per_node", str(processes), "--numa-binding", "exclusive", *cmd]
     run(cmd, dict(os.environ, OMP_NUM_THREADS=str(threads)))
     with open(metrics) as f:
         m = json.load(f)
-    args.peak_mib = m["peak_memory_mib"]
-    return args.batch_size / m["median_step_s"]
+    out = {"img_per_s": args.batch_size / m["median_step_s"], "peak_mib": m["peak_memory_mib"]}
+    if "model_state_mib" in m:  # parameters + gradients + optimizer state per device, where reported
+        out["model_state_mib"] = m["model_state_mib"]
+    return out
 
 
 def loom_pp(args, tmp, *extra):
@@ -57,13 +71,89 @@ def loom_pp(args, tmp, *extra):
     run(cmd, dict(os.environ, OMP_NUM_THREADS="1"))
     with open(metrics) as f:
         m = json.load(f)
-    args.peak_mib = m["peak_memory_mib"]
-    return args.batch_size / m["median_step_s"]
+    return {"img_per_s": args.batch_size / m["median_step_s"], "peak_mib": m["peak_memory_mib"]}
 
 
 def torch_json(args, script, *extra):
     out = run([args.torch_python, os.path.join(ROOT, "bench", script), *extra], dict(os.environ))
-    return json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+    return {"img_per_s": json.loads([line for line in out.splitlines() if line.startswith("{")][-1])["img_per_s"]}
+
+
+# loom's row -> its PyTorch counterpart's
+COUNTERPARTS = {"loom single": "torch single", "loom pipeline gpipe": "torch pipeline (Pipe, gpipe)",
+                "loom pipeline gpipe, ckpt": "torch pipeline (Pipe, gpipe), ckpt", "loom ddp": "torch ddp",
+                "loom ddp+zero1": "torch ddp+zero1"}
+
+
+def summarise(results):
+    """One record per configuration: medians over the repeats, and the ratios per repeat."""
+    single = [r["img_per_s"] for r in results["loom single"]]
+    rows = []
+    for name, runs in results.items():
+        ips = [r["img_per_s"] for r in runs]
+        row = {"mode": name, "img_per_s": round(statistics.median(ips), 2),
+               "speedup_vs_single": round(statistics.median(x / s for x, s in zip(ips, single)), 3),
+               "peak_mib": None, "model_state_mib": None, "torch_img_per_s": None,
+               "img_per_s_runs": [round(x, 2) for x in ips]}
+        for key in ("peak_mib", "model_state_mib"):
+            values = [r[key] for r in runs if key in r]
+            if values:
+                row[key] = round(statistics.median(values), 1)
+        theirs = COUNTERPARTS.get(name)
+        if theirs in results:
+            row["torch_img_per_s"] = round(statistics.median(r["img_per_s"] for r in results[theirs]), 2)
+        rows.append(row)
+    return rows
+
+
+def write_outputs(out, rows, header):
+    from plotting import pyplot
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump({"setup": header, "modes": rows}, f, indent=1)
+    with open(os.path.join(out, "results.csv"), "w", newline="") as f:
+        fields = [k for k in rows[0] if k != "img_per_s_runs"]
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    plt = pyplot()
+    loom_rows = [r for r in rows if r["mode"].startswith("loom")]
+    names = [r["mode"][5:] for r in loom_rows]
+    y = list(range(len(loom_rows)))[::-1]
+    fig, (tp, mem) = plt.subplots(1, 2, figsize=(11, 1.4 + 0.38 * len(loom_rows)), sharey=True)
+    h = 0.38
+    tp.barh([v + h / 2 for v in y], [r["img_per_s"] for r in loom_rows], h, color="#4C8BF5", label="loom")
+    torch = [(v, r["torch_img_per_s"]) for v, r in zip(y, loom_rows) if r["torch_img_per_s"]]
+    if torch:
+        tp.barh([v - h / 2 for v, _ in torch], [t for _, t in torch], h, color="#EE4C2C", label="PyTorch counterpart")
+    for v, r in zip(y, loom_rows):
+        tp.text(r["img_per_s"], v + h / 2, f" {r['img_per_s']:.0f} ({r['speedup_vs_single']:.2f}x)", va="center",
+                fontsize=7)
+    tp.set_xlim(0, 1.3 * max(max(r["img_per_s"], r["torch_img_per_s"] or 0) for r in loom_rows))
+    tp.set_yticks(y)
+    tp.set_yticklabels(names, fontsize=8)
+    tp.set_xlabel("img/s (x: against loom single)")
+    tp.set_title("throughput", fontsize=9)
+    tp.legend(fontsize=7, loc="best")
+    mem.barh([v + h / 2 for v in y], [r["peak_mib"] or 0 for r in loom_rows], h, color="#F5A623",
+             label="peak tensor memory (process / rank 0)")
+    state = [(v, r["model_state_mib"]) for v, r in zip(y, loom_rows) if r["model_state_mib"]]
+    if state:
+        mem.barh([v - h / 2 for v, _ in state], [m for _, m in state], h, color="#2CA02C",
+                 label="model state per device")
+    mem.set_xlabel("MiB")
+    mem.set_title("memory", fontsize=9)
+    mem.set_xlim(0, 1.3 * max(max(r["peak_mib"] or 0, r["model_state_mib"] or 0) for r in loom_rows))
+    mem.legend(fontsize=7, loc="best")
+    for ax in (tp, mem):
+        ax.grid(axis="x", color="#EEEEEE")
+        ax.set_axisbelow(True)
+    fig.suptitle(header, fontsize=8)
+    fig.tight_layout()
+    for ext in ("png", "svg"):
+        fig.savefig(os.path.join(out, "modes." + ext), dpi=90)
+    plt.close(fig)
+    print(f"wrote {out}/results.json, results.csv, modes.png, modes.svg")
 
 
 def main():
@@ -75,7 +165,15 @@ def main():
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--build", default=os.path.join(ROOT, "build"))
     parser.add_argument("--torch-python", default="/usr/bin/python3", help="a python that imports torch ('' skips)")
+    parser.add_argument("--model", default="resnet18", choices=["resnet18", "tiny"],
+                        help="tiny: a quick check of the script (PyTorch rows only with resnet18)")
+    parser.add_argument("--out", help="write results.json, results.csv and modes.png/.svg into this folder")
     args = parser.parse_args()
+    if args.out:
+        from plotting import pyplot
+        pyplot()  # before the runs: it may start this script again under Debian's python3
+    if args.model != "resnet18":
+        args.torch_python = ""
     args.train = os.path.join(args.build, "examples", "train_cifar10")
     args.loomrun = os.path.join(args.build, "parallel", "loomrun")
     d, c = str(args.devices), str(args.chunks)
@@ -93,6 +191,7 @@ def main():
         ("loom pipeline 1f1b, ckpt", lambda t: loom(args, t, "pipeline", "--mp-devices", d, "--chunks", c,
                                                      "--pipeline-schedule", "1f1b", "--pipeline-checkpoint", "always")),
         ("loom ddp", lambda t: loom(args, t, "ddp", processes=args.devices)),
+        ("loom ddp+zero1", lambda t: loom(args, t, "ddp", "--zero-redundancy-optimizer", processes=args.devices)),
         # Interleaved 1F1B (2 model chunks per stage), and the stages as processes (--pp):
         # threads vs processes under each schedule.
         ("loom pipeline interleaved", lambda t: loom(args, t, "pipeline", "--mp-devices", d, "--chunks", c,
@@ -105,44 +204,53 @@ def main():
     if args.torch_python:
         common = ["--batch-size", str(args.batch_size), "--steps", str(args.steps), "--threads", d]
         configs += [
-            ("torch single", lambda t: torch_json(args, "pipeline_torch.py", *common, "--chunks", "0")["img_per_s"]),
+            ("torch single", lambda t: torch_json(args, "pipeline_torch.py", *common, "--chunks", "0")),
             ("torch pipeline (Pipe, gpipe)", lambda t: torch_json(args, "pipeline_torch.py", *common, "--chunks", c,
                                                                   "--checkpoint", "never",
-                                                                  "--port", str(free_port()))["img_per_s"]),
+                                                                  "--port", str(free_port()))),
             ("torch pipeline (Pipe, gpipe), ckpt", lambda t: torch_json(args, "pipeline_torch.py", *common, "--chunks",
                                                                         c, "--checkpoint", "except_last",
-                                                                        "--port", str(free_port()))["img_per_s"]),
+                                                                        "--port", str(free_port()))),
             ("torch ddp", lambda t: torch_json(args, "ddp_torch.py", "--world-size", d, "--model", "resnet18",
                                                "--batch-size", str(args.batch_size // args.devices), "--steps",
-                                               str(args.steps), "--port", str(free_port()))["img_per_s"]),
+                                               str(args.steps), "--port", str(free_port()))),
+            ("torch ddp+zero1", lambda t: torch_json(args, "ddp_torch.py", "--world-size", d, "--model", "resnet18",
+                                                     "--batch-size", str(args.batch_size // args.devices), "--steps",
+                                                     str(args.steps), "--port", str(free_port()),
+                                                     "--zero-redundancy-optimizer")),
         ]
     results = {name: [] for name, _ in configs}
-    peaks = {name: [] for name, _ in configs if name.startswith("loom")}
-    print(f"# ResNet18, global batch {args.batch_size}, {args.devices} devices/cores, pipeline {args.chunks} "
-          f"micro-batches, {args.steps - 1} timed steps, {args.repeat} interleaved repeats", flush=True)
+    header = (f"{args.model}, global batch {args.batch_size}, {args.devices} devices/cores, pipeline {args.chunks} "
+              f"micro-batches, {args.steps - 1} timed steps, {args.repeat} interleaved repeats")
+    print(f"# {header}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.repeat):
             for name, fn in configs:
                 results[name].append(fn(tmp))
-                if name in peaks:
-                    peaks[name].append(args.peak_mib)
-                print(f"#   repeat {r + 1}: {name:30s} {results[name][-1]:7.1f} img/s", flush=True)
-    single = results["loom single"]
-    print(f"{'configuration':30s} {'img/s':>7s}  {'/ loom single':>13s}  {'peak MiB':>8s}  img/s of each repeat")
-    for name, v in results.items():
-        paired = statistics.median(x / s for x, s in zip(v, single))
-        peak = f"{statistics.median(peaks[name]):8.0f}" if name in peaks else f"{'':8s}"
-        print(f"{name:30s} {statistics.median(v):7.1f}  {paired:13.2f}  {peak}  {' '.join(f'{x:.1f}' for x in v)}")
-    for mine, theirs in [("loom single", "torch single"), ("loom pipeline gpipe", "torch pipeline (Pipe, gpipe)"),
-                         ("loom pipeline gpipe, ckpt", "torch pipeline (Pipe, gpipe), ckpt"), ("loom ddp", "torch ddp")]:
+                print(f"#   repeat {r + 1}: {name:30s} {results[name][-1]['img_per_s']:7.1f} img/s", flush=True)
+    rows = summarise(results)
+    print(f"{'configuration':30s} {'img/s':>7s}  {'/ loom single':>13s}  {'peak MiB':>8s}  {'state MiB':>9s}  "
+          "img/s of each repeat")
+    for row in rows:
+        peak = f"{row['peak_mib']:8.0f}" if row["peak_mib"] is not None else f"{'':8s}"
+        state = f"{row['model_state_mib']:9.1f}" if row["model_state_mib"] is not None else f"{'':9s}"
+        print(f"{row['mode']:30s} {row['img_per_s']:7.1f}  {row['speedup_vs_single']:13.2f}  {peak}  {state}  "
+              f"{' '.join(f'{x:.1f}' for x in row['img_per_s_runs'])}")
+    if "loom ddp+zero1" in results and "loom ddp" in results:
+        ratio = statistics.median(x["img_per_s"] / y["img_per_s"]
+                                  for x, y in zip(results["loom ddp+zero1"], results["loom ddp"]))
+        print(f"loom ddp+zero1 / loom ddp = {ratio:.2f} (median of per-repeat ratios)")
+    for mine, theirs in COUNTERPARTS.items():
         if theirs in results:
-            paired = statistics.median(x / y for x, y in zip(results[mine], results[theirs]))
+            paired = statistics.median(x["img_per_s"] / y["img_per_s"] for x, y in zip(results[mine], results[theirs]))
             print(f"{mine} / {theirs} = {paired:.2f} (median of per-repeat ratios)")
+    if args.out:
+        write_outputs(args.out, rows, header)
     for mine, theirs in [("loom pp processes gpipe", "loom pipeline gpipe"), ("loom pp processes 1f1b", "loom pipeline 1f1b"),
                          ("loom pp processes interleaved", "loom pipeline interleaved"),
                          ("loom pp processes gpipe", "torch pipeline (Pipe, gpipe)")]:
         if theirs in results:
-            paired = statistics.median(x / y for x, y in zip(results[mine], results[theirs]))
+            paired = statistics.median(x["img_per_s"] / y["img_per_s"] for x, y in zip(results[mine], results[theirs]))
             print(f"{mine} / {theirs} = {paired:.2f} (median of per-repeat ratios)")
 
 

@@ -7,7 +7,7 @@
 #include "autograd/ops.h"        // defines: chunk, cat
 #include "autograd/variable.h"   // defines: AutogradMeta (what a replica parameter takes over)
 #include "core/error.h"
-#include "core/trace.h"          // defines: trace::set_thread_name (each replica's row)
+#include "core/trace.h"          // defines: trace::Span, set_thread_name (each replica's row)
 #include "cuda/device.h"         // defines: cuda::device_count, check_device
 #include "parallel/device_threads.h"  // defines: run_on_device_threads, CallerState, DeviceScope
 
@@ -65,6 +65,7 @@ std::vector<Tensor> parallel_apply(const std::vector<std::shared_ptr<nn::Module>
     try {
       DeviceScope scope(caller, inputs[i].device());
       if (i > 0 && trace::enabled()) trace::set_thread_name(detail::str("replica ", i));  // 0: the caller's thread
+      trace::Span span("forward", "dp");  // each replica's share of the forward, on its device's row
       outputs[i] = (*modules[i])(inputs[i]);
     } catch (...) {
       errors[i] = std::current_exception();

@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
 #include "examples/train/checkpoint.h"
 #include "examples/train/trainer.h"
@@ -243,7 +245,19 @@ TEST_CASE("counts out of range and unknown pipeline settings are refused before 
   eval.epochs = 0;  // --eval-only needs no epochs
   eval.eval_only = true;
   eval.eval_limit = 300;  // not a whole number of the test loader's 256-image batches
+  // --metrics-json is written by an evaluation too, with the keys a training run writes.
+  eval.metrics_json = temp_dir("eval_metrics") + "/metrics.json";
   CHECK(train_cifar10(eval).test_images == 300);
+  {
+    std::ifstream in(eval.metrics_json);
+    REQUIRE_MESSAGE(in, "--eval-only wrote no ", eval.metrics_json);
+    std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    for (const char* key : {"\"test_loss\": ", "\"test_acc\": ", "\"test_images\": 300", "\"train_loss\": ",
+                            "\"img_per_s\": ", "\"peak_memory_mib\": ", "\"steps\": 0", "\"epochs\": 0"})
+      CHECK_MESSAGE(json.find(key) != std::string::npos, key, " missing from ", json);
+  }
+  std::filesystem::remove_all(std::filesystem::path(eval.metrics_json).parent_path());
+  eval.metrics_json.clear();
   eval.eval_limit = 0;
   const TrainResult none = train_cifar10(eval);
   CHECK(none.test_images == 0);

@@ -86,6 +86,15 @@ double Distributed::max(double value) const {
   return t.item<double>();
 }
 
+std::vector<double> Distributed::all_gather(double value) const {
+  if (!comm_) return {value};
+  std::vector<Tensor> all;
+  comm_->all_gather(all, dist::to_communication_device(from_vector<double>({value}, {1}), *comm_))->wait();
+  std::vector<double> out;
+  for (const Tensor& t : all) out.push_back(t.tolist<double>()[0]);
+  return out;
+}
+
 void Distributed::barrier() const {
   if (comm_) comm_->barrier()->wait();
 }

@@ -74,6 +74,8 @@ class Distributed {
   RunningMetrics sum(const RunningMetrics& metrics) const;
   double sum(double value) const;
   double max(double value) const;
+  // Every rank's value, in rank order, on every rank; {value} in single mode.
+  std::vector<double> all_gather(double value) const;
   void barrier() const;
 
  private:

@@ -21,9 +21,11 @@
 #include "examples/train/device.h"          // defines: training_device, to_training_device, read_loss_and_correct
 #include "examples/train/distributed.h"     // defines: Distributed, what --mode ddp changes
 #include "examples/train/mixed_precision.h" // defines: MixedPrecision, what --amp changes
+#include "examples/train/optimizer.h"       // defines: build_optimizer, gather_optimizer_state (--zero-redundancy-optimizer)
 #include "examples/train/parallelize.h"     // defines: parallelize, one apply_* per parallelism
 #include "examples/train/progress.h"        // defines: ProgressBar, RunningMetrics
 #include "nn/loss.h"                        // defines: CrossEntropyLoss
+#include "nn/model_state.h"                 // defines: model_state_bytes (parameters + gradients + optimizer state)
 #include "nn/optim/lr_scheduler.h"          // defines: CosineAnnealingLR, OneCycleLR
 #include "nn/optim/sgd.h"                   // defines: SGD
 #include "nn/resnet.h"                      // defines: resnet18, resnet_tiny
@@ -138,6 +140,8 @@ void check_flags(const TrainConfig& c) {
   LOOM_CHECK(c.pipeline_checkpoint == "never" || c.pipeline_checkpoint == "except_last" ||
                  c.pipeline_checkpoint == "always",
              "--pipeline-checkpoint: expected never, except_last or always, got '", c.pipeline_checkpoint, "'");
+  LOOM_CHECK(!c.zero_redundancy_optimizer || c.mode == "ddp", "--zero-redundancy-optimizer shards the optimizer "
+             "state over DDP's ranks: it needs --mode ddp, got --mode ", c.mode);
   LOOM_CHECK(c.pipeline_checkpoint == "never" || c.mode == "pipeline", "--pipeline-checkpoint ",
              c.pipeline_checkpoint, " recomputes a pipeline's micro-batches: it needs --mode pipeline, got --mode ",
              c.mode);
@@ -194,8 +198,9 @@ TrainResult train_cifar10(const TrainConfig& config) {
   LOOM_CHECK(config.lr_scaling == "none" || config.lr_scaling == "linear", "--lr-scaling: expected none or linear, "
              "got '", config.lr_scaling, "'");
   const double lr = config.lr_scaling == "linear" ? config.lr * dist.world_size() : config.lr;
-  optim::SGD optimizer(net->parameters(), {.lr = lr, .momentum = config.momentum,
-                                           .weight_decay = config.weight_decay, .nesterov = config.nesterov});
+  // SGD, or SGD inside ZeroRedundancyOptimizer (--zero-redundancy-optimizer).
+  std::unique_ptr<optim::Optimizer> built_optimizer = build_optimizer(net->parameters(), dist.mesh(), config, lr);
+  optim::Optimizer& optimizer = *built_optimizer;
   const int64_t steps_per_epoch = train_loader.size();
   // The schedule spans --epochs; --max-steps only stops early, so that a run cut short
   // (and later resumed) follows the same learning-rate curve as an uninterrupted one.
@@ -229,6 +234,8 @@ TrainResult train_cifar10(const TrainConfig& config) {
     if (dist.is_main())
       std::printf("eval: test loss %.4f  test acc %.2f%% (%lld images)\n", test.loss(), 100 * test.accuracy(),
                   static_cast<long long>(test.examples));
+    if (dist.is_main() && !config.metrics_json.empty()) write_metrics_json(result, config.metrics_json);
+    dist.barrier();  // as after training: nobody leaves before rank 0 has written the file
     return result;
   }
 
@@ -308,11 +315,14 @@ TrainResult train_cifar10(const TrainConfig& config) {
         timed_seconds += seconds;
         step_seconds.push_back(seconds);
       }
+      // After the step, outside its timing: gradients still held, the optimizer's state grown.
+      result.model_state_bytes = nn::model_state_bytes(*model, optimizer);
       double elapsed = std::chrono::duration<double>(Clock::now() - epoch_start).count();
       bar.update(step_in_epoch, metrics, dist.dims().dp_size() * epoch_images / std::max(elapsed, 1e-9));
       if (!config.checkpoint_dir.empty() && config.checkpoint_every > 0 &&
           position.global_step % config.checkpoint_every == 0) {
         RunningMetrics so_far = dist.sum(metrics);  // every rank's examples (a collective)
+        gather_optimizer_state(optimizer);           // ZeRO-1: the whole state to rank 0 (a collective)
         if (dist.is_main())
           save_checkpoint(config.checkpoint_dir, *model, optimizer, scheduler.get(),
                           {epoch, step_in_epoch, position.global_step, so_far}, &amp.scaler());
@@ -338,6 +348,7 @@ TrainResult train_cifar10(const TrainConfig& config) {
     }
     if (!config.checkpoint_dir.empty()) {
       bool finished_epoch = step_in_epoch == steps_per_epoch;
+      gather_optimizer_state(optimizer);  // ZeRO-1: the whole state to rank 0 (a collective)
       if (dist.is_main())
         save_checkpoint(config.checkpoint_dir, *model, optimizer, scheduler.get(),
                         finished_epoch ? TrainingPosition{epoch + 1, 0, position.global_step, {}}
@@ -350,6 +361,22 @@ TrainResult train_cifar10(const TrainConfig& config) {
   result.img_per_s = dist.sum(timed_seconds > 0 ? timed_images / timed_seconds : 0);
   result.median_step_s = median(step_seconds);
   result.peak_memory_bytes = memory_stats(device).peak_allocated_bytes;  // --device's (all CPU devices share one)
+  {
+    // Every rank's figures, printed by rank 0 (collectives): under ZeRO and FSDP they differ.
+    auto mib = [](int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); };
+    const std::vector<double> peaks = dist.all_gather(mib(result.peak_memory_bytes));
+    const std::vector<double> states = dist.all_gather(mib(result.model_state_bytes));
+    if (dist.is_main()) {
+      std::string line = "memory per rank (MiB):";
+      for (size_t r = 0; r < peaks.size(); ++r) {
+        char part[96];
+        std::snprintf(part, sizeof(part), "%s rank %zu peak %.1f, model state %.1f", r ? ";" : "", r, peaks[r],
+                      states[r]);
+        line += part;
+      }
+      std::printf("%s\n", line.c_str());
+    }
+  }
   if (stage && !config.save.empty()) stage->share_weights();  // rank 0 saves the whole model
   if (dist.is_main()) {
     if (!config.save.empty()) {
@@ -367,9 +394,10 @@ void write_metrics_json(const TrainResult& r, const std::string& path) {
   std::snprintf(json, sizeof(json),
                 "{\"train_loss\": %.6f, \"train_acc\": %.6f, \"test_loss\": %.6f, \"test_acc\": %.6f, "
                 "\"test_images\": %lld, \"img_per_s\": %.3f, \"median_step_s\": %.6f, \"peak_memory_mib\": %.1f, "
-                "\"steps\": %lld, \"epochs\": %lld}\n",
+                "\"model_state_mib\": %.1f, \"steps\": %lld, \"epochs\": %lld}\n",
                 r.train_loss, r.train_acc, r.test_loss, r.test_acc, static_cast<long long>(r.test_images), r.img_per_s,
-                r.median_step_s, static_cast<double>(r.peak_memory_bytes) / (1 << 20), static_cast<long long>(r.steps),
+                r.median_step_s, static_cast<double>(r.peak_memory_bytes) / (1 << 20),
+                static_cast<double>(r.model_state_bytes) / (1 << 20), static_cast<long long>(r.steps),
                 static_cast<long long>(r.epochs));
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
   {

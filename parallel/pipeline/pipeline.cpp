@@ -159,6 +159,7 @@ Pipeline::StepResult Pipeline::step(const Tensor& input, const Tensor& target, d
     st.outputs[size_t(s)][size_t(m)] = run_stage(s, m, x);
   };
   auto recompute = [&](int64_t s, int64_t m) {
+    trace::Span span("recompute", "pipeline");  // inside its backward's span: the price of checkpointing, drawn
     {
       RestoreBuffers undo(*stage_modules[size_t(s)]);  // the recomputation's update of the running statistics
       st.outputs[size_t(s)][size_t(m)] = run_stage(s, m, st.inputs[size_t(s)][size_t(m)]);
