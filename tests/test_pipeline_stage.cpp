@@ -267,3 +267,42 @@ TEST_CASE("a stage whose output shape changes after the first step: a clear erro
   CHECK(contains(errors[1], "stage 0 (rank 0 of the pipeline group) failed in the forward of micro-batch 0; stage 1 "
                             "stopped"));
 }
+
+TEST_CASE("two pipelines side by side, each over its own group of a 4-rank world (pp x dp's layout)") {
+  // World ranks 0..3 as a 2 x 2 mesh ("pp", "dp"), row-major: pipeline d holds world ranks
+  // d and d + 2, and its stage is the world rank / 2. Each pipeline trains its own shard.
+  manual_seed(12);
+  auto reference_net = small_net();
+  std::vector<std::shared_ptr<nn::Sequential>> nets;
+  for (int r = 0; r < 4; ++r) {
+    nets.push_back(small_net());
+    nets.back()->load_state_dict(reference_net->state_dict());
+  }
+  const std::vector<Batch> shards = batches(2, 6);  // pipeline d's batch: shards[d]
+  std::vector<std::shared_ptr<nn::Sequential>> references;
+  for (int d = 0; d < 2; ++d) {
+    references.push_back(small_net());
+    references.back()->load_state_dict(reference_net->state_dict());
+    Pipeline pipe(references.back(), {"cpu:0", "cpu:1"}, {1, 2, 1, 2}, 3, "interleaved_1f1b", loss_of);
+    pipe.step(shards[size_t(d)].images, shards[size_t(d)].labels);
+  }
+  auto errors = loom::testing::run_rank_threads(4, [&](int world_rank, std::shared_ptr<distributed::TCPStore> store) {
+    const int dp = world_rank % 2, pp = world_rank / 2;
+    auto group = std::make_shared<distributed::GlooCommunicator>(store, "pipeline" + std::to_string(dp), pp, 2);
+    PipelineStage stage(nets[size_t(world_rank)], {1, 2, 1, 2}, group, Device("cpu"), 3, "interleaved_1f1b", loss_of);
+    CHECK(stage.stage_index() == pp);
+    stage.step(shards[size_t(dp)].images, shards[size_t(dp)].labels);
+  });
+  for (const auto& e : errors) CHECK(e == "");
+  // Each rank's own chunks' gradients: its pipeline's reference's.
+  for (int world_rank = 0; world_rank < 4; ++world_rank) {
+    const auto owner = chunk_of_layer({1, 2, 1, 2});
+    const auto mine = nets[size_t(world_rank)]->named_parameters(), want = references[size_t(world_rank % 2)]->named_parameters();
+    for (const auto& [name, p] : mine) {
+      const int64_t layer = std::stoll(name.substr(0, name.find('.')));
+      if (owner[size_t(layer)] % 2 != world_rank / 2) continue;
+      CAPTURE(name);
+      CHECK(p.grad().tolist<double>() == want.find(name)->grad().tolist<double>());
+    }
+  }
+}

@@ -54,9 +54,8 @@ std::string what_of(const std::exception_ptr& error) {
     std::rethrow_exception(error);
   } catch (const std::exception& e) {
     return e.what();
-  } catch (...) {
-    return "an exception that is not a std::exception";
-  }
+  } catch (...) {}
+  return "an exception that is not a std::exception";
 }
 
 }  // namespace
@@ -255,6 +254,7 @@ struct PipelineStage::Run {
   // Note [Shapes are agreed once]: the header before the first activation over a boundary.
   void receive_header(int64_t boundary) {
     Tensor header = zeros({kHeaderWords}, TensorOptions(kInt64).device(comm.tensor_device()));
+    trace::Span waiting("wait for activation", "pipeline wait");
     in_receive = true;
     comm.recv(header, prev, kActivationTag)->wait();
     in_receive = false;
@@ -284,9 +284,14 @@ struct PipelineStage::Run {
       post_ahead(k);
       LOOM_CHECK(posted[k] > taken[k], "PipelineStage: internal error: no shape for the receive of micro-batch ", e.m);
     }
-    in_receive = true;
-    e.work->wait();
-    in_receive = false;
+    {
+      // Idle time inside the action's span: the bubble measurement subtracts it
+      // (docs/pipeline.md; the in-process pipeline waits outside its spans).
+      trace::Span waiting(k == 0 ? "wait for activation" : "wait for gradient", "pipeline wait");
+      in_receive = true;
+      e.work->wait();
+      in_receive = false;
+    }
     Tensor t = e.buffer;
     e.buffer = Tensor();
     e.work.reset();
@@ -355,9 +360,7 @@ struct PipelineStage::Run {
   }
 
   void fail(int kind, std::optional<Action> action) {
-    failure = kind;
-    error = std::current_exception();
-    failed_action = action;
+    failure = kind, error = std::current_exception(), failed_action = action;
   }
 
   // Note [A failed stage stops the pipeline]: (1) and (2). Nothing here is waited for.
@@ -433,14 +436,18 @@ struct PipelineStage::Run {
     StepResult result;
     std::vector<double> status(size_t(4 + 4 * S), 0.0);
     if (!failure && ps.is_last()) {
-      Tensor loss = losses[0];
-      for (size_t m = 1; m < losses.size(); ++m) loss = loss + losses[m];
-      status[0] = loss.to(kFloat64).to(Device(DeviceType::CPU)).item<double>();
-      result.output = cat(logits, 0);
-      if (result.output.dim() == 2 && target.dim() == 1 && !is_floating(target.dtype())) {
-        status[1] = static_cast<double>(
-            eq(argmax(result.output, 1), target.to(result.output.device())).sum().to(kInt64).item<int64_t>());
-        status[2] = 1;
+      try {  // an error here still reaches the all-reduce: the others are waiting in it
+        Tensor loss = losses[0];
+        for (size_t m = 1; m < losses.size(); ++m) loss = loss + losses[m];
+        status[0] = loss.to(kFloat64).to(Device(DeviceType::CPU)).item<double>();
+        result.output = cat(logits, 0);
+        if (result.output.dim() == 2 && target.dim() == 1 && !is_floating(target.dtype())) {
+          status[1] = static_cast<double>(
+              eq(argmax(result.output, 1), target.to(result.output.device())).sum().to(kInt64).item<int64_t>());
+          status[2] = 1;
+        }
+      } catch (...) {
+        fail(1, std::nullopt);
       }
     }
     double* mine = &status[size_t(4 + 4 * rank)];
@@ -482,7 +489,7 @@ struct PipelineStage::Run {
 
   [[noreturn]] void rethrow_own() {
     const std::string pass = failed_action ? where(*failed_action)
-                                           : failure == 2 ? "waiting for its sends" : "set-up of its step";
+                                           : failure == 2 ? "waiting for its sends" : "set-up or the loss sum of its step";
     ps.broken_ = detail::str("stage ", rank, " failed");
     LOOM_FAIL("PipelineStage: stage ", rank, " (rank ", rank, " of the pipeline group, ", ps.device_, ") failed in the ",
               pass, ": ", what_of(error));
