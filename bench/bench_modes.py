@@ -1,5 +1,6 @@
 """Every parallel mode side by side on one machine: loom's single, dp, mp, pipeline (GPipe,
-1F1B) and ddp, and PyTorch's single process, pipeline (Pipe) and DDP on the same job.
+1F1B), ddp and ddp + ZeRO-1, and PyTorch's single process, pipeline (Pipe), DDP and DDP +
+ZeroRedundancyOptimizer on the same job.
 
     python3 bench/bench_modes.py                    # ResNet18, global batch 64, 2 devices
     python3 bench/bench_modes.py --repeat 5 --steps 16
@@ -11,7 +12,8 @@ or --devices processes of one thread (ddp, with the batch split between them). R
 interleaved --repeat times; the table gives img/s (global batch / median step; median
 over repeats) and each mode against loom single, loom's peak tensor memory (the
 allocator's, in the process or rank 0; the pipeline's checkpointing rows trade speed for
-it), and the PyTorch rows against their loom counterparts (median of per-repeat ratios: configurations of one repeat run minutes apart
+it), rank 0's model state (parameters + gradients + optimizer state, model_state_mib: what
+ZeRO-1 shards; docs/sharding.md), and the PyTorch rows against their loom counterparts (median of per-repeat ratios: configurations of one repeat run minutes apart
 at most). PyTorch 1.13's DataParallel needs GPUs, so it has no row; its Pipe keeps one
 worker per device, so with both stages on the CPU it runs GPipe's schedule on one worker.
 Needs a built loom (build/) and, for the PyTorch rows, python3-torch (--torch-python).
@@ -64,7 +66,8 @@ def torch_json(args, script, *extra):
 
 # loom's row -> its PyTorch counterpart's
 COUNTERPARTS = {"loom single": "torch single", "loom pipeline gpipe": "torch pipeline (Pipe, gpipe)",
-                "loom pipeline gpipe, ckpt": "torch pipeline (Pipe, gpipe), ckpt", "loom ddp": "torch ddp"}
+                "loom pipeline gpipe, ckpt": "torch pipeline (Pipe, gpipe), ckpt", "loom ddp": "torch ddp",
+                "loom ddp+zero1": "torch ddp+zero1"}
 
 
 def summarise(results):
@@ -173,20 +176,25 @@ def main():
         ("loom pipeline 1f1b, ckpt", lambda t: loom(args, t, "pipeline", "--mp-devices", d, "--chunks", c,
                                                      "--pipeline-schedule", "1f1b", "--pipeline-checkpoint", "always")),
         ("loom ddp", lambda t: loom(args, t, "ddp", processes=args.devices)),
+        ("loom ddp+zero1", lambda t: loom(args, t, "ddp", "--zero-redundancy-optimizer", processes=args.devices)),
     ]
     if args.torch_python:
         common = ["--batch-size", str(args.batch_size), "--steps", str(args.steps), "--threads", d]
         configs += [
-            ("torch single", lambda t: torch_json(args, "pipeline_torch.py", *common, "--chunks", "0")["img_per_s"]),
+            ("torch single", lambda t: torch_json(args, "pipeline_torch.py", *common, "--chunks", "0")),
             ("torch pipeline (Pipe, gpipe)", lambda t: torch_json(args, "pipeline_torch.py", *common, "--chunks", c,
                                                                   "--checkpoint", "never",
-                                                                  "--port", str(free_port()))["img_per_s"]),
+                                                                  "--port", str(free_port()))),
             ("torch pipeline (Pipe, gpipe), ckpt", lambda t: torch_json(args, "pipeline_torch.py", *common, "--chunks",
                                                                         c, "--checkpoint", "except_last",
-                                                                        "--port", str(free_port()))["img_per_s"]),
+                                                                        "--port", str(free_port()))),
             ("torch ddp", lambda t: torch_json(args, "ddp_torch.py", "--world-size", d, "--model", "resnet18",
                                                "--batch-size", str(args.batch_size // args.devices), "--steps",
-                                               str(args.steps), "--port", str(free_port()))["img_per_s"]),
+                                               str(args.steps), "--port", str(free_port()))),
+            ("torch ddp+zero1", lambda t: torch_json(args, "ddp_torch.py", "--world-size", d, "--model", "resnet18",
+                                                     "--batch-size", str(args.batch_size // args.devices), "--steps",
+                                                     str(args.steps), "--port", str(free_port()),
+                                                     "--zero-redundancy-optimizer")),
         ]
     results = {name: [] for name, _ in configs}
     header = (f"{args.model}, global batch {args.batch_size}, {args.devices} devices/cores, pipeline {args.chunks} "
@@ -198,11 +206,17 @@ def main():
                 results[name].append(fn(tmp))
                 print(f"#   repeat {r + 1}: {name:30s} {results[name][-1]['img_per_s']:7.1f} img/s", flush=True)
     rows = summarise(results)
-    print(f"{'configuration':30s} {'img/s':>7s}  {'/ loom single':>13s}  {'peak MiB':>8s}  img/s of each repeat")
+    print(f"{'configuration':30s} {'img/s':>7s}  {'/ loom single':>13s}  {'peak MiB':>8s}  {'state MiB':>9s}  "
+          "img/s of each repeat")
     for row in rows:
         peak = f"{row['peak_mib']:8.0f}" if row["peak_mib"] is not None else f"{'':8s}"
-        print(f"{row['mode']:30s} {row['img_per_s']:7.1f}  {row['speedup_vs_single']:13.2f}  {peak}  "
+        state = f"{row['model_state_mib']:9.1f}" if row["model_state_mib"] is not None else f"{'':9s}"
+        print(f"{row['mode']:30s} {row['img_per_s']:7.1f}  {row['speedup_vs_single']:13.2f}  {peak}  {state}  "
               f"{' '.join(f'{x:.1f}' for x in row['img_per_s_runs'])}")
+    if "loom ddp+zero1" in results and "loom ddp" in results:
+        ratio = statistics.median(x["img_per_s"] / y["img_per_s"]
+                                  for x, y in zip(results["loom ddp+zero1"], results["loom ddp"]))
+        print(f"loom ddp+zero1 / loom ddp = {ratio:.2f} (median of per-repeat ratios)")
     for mine, theirs in COUNTERPARTS.items():
         if theirs in results:
             paired = statistics.median(x["img_per_s"] / y["img_per_s"] for x, y in zip(results[mine], results[theirs]))

@@ -1,6 +1,11 @@
 """PyTorch's DistributedDataParallel (gloo) on the same job as loom's bench_ddp.py runs.
 
     /usr/bin/python3 bench/ddp_torch.py --world-size 2 --model resnet18 --batch-size 32 --steps 12
+    /usr/bin/python3 bench/ddp_torch.py --zero-redundancy-optimizer ...   # DDP + ZeRO-1
+
+--zero-redundancy-optimizer wraps the SGD in torch.distributed.optim.ZeroRedundancyOptimizer
+(PyTorch's defaults: parameters_as_bucket_view=False, no overlap_with_ddp), loom's
+--mode ddp --zero-redundancy-optimizer.
 
 Starts --world-size processes (1 compute thread each), trains the CIFAR ResNet18 (or the
 narrow `tiny` variant loom's --model tiny builds) on random CIFAR-shaped batches with
@@ -71,7 +76,12 @@ def worker(rank, args):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank, world_size=args.world_size)
     torch.manual_seed(0)
     model = nn.parallel.DistributedDataParallel(build_model(nn, args.model))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+    if args.zero_redundancy_optimizer:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, lr=0.1, momentum=0.9,
+                                      weight_decay=5e-4)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
     criterion = nn.CrossEntropyLoss()
     g = torch.Generator().manual_seed(rank)
     times = []
@@ -102,6 +112,8 @@ def main():
     parser.add_argument("--steps", type=int, default=12, help="the first is not timed")
     parser.add_argument("--threads", type=int, default=1, help="compute threads per process")
     parser.add_argument("--port", type=int, default=29533)
+    parser.add_argument("--zero-redundancy-optimizer", action="store_true",
+                        help="SGD inside torch.distributed.optim.ZeroRedundancyOptimizer (ZeRO-1)")
     args = parser.parse_args()
     try:
         import torch.multiprocessing as mp

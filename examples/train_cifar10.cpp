@@ -66,6 +66,8 @@ int main(int argc, char** argv) {
     auto& sync_bn = flags.add<bool>("sync-bn", false, "ddp: BatchNorm statistics over every rank (SyncBatchNorm)");
     auto& lr_scaling = flags.add<std::string>("lr-scaling", c.lr_scaling, "none | linear (lr x world size)");
     auto& bucket_cap_mb = flags.add<double>("bucket-cap-mb", c.bucket_cap_mb, "ddp: gradient bucket size in MiB");
+    auto& zero = flags.add<bool>("zero-redundancy-optimizer", false,
+                                 "ddp: ZeRO-1, each rank keeps and steps the optimizer state of 1/N of the parameters");
     flags.parse(argc, argv);
 
     if (!data.empty()) c.data = data;
@@ -106,6 +108,7 @@ int main(int argc, char** argv) {
     c.sync_bn = sync_bn;
     c.lr_scaling = lr_scaling;
     c.bucket_cap_mb = bucket_cap_mb;
+    c.zero_redundancy_optimizer = zero;
     LOOM_CHECK(!c.eval_only || !c.init.empty() || c.resume, "--eval-only needs --init PATH (or --resume)");
     train_cifar10(c);
     return 0;

@@ -12,6 +12,7 @@
 //   resnet.h         BasicBlock, ResNet, resnet18 (CIFAR), resnet_tiny (tests)
 //   json.h           the JSON subset safetensors needs
 //   safetensors.h    save_file / load_file, nn::save / nn::load
+//   model_state.h    model_state_bytes: parameters + gradients + optimizer state, resident
 //   optim/optimizer.h     Optimizer, ParamGroup
 //   optim/grad_scaler.h   GradScaler: dynamic loss scaling for float16 autocast
 //   optim/sgd.h           SGD and its fused update kernel
@@ -28,6 +29,7 @@
 #include "nn/init.h"
 #include "nn/linear.h"
 #include "nn/loss.h"
+#include "nn/model_state.h"
 #include "nn/module.h"
 #include "nn/optim/grad_scaler.h"
 #include "nn/optim/lr_scheduler.h"

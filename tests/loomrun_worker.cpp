@@ -6,6 +6,7 @@
 //   loomrun_worker crash DIR        record pids in DIR; rank 1 exits with status 3
 //   loomrun_worker stubborn DIR     as crash, but the others ignore SIGTERM
 //   loomrun_worker sleep DIR        record pids in DIR and sleep (to be interrupted)
+//   loomrun_worker flaky N          print the restart count; rank 1 exits 3 while it is below N
 //
 // Every worker that records pids also starts a child process, so the tests can check
 // that loomrun leaves no descendant behind either.
@@ -77,6 +78,19 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
+  if (mode == "flaky" && argc > 2) {
+    const int attempt = std::atoi(env("LOOM_RESTART_COUNT").c_str());
+    std::printf("flaky RANK=%s LOOM_RESTART_COUNT=%s TORCHELASTIC_RESTART_COUNT=%s\n", env("RANK").c_str(),
+                env("LOOM_RESTART_COUNT").c_str(), env("TORCHELASTIC_RESTART_COUNT").c_str());
+    std::fflush(stdout);
+    const bool fails = attempt < std::atoi(argv[2]);
+    if (env("RANK") == "1") {
+      if (fails) std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let the others print first
+      return fails ? 3 : 0;
+    }
+    if (fails) ::sleep(60);  // until loomrun stops it, since rank 1 failed
+    return 0;
+  }
   if ((mode == "crash" || mode == "stubborn" || mode == "sleep") && argc > 2) {
     const int rank = std::atoi(env("RANK").c_str());
     if (mode == "stubborn") ::signal(SIGTERM, SIG_IGN);  // inherited by the child as well
@@ -89,6 +103,6 @@ int main(int argc, char** argv) {
     ::sleep(60);
     return 0;
   }
-  std::fprintf(stderr, "usage: loomrun_worker env|affinity|allreduce|crash DIR|stubborn DIR|sleep DIR\n");
+  std::fprintf(stderr, "usage: loomrun_worker env|affinity|allreduce|crash DIR|stubborn DIR|sleep DIR|flaky N\n");
   return 2;
 }

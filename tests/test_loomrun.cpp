@@ -214,3 +214,36 @@ TEST_CASE("init_process_group without loomrun's variables says which is missing 
   CHECK(contains(output, "MASTER_ADDR"));
   CHECK(contains(output, "loomrun --nproc_per_node"));
 }
+
+TEST_CASE("--max-restarts: the whole group starts again after a failure, with the attempt in LOOM_RESTART_COUNT") {
+  // Rank 1 fails in attempts 0 and 1 and succeeds in attempt 2.
+  Result twice = run("--nproc_per_node 2 --grace_period 1 --max-restarts 2 " + worker() + " flaky 2");
+  CHECK_MESSAGE(twice.code == 0, twice.output);
+  for (const char* attempt : {"0", "1", "2"})
+    for (const char* rank : {"0", "1"}) {
+      CAPTURE(attempt);
+      CAPTURE(rank);
+      CHECK(contains(twice.output, std::string("flaky RANK=") + rank + " LOOM_RESTART_COUNT=" + attempt +
+                                       " TORCHELASTIC_RESTART_COUNT=" + attempt));
+    }
+  CHECK_MESSAGE(contains(twice.output, "restarting all 2 workers (restart 1 of --max-restarts 2) after worker rank 1 "
+                                       "exited with status 3"),
+                twice.output);
+  CHECK_MESSAGE(contains(twice.output, "all workers exited 0 after 2 restarts (attempt 0: worker rank 1 exited with "
+                                       "status 3; attempt 1: worker rank 1 exited with status 3)"),
+                twice.output);
+
+  // Too few restarts: the last attempt's failure is loomrun's exit status.
+  Result once = run("--nproc_per_node 2 --grace_period 1 --max_restarts=1 " + worker() + " flaky 2");
+  CHECK(once.code == 3);
+  CHECK_MESSAGE(contains(once.output, "failed: worker rank 1 (local rank 1) exited with status 3; its output above "
+                                      "shows why (after 1 restart of --max-restarts 1: attempt 0: worker rank 1 "
+                                      "exited with status 3)"),
+                once.output);
+  CHECK_FALSE(contains(once.output, "LOOM_RESTART_COUNT=2"));
+  // Without --max-restarts nothing restarts, as before.
+  Result none = run("--nproc_per_node 2 --grace_period 1 " + worker() + " flaky 1");
+  CHECK(none.code == 3);
+  CHECK_FALSE(contains(none.output, "restart"));
+  CHECK(contains(run("--max-restarts -1 " + worker()).output, "--max_restarts expects an integer in [0, 1000000]"));
+}

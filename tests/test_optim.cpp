@@ -223,3 +223,24 @@ TEST_CASE("the optimizer follows parameters that Module::to moved after it was b
   opt.step();
   CHECK(fc->weight.dtype() == kFloat64);
 }
+
+TEST_CASE("model_state_bytes: parameters, gradients and optimizer state, each storage once; released storage is 0") {
+  auto fc = std::make_shared<nn::Linear>(3, 2);  // float32: 6 + 2 elements
+  optim::SGD opt(fc->parameters(), {.lr = 0.1, .momentum = 0.9});
+  CHECK(nn::model_state_bytes(*fc, opt) == 8 * 4);  // no gradients, no state yet
+  for (const Tensor& p : fc->parameters()) p.set_grad(ones_like(p));
+  CHECK(nn::model_state_bytes(*fc) == 2 * 8 * 4);
+  opt.step();
+  CHECK(opt.state_tensors().size() == 2);
+  CHECK(nn::model_state_bytes(*fc, opt) == 3 * 8 * 4);  // + momentum buffers
+  // Gradients as views into one flat buffer (DDP's gradient_as_bucket_view): one storage,
+  // counted once at its full size.
+  Tensor flat = zeros({10});
+  fc->weight.set_grad(flat.narrow(0, 0, 6).view({2, 3}));
+  fc->bias.set_grad(flat.narrow(0, 6, 2));
+  CHECK(nn::model_state_bytes(*fc, opt) == 8 * 4 + 10 * 4 + 8 * 4);
+  // A parameter whose storage was released (FSDP frees gathered parameters) counts 0.
+  fc->zero_grad();
+  nn::set_data(fc->weight, empty({0}));
+  CHECK(nn::model_state_bytes(*fc) == 2 * 4);
+}

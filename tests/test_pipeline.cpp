@@ -242,7 +242,7 @@ TEST_CASE("a stage that throws: an error naming the stage, the micro-batch and t
   auto result = pipe.step(randn({4, 3, 8, 8}, kFloat64), randint(0, 10, {4}));
   CHECK(std::isfinite(result.loss.item<double>()));
   CHECK_THROWS_WITH_AS(Pipeline(net, {"cpu:0", "cpu:1"}, {2, 4}, 2, "zero-bubble", loss_of),
-                       doctest::Contains("expected gpipe or 1f1b"), Error);
+                       doctest::Contains("expected gpipe, 1f1b or interleaved_1f1b"), Error);
   CHECK_THROWS_WITH_AS(Pipeline(net, {"cpu:0"}, {2, 4}, 2, "1f1b", loss_of),
                        doctest::Contains("Pipeline: 2 stages in the balance but 1 devices"), Error);
   CHECK(pipe.str().rfind("Pipeline(", 0) == 0);
@@ -254,6 +254,65 @@ TEST_CASE("a stage that throws: an error naming the stage, the micro-batch and t
   NoGradGuard no_grad;
   CHECK_THROWS_WITH_AS(pipe.step(randn({4, 3, 8, 8}, kFloat64), randint(0, 10, {4})),
                        doctest::Contains("needs grad mode on"), Error);
+}
+
+TEST_CASE("interleaved 1F1B: S×V model chunks on S devices give one device's gradients and GPipe's bit for bit") {
+  struct Case {
+    std::vector<Device> devices;
+    std::vector<int64_t> balance;  // S×V entries
+    int64_t chunks, batch;
+  };
+  const std::vector<Case> cases = {{{"cpu:0", "cpu:1"}, {1, 2, 1, 2}, 4, 8},
+                                   {{"cpu:0", "cpu:1"}, {2, 1, 1, 2}, 3, 7},  // micro-batches 3, 3, 1
+                                   {{"cpu:0", "cpu:1", "cpu:2"}, {1, 1, 1, 1, 1, 1}, 5, 10},
+                                   {{"cpu:0", "cpu:1", "cpu:2"}, {1, 1, 1, 1, 1, 1}, 2, 4}};
+  for (const Case& c : cases) {
+    CAPTURE(c.devices.size());
+    CAPTURE(c.chunks);
+    manual_seed(11);
+    auto single = small_net(), interleaved_net = small_net(), gpipe_net = small_net();
+    interleaved_net->load_state_dict(single->state_dict());
+    gpipe_net->load_state_dict(single->state_dict());
+    Pipeline interleaved(interleaved_net, c.devices, c.balance, c.chunks, "interleaved_1f1b", loss_of);
+    CHECK(interleaved.virtual_stages() == 2);
+    CHECK(interleaved.stages().size() == 2 * c.devices.size());
+    // Model chunk k on devices[k % S]: the same chunks GPipe runs on S·V devices.
+    std::vector<Device> all;
+    for (size_t k = 0; k < c.balance.size(); ++k) all.push_back(Device(DeviceType::CPU, int(k)));
+    Pipeline gpipe(gpipe_net, all, c.balance, c.chunks, "gpipe", loss_of);
+    for (size_t k = 0; k < c.balance.size(); ++k)
+      CHECK(interleaved.devices()[k] == c.devices[k % c.devices.size()]);
+    optim::SGD opt_single(single->parameters(), {.lr = 0.1, .momentum = 0.9});
+    optim::SGD opt_interleaved(interleaved.parameters(), {.lr = 0.1, .momentum = 0.9});
+    optim::SGD opt_gpipe(gpipe.parameters(), {.lr = 0.1, .momentum = 0.9});
+    for (int step = 0; step < 2; ++step) {
+      Tensor images = randn({c.batch, 3, 8, 8}, kFloat64), labels = randint(0, 10, {c.batch});
+      opt_single.zero_grad();
+      opt_interleaved.zero_grad();
+      opt_gpipe.zero_grad();
+      Tensor out = (*single)(images);
+      Tensor loss = loss_of(out, labels);
+      loss.backward();
+      auto result = interleaved.step(images, labels);
+      auto reference = gpipe.step(images, labels);
+      CHECK(result.loss.item<double>() == reference.loss.item<double>());
+      CHECK(result.loss.item<double>() == doctest::Approx(loss.item<double>()).epsilon(1e-12));
+      auto want = grads_of(*single), got = grads_of(*interleaved_net), same = grads_of(*gpipe_net);
+      for (size_t i = 0; i < want.size(); ++i) {
+        CHECK(max_abs_diff(want[i], got[i]) < 1e-12);
+        CHECK(got[i].tolist<double>() == same[i].tolist<double>());
+      }
+      opt_single.step();
+      opt_interleaved.step();
+      opt_gpipe.step();
+    }
+  }
+  auto net = small_net();
+  CHECK_THROWS_WITH_AS(Pipeline(net, {"cpu:0", "cpu:1"}, {2, 2, 2}, 2, "interleaved_1f1b", loss_of),
+                       doctest::Contains("interleaved_1f1b needs S×V entries in the balance (V model chunks on each of "
+                                         "the 2 devices), got 3"), Error);
+  CHECK_THROWS_WITH_AS(Pipeline(net, {"cpu:0", "cpu:1"}, {1, 1, 1, 1}, 2, "interleaved_1f1b", loss_of),
+                       doctest::Contains("the balance covers 4 layers, but the Sequential has 6"), Error);
 }
 
 // Stage 1 on the GPU: its thread makes cuda:0 current (DeviceScope), activations and

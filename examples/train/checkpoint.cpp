@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "core/generator.h"
 #include "nn/safetensors.h"
+#include "parallel/comm/launch_env.h"  // defines: read_launch_env (the restart count)
 
 namespace loom::examples {
 namespace {
@@ -36,6 +37,13 @@ std::string exact(double value) {  // round-trips a double through text
 }  // namespace
 
 std::string checkpoint_path(const std::string& dir) { return dir + "/checkpoint.safetensors"; }
+
+bool resume_after_restart(const std::string& dir) {
+  if (dir.empty()) return false;
+  const int restart = distributed::read_launch_env(distributed::process_environment()).restart_count;
+  // Only the renamed file counts; a *.tmp.<pid> left by a rank killed mid-save does not.
+  return restart > 0 && std::filesystem::is_regular_file(checkpoint_path(dir));
+}
 
 void save_checkpoint(const std::string& dir, const nn::Module& model, const optim::Optimizer& optimizer,
                      const optim::LRScheduler* scheduler, const TrainingPosition& position,

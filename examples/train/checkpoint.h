@@ -12,6 +12,20 @@
 //                position), the global step, the default generator's (seed, offset),
 //                and the epoch's running metrics so its summary line is unchanged.
 // Saved atomically (temp file + rename): a crash mid-save leaves the previous one intact.
+//
+// Note [Resuming after a restart]
+// Under loomrun --max-restarts (or torchrun --max-restarts) a failed group starts again
+// with LOOM_RESTART_COUNT (TORCHELASTIC_RESTART_COUNT) above 0, and train_cifar10
+// --checkpoint-dir D then resumes from D's checkpoint without being told: the restart
+// count, not the mere presence of a checkpoint, is the signal. A first start (count 0)
+// trains from scratch even when D holds an old run's checkpoint -- reusing a directory
+// never silently continues a finished or unrelated run -- and --resume stays the way to
+// continue by hand (after a requeue, say). A restart that happens before the first
+// checkpoint was written starts from scratch, as the first attempt did. Only a complete
+// checkpoint is ever seen: rank 0 writes it to a temporary file, syncs it, and renames
+// it into place, so a rank killed mid-save leaves the previous one. D must be the same
+// directory for every rank (a shared file system on several nodes); the trainer checks
+// that all ranks agree on resuming.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +47,10 @@ struct TrainingPosition {
 };
 
 std::string checkpoint_path(const std::string& dir);
+
+// True when this process is a restart (LOOM_RESTART_COUNT or TORCHELASTIC_RESTART_COUNT
+// above 0) and `dir` holds a complete checkpoint. See Note [Resuming after a restart].
+bool resume_after_restart(const std::string& dir);
 
 void save_checkpoint(const std::string& dir, const nn::Module& model, const optim::Optimizer& optimizer,
                      const optim::LRScheduler* scheduler, const TrainingPosition& position,

@@ -6,20 +6,20 @@
 #include "core/factory.h"                              // defines: from_vector
 #include "data/distributed_sampler.h"                  // defines: DistributedSampler
 #include "parallel/comm/process_group.h"               // defines: init_process_group, default_group
-#include "parallel/ddp/distributed_data_parallel.h"    // defines: DistributedDataParallel
-#include "parallel/sync_batch_norm.h"                  // defines: convert_sync_batchnorm
 
 namespace loom::examples {
 
 namespace dist = loom::distributed;
 
 Distributed::Distributed(const TrainConfig& config) {
-  if (config.mode == "single" || config.mode == "dp" || config.mode == "mp" || config.mode == "pipeline") {
+  if (!ParallelDims::needs_process_group(config)) {
+    LOOM_CHECK(config.mode == "single" || config.mode == "dp" || config.mode == "mp" || config.mode == "pipeline",
+               "--mode: expected single, dp, mp, pipeline or ddp, got '", config.mode, "'");
     LOOM_CHECK(!config.sync_bn, "--sync-bn needs --mode ddp (with one process there is nothing to synchronise)");
     LOOM_CHECK(config.backend.empty(), "--backend needs --mode ddp");
+    dims_ = ParallelDims::from_config(config, 1);
     return;
   }
-  LOOM_CHECK(config.mode == "ddp", "--mode: expected single, dp, mp, pipeline or ddp, got '", config.mode, "'");
   const Device device(config.device);
   const std::string backend = config.backend.empty() ? (device.is_cuda() ? "nccl" : "gloo") : config.backend;
   LOOM_CHECK(backend != "nccl" || device.is_cuda(), "--backend nccl moves CUDA tensors, but --device is ",
@@ -32,6 +32,10 @@ Distributed::Distributed(const TrainConfig& config) {
   comm_ = dist::default_group();
   rank_ = comm_->rank();
   world_ = comm_->size();
+  dims_ = ParallelDims::from_config(config, world_);
+  mesh_.emplace(dims_.build_mesh(device.is_cuda() ? "cuda" : "cpu"));
+  dp_rank_ = dims_.dp_rank(rank_);
+  dp_size_ = dims_.dp_size();
 }
 
 Distributed::~Distributed() {
@@ -44,33 +48,18 @@ Distributed::~Distributed() {
   }
 }
 
-std::shared_ptr<nn::Module> Distributed::wrap(std::shared_ptr<nn::Module> model, const TrainConfig& config) const {
-  if (!comm_) return model;
-  if (config.sync_bn) nn::convert_sync_batchnorm(model, comm_);
-  ddp::DDPOptions options;
-  options.bucket_cap_mb = config.bucket_cap_mb;
-  // .grad() is a view into the reduced bucket: finalize then has nothing to copy back, a
-  // 43 MiB copy saved at the end of every ResNet18 backward, where nothing overlaps it,
-  // and between steps the gradients take no memory of their own. (During backward each
-  // fresh gradient still lives on its own until the hook copies it into its slot, as in
-  // PyTorch: zero_grad() drops them.) The loop only reads gradients, which is all this
-  // option asks of it.
-  options.gradient_as_bucket_view = true;
-  return std::make_shared<ddp::DistributedDataParallel>(model, comm_, options);
-}
-
 std::shared_ptr<data::Sampler> Distributed::train_sampler(int64_t dataset_size, const TrainConfig& config) const {
   if (!comm_) return nullptr;
-  return std::make_shared<data::DistributedSampler>(dataset_size, world_, rank_, config.shuffle, config.seed);
+  return std::make_shared<data::DistributedSampler>(dataset_size, dp_size_, dp_rank_, config.shuffle, config.seed);
 }
 
 std::shared_ptr<data::Sampler> Distributed::eval_sampler(int64_t count) const {
-  return std::make_shared<data::DistributedSampler>(count, world_, rank_, /*shuffle=*/false);
+  return std::make_shared<data::DistributedSampler>(count, dp_size_, dp_rank_, /*shuffle=*/false);
 }
 
 int64_t Distributed::real_examples(int64_t count) const {
   // Rank r's k-th image is image r + k * R: real while r + k * R < count.
-  return count > rank_ ? (count - rank_ + world_ - 1) / world_ : 0;
+  return count > dp_rank_ ? (count - dp_rank_ + dp_size_ - 1) / dp_size_ : 0;
 }
 
 // The metric tensors below are made on the host and reduced on the communicator's device:
@@ -95,6 +84,15 @@ double Distributed::max(double value) const {
   Tensor t = dist::to_communication_device(from_vector<double>({value}, {1}), *comm_);
   comm_->all_reduce(t, dist::ReduceOp::Max)->wait();
   return t.item<double>();
+}
+
+std::vector<double> Distributed::all_gather(double value) const {
+  if (!comm_) return {value};
+  std::vector<Tensor> all;
+  comm_->all_gather(all, dist::to_communication_device(from_vector<double>({value}, {1}), *comm_))->wait();
+  std::vector<double> out;
+  for (const Tensor& t : all) out.push_back(t.tolist<double>()[0]);
+  return out;
 }
 
 void Distributed::barrier() const {

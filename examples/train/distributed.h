@@ -1,8 +1,9 @@
-// What `--mode ddp` adds to the training loop (trainer.cpp), in one place, so that the
-// loop reads the same in both modes:
+// What running as several processes adds to the training loop (trainer.cpp), in one
+// place, so that the loop reads the same in every mode:
 //
-//   Distributed dist(config);                 // ddp: init_process_group from loomrun's env
-//   auto net = dist.wrap(model, config);      // ddp: SyncBatchNorm (--sync-bn), then DDP
+//   Distributed dist(config);                 // ddp: init_process_group from loomrun's env,
+//                                             // the ParallelDims and their DeviceMesh
+//   auto net = parallelize(model, dist.mesh(), config, ...);   // parallelize.h
 //   DataLoader train(set, {.sampler = dist.train_sampler(...)});   // each rank its shard
 //   ...
 //   RunningMetrics epoch = dist.sum(metrics); // every rank's examples, on every rank
@@ -25,17 +26,21 @@
 #include <memory>
 #include <string>
 
+#include <optional>
+
 #include "data/sampler.h"
+#include "examples/train/parallel_dims.h"  // defines: ParallelDims
 #include "examples/train/progress.h"
 #include "examples/train/trainer.h"
-#include "nn/module.h"
 #include "parallel/comm/communicator.h"
+#include "parallel/device_mesh.h"          // defines: DeviceMesh
 
 namespace loom::examples {
 
 class Distributed {
  public:
-  // Checks the distributed flags; in ddp mode joins the process group (a collective).
+  // Checks the distributed flags; in ddp mode joins the process group and builds the
+  // mesh of ParallelDims (collectives).
   explicit Distributed(const TrainConfig& config);
   // Leaves the process group, after every rank has arrived (not while unwinding an
   // error: then the process exits and loomrun stops the others).
@@ -48,10 +53,13 @@ class Distributed {
   int world_size() const { return world_; }
   bool is_main() const { return rank_ == 0; }
 
-  // The module the loop calls: `model` itself, or DistributedDataParallel around it.
-  std::shared_ptr<nn::Module> wrap(std::shared_ptr<nn::Module> model, const TrainConfig& config) const;
-  // Training order: null in single mode (the loader shuffles), else this rank's
-  // DistributedSampler (shuffled by (seed, epoch); the loader forwards set_epoch).
+  const ParallelDims& dims() const { return dims_; }
+  // The mesh over the processes; null in one process.
+  const distributed::DeviceMesh* mesh() const { return mesh_ ? &*mesh_ : nullptr; }
+
+  // Training order: null in one process (the loader shuffles), else this rank's
+  // DistributedSampler over the data-parallel ranks (shuffled by (seed, epoch); the
+  // loader forwards set_epoch).
   std::shared_ptr<data::Sampler> train_sampler(int64_t dataset_size, const TrainConfig& config) const;
   // Evaluation: this rank's in-order share of the first `count` images (single mode:
   // all of them); real_examples() says how many of them to count. See Note
@@ -63,11 +71,16 @@ class Distributed {
   RunningMetrics sum(const RunningMetrics& metrics) const;
   double sum(double value) const;
   double max(double value) const;
+  // Every rank's value, in rank order, on every rank; {value} in single mode.
+  std::vector<double> all_gather(double value) const;
   void barrier() const;
 
  private:
-  std::shared_ptr<distributed::Communicator> comm_;
+  std::shared_ptr<distributed::Communicator> comm_;  // the whole world's
   int rank_ = 0, world_ = 1;
+  ParallelDims dims_;
+  std::optional<distributed::DeviceMesh> mesh_;
+  int dp_rank_ = 0, dp_size_ = 1;  // which shard of the data this rank reads, of how many
 };
 
 }  // namespace loom::examples

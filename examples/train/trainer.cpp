@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>  // defines: getenv, atoi (LOCAL_RANK)
 #include <filesystem>
 #include <fstream>
 
@@ -20,17 +19,18 @@
 #include "data/transforms.h"                // defines: Compose, RandomCrop, ...
 #include "examples/train/checkpoint.h"      // defines: save_checkpoint, load_checkpoint
 #include "examples/train/device.h"          // defines: training_device, to_training_device, read_loss_and_correct
-#include "cuda/device.h"                    // defines: cuda::device_count (--mode dp's default)
 #include "examples/train/distributed.h"     // defines: Distributed, what --mode ddp changes
 #include "examples/train/mixed_precision.h" // defines: MixedPrecision, what --amp changes
+#include "examples/train/optimizer.h"       // defines: build_optimizer, gather_optimizer_state (--zero-redundancy-optimizer)
+#include "examples/train/parallelize.h"     // defines: parallelize, one apply_* per parallelism
 #include "examples/train/progress.h"        // defines: ProgressBar, RunningMetrics
 #include "nn/loss.h"                        // defines: CrossEntropyLoss
+#include "nn/model_state.h"                 // defines: model_state_bytes (parameters + gradients + optimizer state)
 #include "nn/optim/lr_scheduler.h"          // defines: CosineAnnealingLR, OneCycleLR
 #include "nn/optim/sgd.h"                   // defines: SGD
 #include "nn/resnet.h"                      // defines: resnet18, resnet_tiny
 #include "nn/safetensors.h"                 // defines: nn::save, nn::load
-#include "parallel/data_parallel.h"         // defines: DataParallel, what --mode dp changes
-#include "parallel/model_parallel.h"        // defines: ModelParallel, what --mode mp changes
+#include "parallel/comm/launch_env.h"       // defines: launch_local_rank (loomrun's, Slurm's or Open MPI's)
 #include "parallel/pipeline/pipeline.h"     // defines: Pipeline, what --mode pipeline changes
 
 namespace loom::examples {
@@ -103,57 +103,6 @@ double median(std::vector<double> values) {
   return values.size() % 2 ? values[mid] : (values[mid - 1] + values[mid]) / 2;
 }
 
-// `count` devices of `first`'s type from `first` on: cpu:0, cpu:1, ... or cuda:0, cuda:1, ...
-std::vector<Device> consecutive_devices(Device first, int64_t count) {
-  std::vector<Device> devices;
-  for (int64_t i = 0; i < count; ++i) devices.emplace_back(first.type, first.index + static_cast<int>(i));
-  return devices;
-}
-
-// --mode dp: DataParallel over --dp-devices devices of --device's type, starting at the
-// model's (cpu:0, cpu:1, ... are CPU virtual devices: one thread each in forward).
-std::shared_ptr<nn::Module> data_parallel(std::shared_ptr<nn::Module> model, const TrainConfig& config, Device device) {
-  const int64_t count = config.dp_devices > 0 ? config.dp_devices : device.is_cuda() ? cuda::device_count() : 2;
-  auto dp = std::make_shared<parallel::DataParallel>(model, consecutive_devices(device, count));
-  if (config.progress) std::fprintf(stderr, "DataParallel over %s\n", dp->extra_repr().c_str());
-  return dp;
-}
-
-// --mode mp / pipeline: the ResNet as a Sequential cut into --mp-devices stages on
-// consecutive devices (cpu:0, cpu:1, ...), balanced by each layer's measured time (Note
-// [Stage balance]). The stages share the model's layers, which move to their devices.
-// pipeline: the same stages, --chunks micro-batches under --pipeline-schedule, with
-// --pipeline-checkpoint's micro-batches recomputed in their backward.
-std::shared_ptr<nn::Module> model_parallel(nn::Module& model, const TrainConfig& config, Device device,
-                                           nn::CrossEntropyLoss& criterion) {
-  auto* resnet = dynamic_cast<nn::ResNet*>(&model);
-  LOOM_CHECK(resnet != nullptr, "--mode mp needs a ResNet (its layers as a Sequential), got ", model.type_name());
-  const int64_t count = config.mp_devices;
-  const std::vector<Device> devices = consecutive_devices(device, count);
-  auto layers = resnet->sequential();
-  LOOM_CHECK(count >= 1 && count <= static_cast<int64_t>(layers->size()), "--mp-devices ", count, ": the model has ",
-             layers->size(), " layers to cut into stages (one or more each), so use 1 to ", layers->size());
-  // Measured as the stages will run: a micro-batch (pipeline) or a batch of at most 32,
-  // on each stage's share of the threads.
-  const int64_t per_pass = config.mode == "pipeline" ? (config.batch_size + config.chunks - 1) / config.chunks
-                                                     : std::min<int64_t>(config.batch_size, 32);
-  Tensor sample = randn({std::max<int64_t>(per_pass, 1), resnet->in_channels, 32, 32}, TensorOptions().device(device));
-  const int threads = omp_get_max_threads();
-  if (config.mode == "pipeline") omp_set_num_threads(std::max(1, threads / static_cast<int>(count)));
-  auto balance = parallel::balance_by_time(*layers, sample, count);
-  omp_set_num_threads(threads);
-  std::shared_ptr<parallel::ModelParallel> mp;
-  if (config.mode == "pipeline")
-    mp = std::make_shared<parallel::pipeline::Pipeline>(
-        layers, devices, balance, config.chunks, config.pipeline_schedule,
-        [&criterion](const Tensor& out, const Tensor& target) { return criterion(out, target); },
-        config.pipeline_checkpoint);
-  else
-    mp = std::make_shared<parallel::ModelParallel>(layers, devices, balance);
-  if (config.progress) std::fprintf(stderr, "%s: %s\n", config.mode.c_str(), mp->extra_repr().c_str());
-  return mp;
-}
-
 // Counts out of range and pipeline settings are refused here, naming the flag, before
 // anything is built: the code that uses them would divide by --chunks 0, read
 // --max-steps -7 as "no limit", finish --epochs 0 successfully having done nothing, and
@@ -178,6 +127,8 @@ void check_flags(const TrainConfig& c) {
   LOOM_CHECK(c.pipeline_checkpoint == "never" || c.pipeline_checkpoint == "except_last" ||
                  c.pipeline_checkpoint == "always",
              "--pipeline-checkpoint: expected never, except_last or always, got '", c.pipeline_checkpoint, "'");
+  LOOM_CHECK(!c.zero_redundancy_optimizer || c.mode == "ddp", "--zero-redundancy-optimizer shards the optimizer "
+             "state over DDP's ranks: it needs --mode ddp, got --mode ", c.mode);
   LOOM_CHECK(c.pipeline_checkpoint == "never" || c.mode == "pipeline", "--pipeline-checkpoint ",
              c.pipeline_checkpoint, " recomputes a pipeline's micro-batches: it needs --mode pipeline, got --mode ",
              c.mode);
@@ -189,9 +140,9 @@ TrainResult train_cifar10(const TrainConfig& config) {
   check_flags(config);
   if (config.threads > 0) omp_set_num_threads(static_cast<int>(config.threads));
   // First: a missing GPU is an error naming why, before any data is read. Under ddp,
-  // "--device cuda" is this process's GPU, cuda:LOCAL_RANK (set by loomrun).
-  const char* local_rank = config.mode == "ddp" ? std::getenv("LOCAL_RANK") : nullptr;
-  const Device device = training_device(config.device, local_rank ? std::atoi(local_rank) : 0);
+  // "--device cuda" is this process's GPU, cuda:LOCAL_RANK (set by loomrun; srun and
+  // mpirun say it as SLURM_LOCALID and OMPI_COMM_WORLD_LOCAL_RANK).
+  const Device device = training_device(config.device, config.mode == "ddp" ? distributed::launch_local_rank() : 0);
   Distributed dist(config);  // single mode: rank 0 of 1, no communication
   trace::set_thread_name("train");  // this thread's row in a LOOM_TRACE picture
   manual_seed(config.seed);
@@ -219,17 +170,16 @@ TrainResult train_cifar10(const TrainConfig& config) {
   // around it (which share its parameters, so the optimizer and checkpoints use the
   // model's own).
   nn::CrossEntropyLoss criterion(Tensor(), Reduction::Mean, -100, config.label_smoothing);
-  auto net = config.mode == "dp"                              ? data_parallel(model, config, device)
-             : config.mode == "mp" || config.mode == "pipeline" ? model_parallel(*model, config, device, criterion)
-                                                                : dist.wrap(model, config);
+  auto net = parallelize(model, dist.mesh(), config, device, criterion);
   // --mode pipeline: forward and backward are one call, the schedule's (Note [Stages wait
   // only for what they need]).
   auto* pipeline = dynamic_cast<parallel::pipeline::Pipeline*>(net.get());
   LOOM_CHECK(config.lr_scaling == "none" || config.lr_scaling == "linear", "--lr-scaling: expected none or linear, "
              "got '", config.lr_scaling, "'");
   const double lr = config.lr_scaling == "linear" ? config.lr * dist.world_size() : config.lr;
-  optim::SGD optimizer(net->parameters(), {.lr = lr, .momentum = config.momentum,
-                                           .weight_decay = config.weight_decay, .nesterov = config.nesterov});
+  // SGD, or SGD inside ZeroRedundancyOptimizer (--zero-redundancy-optimizer).
+  std::unique_ptr<optim::Optimizer> built_optimizer = build_optimizer(net->parameters(), dist.mesh(), config, lr);
+  optim::Optimizer& optimizer = *built_optimizer;
   const int64_t steps_per_epoch = train_loader.size();
   // The schedule spans --epochs; --max-steps only stops early, so that a run cut short
   // (and later resumed) follows the same learning-rate curve as an uninterrupted one.
@@ -239,7 +189,12 @@ TrainResult train_cifar10(const TrainConfig& config) {
   MixedPrecision amp(config.amp, device);
 
   TrainingPosition position;
-  if (config.resume) {
+  // --resume, or a restart by loomrun --max-restarts: Note [Resuming after a restart].
+  const bool resume = config.resume || resume_after_restart(config.checkpoint_dir);
+  LOOM_CHECK(dist.sum(resume ? 1.0 : 0.0) == (resume ? dist.world_size() : 0), "--checkpoint-dir ",
+             config.checkpoint_dir, ": some ranks found a checkpoint to resume from and others did not; on several "
+             "nodes the directory must be shared by every rank");
+  if (resume) {
     LOOM_CHECK(!config.checkpoint_dir.empty(), "--resume needs --checkpoint-dir DIR");
     position = load_checkpoint(config.checkpoint_dir, *model, optimizer, scheduler.get(), &amp.scaler());
     // A checkpoint's epoch metrics are every rank's sum; one rank carries them on.
@@ -328,11 +283,14 @@ TrainResult train_cifar10(const TrainConfig& config) {
         timed_seconds += seconds;
         step_seconds.push_back(seconds);
       }
+      // After the step, outside its timing: gradients still held, the optimizer's state grown.
+      result.model_state_bytes = nn::model_state_bytes(*model, optimizer);
       double elapsed = std::chrono::duration<double>(Clock::now() - epoch_start).count();
       bar.update(step_in_epoch, metrics, dist.world_size() * epoch_images / std::max(elapsed, 1e-9));
       if (!config.checkpoint_dir.empty() && config.checkpoint_every > 0 &&
           position.global_step % config.checkpoint_every == 0) {
         RunningMetrics so_far = dist.sum(metrics);  // every rank's examples (a collective)
+        gather_optimizer_state(optimizer);           // ZeRO-1: the whole state to rank 0 (a collective)
         if (dist.is_main())
           save_checkpoint(config.checkpoint_dir, *model, optimizer, scheduler.get(),
                           {epoch, step_in_epoch, position.global_step, so_far}, &amp.scaler());
@@ -358,6 +316,7 @@ TrainResult train_cifar10(const TrainConfig& config) {
     }
     if (!config.checkpoint_dir.empty()) {
       bool finished_epoch = step_in_epoch == steps_per_epoch;
+      gather_optimizer_state(optimizer);  // ZeRO-1: the whole state to rank 0 (a collective)
       if (dist.is_main())
         save_checkpoint(config.checkpoint_dir, *model, optimizer, scheduler.get(),
                         finished_epoch ? TrainingPosition{epoch + 1, 0, position.global_step, {}}
@@ -370,6 +329,22 @@ TrainResult train_cifar10(const TrainConfig& config) {
   result.img_per_s = dist.sum(timed_seconds > 0 ? timed_images / timed_seconds : 0);
   result.median_step_s = median(step_seconds);
   result.peak_memory_bytes = memory_stats(device).peak_allocated_bytes;  // --device's (all CPU devices share one)
+  {
+    // Every rank's figures, printed by rank 0 (collectives): under ZeRO and FSDP they differ.
+    auto mib = [](int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); };
+    const std::vector<double> peaks = dist.all_gather(mib(result.peak_memory_bytes));
+    const std::vector<double> states = dist.all_gather(mib(result.model_state_bytes));
+    if (dist.is_main()) {
+      std::string line = "memory per rank (MiB):";
+      for (size_t r = 0; r < peaks.size(); ++r) {
+        char part[96];
+        std::snprintf(part, sizeof(part), "%s rank %zu peak %.1f, model state %.1f", r ? ";" : "", r, peaks[r],
+                      states[r]);
+        line += part;
+      }
+      std::printf("%s\n", line.c_str());
+    }
+  }
   if (dist.is_main()) {
     if (!config.save.empty()) {
       nn::save(*model, config.save);  // the model's own keys, without DDP's "module." prefix
@@ -386,9 +361,10 @@ void write_metrics_json(const TrainResult& r, const std::string& path) {
   std::snprintf(json, sizeof(json),
                 "{\"train_loss\": %.6f, \"train_acc\": %.6f, \"test_loss\": %.6f, \"test_acc\": %.6f, "
                 "\"test_images\": %lld, \"img_per_s\": %.3f, \"median_step_s\": %.6f, \"peak_memory_mib\": %.1f, "
-                "\"steps\": %lld, \"epochs\": %lld}\n",
+                "\"model_state_mib\": %.1f, \"steps\": %lld, \"epochs\": %lld}\n",
                 r.train_loss, r.train_acc, r.test_loss, r.test_acc, static_cast<long long>(r.test_images), r.img_per_s,
-                r.median_step_s, static_cast<double>(r.peak_memory_bytes) / (1 << 20), static_cast<long long>(r.steps),
+                r.median_step_s, static_cast<double>(r.peak_memory_bytes) / (1 << 20),
+                static_cast<double>(r.model_state_bytes) / (1 << 20), static_cast<long long>(r.steps),
                 static_cast<long long>(r.epochs));
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
   {

@@ -62,6 +62,7 @@ struct TrainConfig {
   bool sync_bn = false;              // ddp: BatchNorm2d statistics over every rank
   std::string lr_scaling = "none";   // none | linear (lr x world size: the global batch grew)
   double bucket_cap_mb = 25;         // ddp: gradient bucket size
+  bool zero_redundancy_optimizer = false;  // ddp: ZeRO-1, each rank the optimizer state of its partition
 };
 
 struct TrainResult {
@@ -72,6 +73,9 @@ struct TrainResult {
   // The most --device's allocator had handed out in this process: every CPU device shares
   // one allocator; on GPUs it is --device's alone (dp, mp, pipeline: not the others').
   int64_t peak_memory_bytes = 0;
+  // This rank's parameters + gradients + optimizer state at the end of its last step
+  // (nn::model_state_bytes): what ZeRO and FSDP shard; activations are not in it.
+  int64_t model_state_bytes = 0;
   int64_t steps = 0;     // optimizer steps taken in total (including before a resume)
   int64_t epochs = 0;    // epochs completed
 };

@@ -65,6 +65,13 @@ void Optimizer::zero_grad(bool set_to_none) {
   }
 }
 
+std::vector<Tensor> Optimizer::state_tensors() const {
+  std::vector<Tensor> out;
+  for (const auto& [param, entries] : state_)
+    for (const auto& [name, t] : entries) out.push_back(t);
+  return out;
+}
+
 OrderedDict<Tensor> Optimizer::state_dict() const {
   OrderedDict<Tensor> out;
   int64_t index = 0;

@@ -56,15 +56,22 @@ class Optimizer {
 
   std::vector<ParamGroup>& param_groups() { return groups_; }
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
-  // Adds a group; missing hyperparameters take the optimizer's defaults.
-  void add_param_group(ParamGroup group);
+  // Adds a group; missing hyperparameters take the optimizer's defaults. (The
+  // constructor calls this class's own, whatever a subclass overrides.)
+  virtual void add_param_group(ParamGroup group);
   const std::string& name() const { return name_; }
+  // The hyperparameters a group gets when it does not set them (PyTorch's optimizer.defaults).
+  const std::map<std::string, double>& defaults() const { return defaults_; }
 
-  // See Note [Flat optimizer state].
-  OrderedDict<Tensor> state_dict() const;
+  // See Note [Flat optimizer state]. Virtual because a wrapper that shards the state
+  // (parallel/zero_redundancy_optimizer.h) must gather it before it can write it.
+  virtual OrderedDict<Tensor> state_dict() const;
   // Restores hyperparameters and per-parameter state; the groups must have the same
   // sizes as when saved (a loom::Error says which group differs).
-  void load_state_dict(const OrderedDict<Tensor>& state);
+  virtual void load_state_dict(const OrderedDict<Tensor>& state);
+  // Every per-parameter state tensor this optimizer holds in this process (SGD: the
+  // momentum buffers), for memory accounting (nn/model_state.h).
+  virtual std::vector<Tensor> state_tensors() const;
 
  protected:
   // Per-parameter state, keyed by the parameter's TensorImpl (parameters keep their

@@ -8,7 +8,8 @@ namespace loom::distributed {
 Communicator::Communicator(int rank, int size, std::chrono::milliseconds timeout)
     : rank_(rank), size_(size), timeout_(timeout) {
   LOOM_CHECK(size >= 1, "communicator: expected a world size >= 1, got ", size);
-  LOOM_CHECK(rank >= 0 && rank < size, "communicator: expected a rank in [0, ", size, "), got ", rank);
+  LOOM_CHECK(rank >= -1 && rank < size, "communicator: expected a rank in [0, ", size, ") (or -1 on a rank that is "
+             "not a member), got ", rank);
   LOOM_CHECK(timeout.count() > 0, "communicator: the timeout must be positive, got ", timeout.count(), " ms");
 }
 
@@ -31,6 +32,12 @@ static void check_reduce(const Tensor& t, ReduceOp op, const char* name) {
              " tensor would truncate; use ReduceOp::Sum and divide, or reduce a floating tensor");
 }
 
+void Communicator::check_member(const char* op) const {
+  LOOM_CHECK(is_member(), op, " on process group '", group_name_, "' (", size_, " ranks): this rank is not a member "
+             "of it. Every rank calls new_group() for every group, but only the ranks it lists may use it; "
+             "check is_member() first, or pick the group that holds this rank (DeviceMesh::group)");
+}
+
 std::shared_ptr<Work> Communicator::issue(Op op) {
   op.rank = rank_;
   op.size = size_;
@@ -40,18 +47,21 @@ std::shared_ptr<Work> Communicator::issue(Op op) {
 }
 
 std::shared_ptr<Work> Communicator::all_reduce(const Tensor& tensor, ReduceOp op) {
+  check_member("all_reduce");
   check_buffer(tensor, "all_reduce", "input");
   check_reduce(tensor, op, "all_reduce");
   return issue(Op{.kind = OpKind::AllReduce, .reduce = op, .tensor = tensor});
 }
 
 std::shared_ptr<Work> Communicator::broadcast(const Tensor& tensor, int root) {
+  check_member("broadcast");
   check_buffer(tensor, "broadcast", "input");
   LOOM_CHECK(root >= 0 && root < size_, "broadcast: expected a root rank in [0, ", size_, "), got ", root);
   return issue(Op{.kind = OpKind::Broadcast, .peer = root, .tensor = tensor});
 }
 
 std::shared_ptr<Work> Communicator::all_gather(std::vector<Tensor>& out, const Tensor& in) {
+  check_member("all_gather");
   check_buffer(in, "all_gather", "input");
   if (out.empty()) {
     for (int r = 0; r < size_; ++r) out.push_back(empty(in.shape(), TensorOptions(in.dtype()).device(in.device())));
@@ -63,6 +73,7 @@ std::shared_ptr<Work> Communicator::all_gather(std::vector<Tensor>& out, const T
 }
 
 std::shared_ptr<Work> Communicator::reduce_scatter(const Tensor& out, const std::vector<Tensor>& in, ReduceOp op) {
+  check_member("reduce_scatter");
   check_buffer(out, "reduce_scatter", "output");
   check_reduce(out, op, "reduce_scatter");
   LOOM_CHECK(in.size() == size_t(size_), "reduce_scatter: the input list holds ", in.size(),
@@ -78,18 +89,23 @@ static void check_peer(int peer, int rank, int size, int tag, const char* op, co
 }
 
 std::shared_ptr<Work> Communicator::send(const Tensor& tensor, int dst, int tag) {
+  check_member("send");
   check_buffer(tensor, "send", "input");
   check_peer(dst, rank_, size_, tag, "send", "destination");
   return issue(Op{.kind = OpKind::Send, .peer = dst, .tag = tag, .tensor = tensor});
 }
 
 std::shared_ptr<Work> Communicator::recv(const Tensor& tensor, int src, int tag) {
+  check_member("recv");
   check_buffer(tensor, "recv", "output");
   check_peer(src, rank_, size_, tag, "recv", "source");
   return issue(Op{.kind = OpKind::Recv, .peer = src, .tag = tag, .tensor = tensor});
 }
 
-std::shared_ptr<Work> Communicator::barrier() { return issue(Op{.kind = OpKind::Barrier}); }
+std::shared_ptr<Work> Communicator::barrier() {
+  check_member("barrier");
+  return issue(Op{.kind = OpKind::Barrier});
+}
 
 Tensor Communicator::zeros_symmetric(const Shape& shape, TensorOptions options) { return zeros(shape, options); }
 

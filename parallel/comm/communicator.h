@@ -45,8 +45,15 @@ class Communicator {
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
+  // rank() is -1 on a rank that is not a member of the group (new_group gives such ranks a
+  // handle whose operations are errors, as PyTorch's GroupMember.NON_GROUP_MEMBER).
   int rank() const { return rank_; }
   int size() const { return size_; }
+  bool is_member() const { return rank_ >= 0; }
+  // The name new_group gave this group ("" for the default group and hand-made ones);
+  // errors about membership name it.
+  const std::string& group_name() const { return group_name_; }
+  void set_group_name(std::string name) { group_name_ = std::move(name); }
   std::chrono::milliseconds timeout() const { return timeout_; }
   virtual const char* backend() const = 0;  // "gloo", "nccl"
   // The device of the tensors this backend moves: cpu for gloo, the rank's GPU for nccl.
@@ -87,10 +94,13 @@ class Communicator {
 
  private:
   std::shared_ptr<Work> issue(Op op);
+  // A loom::Error when this rank is not a member of the group (see rank()).
+  void check_member(const char* op) const;
 
   const int rank_;
   const int size_;
   const std::chrono::milliseconds timeout_;
+  std::string group_name_;
   std::mutex issue_mutex_;  // numbering and launching are one step
   uint64_t collective_seq_ = 0;
   uint64_t p2p_seq_ = 0;

@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "core/error.h"
+#include "parallel/comm/launch_env.h"  // defines: read_launch_env, connect_store_of_attempt
 #include "parallel/comm/rendezvous.h"
 #ifdef LOOM_WITH_GLOO
 #include "parallel/comm/gloo_communicator.h"
@@ -26,6 +27,7 @@ struct DefaultGroup {
   std::shared_ptr<Communicator> comm;
   std::string prefix;
   int local_rank = 0;
+  World world;  // for new_group
 };
 
 std::mutex g_mutex;
@@ -34,7 +36,8 @@ int g_groups_made = 0;  // names each group's keys in the store; the same count 
 
 constexpr const char* kLaunchHint =
     "Start the program with loomrun, which sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT for "
-    "each worker:\n  loomrun --nproc_per_node 2 ./your_program\nor set these variables yourself";
+    "each worker:\n  loomrun --nproc_per_node 2 ./your_program\nor start it with srun (loom reads SLURM_PROCID, "
+    "SLURM_NTASKS, ...) or mpirun (pass -x MASTER_ADDR=<first host>), or set these variables yourself";
 
 int parse_int(const std::string& text, const std::string& name) {
   char* end = nullptr;
@@ -71,7 +74,8 @@ DefaultGroup& group_or_fail(const char* what) {
 
 std::shared_ptr<Communicator> make_communicator(const std::string& backend, std::shared_ptr<TCPStore> store,
                                                 const std::string& prefix, int rank, int world_size,
-                                                std::chrono::milliseconds timeout, const std::string& master_addr) {
+                                                std::chrono::milliseconds timeout, const std::string& master_addr,
+                                                int world_rank) {
   if (backend == "gloo") {
 #ifdef LOOM_WITH_GLOO
     GlooOptions options;
@@ -94,7 +98,7 @@ std::shared_ptr<Communicator> make_communicator(const std::string& backend, std:
     }
     return comm;
 #else
-    (void)store, (void)prefix, (void)rank, (void)world_size, (void)timeout, (void)master_addr;
+    (void)store, (void)prefix, (void)rank, (void)world_size, (void)timeout, (void)master_addr, (void)world_rank;
     LOOM_FAIL("backend \"gloo\": this loom was built without Gloo. Install libgloo-dev and reconfigure "
               "(meson setup --reconfigure build -Dgloo=enabled)");
 #endif
@@ -103,7 +107,7 @@ std::shared_ptr<Communicator> make_communicator(const std::string& backend, std:
 #ifdef LOOM_WITH_NCCL
     NcclOptions options;
     options.timeout = timeout;
-    const int device = NcclCommunicator::default_device(rank);
+    const int device = NcclCommunicator::default_device(world_rank >= 0 ? world_rank : rank);
     return std::make_shared<NcclCommunicator>(std::move(store), prefix, rank, world_size, device, options);
 #else
     LOOM_FAIL("backend \"nccl\": this loom was built without NCCL (it needs the CUDA backend and NCCL 2.14+; "
@@ -121,9 +125,12 @@ void init_process_group(const std::string& backend, const std::string& init_meth
   std::string host;
   int port = 0;
   const std::string tcp = "tcp://";
+  const LaunchEnv launch = read_launch_env(process_environment());  // See Note [Where rank and world size come from]
   if (init_method == "env://") {
-    host = env_or_fail("MASTER_ADDR", "the address of rank 0, which serves the store");
-    port = parse_int(env_or_fail("MASTER_PORT", "the store's port on rank 0"), "MASTER_PORT");
+    host = !launch.master_addr.empty() ? launch.master_addr
+                                       : env_or_fail("MASTER_ADDR", "the address of rank 0, which serves the store");
+    port = launch.master_port > 0 ? launch.master_port
+                                  : parse_int(env_or_fail("MASTER_PORT", "the store's port on rank 0"), "MASTER_PORT");
   } else if (init_method.rfind(tcp, 0) == 0) {
     std::string rest = init_method.substr(tcp.size());
     auto colon = rest.rfind(':');
@@ -136,18 +143,24 @@ void init_process_group(const std::string& backend, const std::string& init_meth
     LOOM_FAIL("init_process_group: unsupported init_method \"", init_method, "\"; expected \"env://\" or "
               "\"tcp://host:port\"");
   }
-  rank = arg_or_env(rank, "RANK", "this process's rank, 0 ... WORLD_SIZE-1");
-  world_size = arg_or_env(world_size, "WORLD_SIZE", "the number of processes");
+  rank = arg_or_env(rank >= 0 ? rank : launch.rank, "RANK", "this process's rank, 0 ... WORLD_SIZE-1");
+  world_size = arg_or_env(world_size >= 0 ? world_size : launch.world_size, "WORLD_SIZE", "the number of processes");
   LOOM_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, "init_process_group: expected 0 <= RANK < "
              "WORLD_SIZE, got RANK=", rank, " and WORLD_SIZE=", world_size);
-  const char* local = std::getenv("LOCAL_RANK");
-  int local_rank = local && *local ? parse_int(local, "LOCAL_RANK") : rank;
+  int local_rank = launch.local_rank >= 0 ? launch.local_rank : rank;
+  static bool source_logged = false;  // once per process, on rank 0, when a scheduler said who is who
+  if (rank == 0 && !source_logged && (launch.source == "slurm" || launch.source == "openmpi")) {
+    source_logged = true;
+    std::fprintf(stderr, "loom: init_process_group: %s\n", launch.describe().c_str());
+  }
 
-  auto store = std::make_shared<TCPStore>(host, port, /*is_server=*/rank == 0, timeout);
+  auto store = connect_store_of_attempt(host, port, rank, launch.restart_count, timeout);  // Note [Restart generations]
   std::string prefix = "default_pg/" + std::to_string(g_groups_made++);
   verify_rendezvous(*store, prefix, rank, world_size, backend, timeout);  // Note [Why check the rendezvous]
   auto comm = make_communicator(backend, store, prefix, rank, world_size, timeout, host);
-  g_group = DefaultGroup{std::move(store), std::move(comm), prefix, local_rank};
+  World world{.store = store, .backend = backend, .rank = rank, .size = world_size, .timeout = timeout,
+              .master_addr = host, .prefix = prefix};
+  g_group = DefaultGroup{std::move(store), std::move(comm), prefix, local_rank, std::move(world)};
 }
 
 bool is_initialized() {
@@ -188,6 +201,11 @@ std::shared_ptr<Communicator> default_group() {
 std::shared_ptr<TCPStore> default_store() {
   std::lock_guard<std::mutex> lock(g_mutex);
   return group_or_fail("default_store").store;
+}
+
+std::shared_ptr<Communicator> new_group(const std::vector<int>& ranks, const std::string& name) {
+  std::lock_guard<std::mutex> lock(g_mutex);  // the group count is the default group's
+  return new_group(group_or_fail("new_group").world, ranks, name);
 }
 
 int get_rank() { return default_group()->rank(); }

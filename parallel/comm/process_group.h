@@ -25,6 +25,7 @@
 #include <string>
 
 #include "parallel/comm/communicator.h"
+#include "parallel/comm/new_group.h"  // defines: World, new_group (subgroups of the default group)
 #include "parallel/store/tcp_store.h"
 
 namespace loom::distributed {
@@ -54,9 +55,12 @@ void all_reduce(const Tensor& tensor, ReduceOp op = ReduceOp::Sum);
 void broadcast(const Tensor& tensor, int root);
 
 // The backend seam: makes a communicator of `backend` over `store`. "gloo" here; "nccl"
-// is where the CUDA backend plugs in.
+// is where the CUDA backend plugs in. `world_rank` (default: `rank`) is this process's
+// rank in the whole world, which picks its GPU when LOCAL_RANK is not set: a subgroup's
+// rank 0 is not world rank 0.
 std::shared_ptr<Communicator> make_communicator(const std::string& backend, std::shared_ptr<TCPStore> store,
                                                 const std::string& prefix, int rank, int world_size,
-                                                std::chrono::milliseconds timeout, const std::string& master_addr);
+                                                std::chrono::milliseconds timeout, const std::string& master_addr,
+                                                int world_rank = -1);
 
 }  // namespace loom::distributed

@@ -29,7 +29,7 @@ using distributed::ReduceOp;
 // multiplies by 1/world (exact for powers of two, within an ulp otherwise); the scalar
 // is a stride-0 operand, which the CPU loop streams at copy speed (Note [Broadcast
 // scalars in the inner loop], core/cpu/loops.h).
-static void copy_divided(Tensor dst, const Tensor& src, int world) {
+void copy_divided(Tensor dst, const Tensor& src, int world) {
   if (world == 1) {
     if (!src.is_same(dst)) copy_kernel(dst.device())(src, dst, /*non_blocking=*/false);
     return;

@@ -134,6 +134,10 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   BackwardTimeline timeline_;
 };
 
+// dst <- src / world, in one pass (Note [Divide on the way in], reducer.cpp); a plain copy
+// when world is 1. FSDP divides its gradients the same way, so that both agree bitwise.
+void copy_divided(Tensor dst, const Tensor& src, int world);
+
 // When `work` finished, in trace::now_us() microseconds, or -1 while it has not finished
 // as far as the host knows (see Note [When did a bucket's all_reduce finish]).
 int64_t completion_us(const distributed::Work& work);

@@ -45,7 +45,8 @@ std::string ranks_text(const std::vector<int>& ranks) {
 }  // namespace
 
 void verify_same_shapes(distributed::Communicator& comm, const std::vector<Tensor>& tensors,
-                        const std::vector<std::string>& names, const std::string& what) {
+                        const std::vector<std::string>& names, const std::string& what,
+                        const std::string& who) {
   // Round 1: how many tensors and how many words each rank's description has, so that
   // round 2 can gather same-sized buffers (padded to the longest).
   std::vector<int64_t> words;
@@ -65,7 +66,7 @@ void verify_same_shapes(distributed::Communicator& comm, const std::vector<Tenso
   if (ranks_by_count.size() > 1) {
     std::string counts;
     for (const auto& [count, ranks] : ranks_by_count) counts += detail::str("\n  ", count, " on ", ranks_text(ranks));
-    LOOM_FAIL("DistributedDataParallel: the ranks' models have different numbers of ", what, "s:",
+    LOOM_FAIL(who, ": the ranks' models have different numbers of ", what, "s:",
               counts, "\nEvery rank must build the same model. Check that every rank runs the same model-building "
               "code with the same flags");
   }
@@ -85,9 +86,9 @@ void verify_same_shapes(distributed::Communicator& comm, const std::vector<Tenso
     if (ranks_by_shape.size() == 1) continue;
     std::string shapes;
     for (const auto& [shape, ranks] : ranks_by_shape) shapes += detail::str("\n  ", shape, " on ", ranks_text(ranks));
-    LOOM_FAIL("DistributedDataParallel: ", what, " ", i, " (\"", names[i], "\" on rank ", comm.rank(),
-              ") differs across ranks:", shapes, "\nEvery rank must build the same model before wrapping it; DDP "
-              "checks this before broadcasting rank 0's values (see Note [Check shapes before broadcasting])");
+    LOOM_FAIL(who, ": ", what, " ", i, " (\"", names[i], "\" on rank ", comm.rank(), ") differs across ranks:",
+              shapes, "\nEvery rank must build the same model before wrapping it; ", who, " checks this before any "
+              "rank's values move (see Note [Check shapes before broadcasting])");
   }
 }
 

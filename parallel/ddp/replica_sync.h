@@ -29,9 +29,10 @@
 namespace loom::ddp {
 
 // See Note [Check shapes before broadcasting]. Collective: every rank calls it. `what`
-// names the tensors in messages ("parameter", "buffer").
+// names the tensors in messages ("parameter", "buffer"), `who` the caller.
 void verify_same_shapes(distributed::Communicator& comm, const std::vector<Tensor>& tensors,
-                        const std::vector<std::string>& names, const std::string& what);
+                        const std::vector<std::string>& names, const std::string& what,
+                        const std::string& who = "DistributedDataParallel");
 
 // tensors <- rank `root`'s values, one broadcast per dtype (Note [Coalesced broadcast]).
 // Collective. Writes under NoGradGuard, so parameters may be among the tensors.

@@ -27,6 +27,9 @@ options:
   --tee N              prefix each output line with "[rank N]: ": 1 stdout, 2 stderr, 3 both
   --prefix-output      same as --tee 3
   --grace_period S     seconds between SIGTERM and SIGKILL when stopping workers (default 5)
+  --max_restarts N     after a worker fails and the others are stopped, start all workers
+                       again, up to N times (default 0); each sees the attempt in
+                       LOOM_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT
   --numa-binding exclusive
                        bind each worker to its own share of loomrun's CPUs (split in order,
                        disjoint); helps DDP when every core trains. Default: no binding
@@ -94,6 +97,8 @@ LaunchOptions parse_launch_options(int argc, const char* const* argv) {
     } else if (name == "--master_port") {
       o.master_port = parse_int(name, take_value(), 1, 65535);
       master_given = true;
+    } else if (name == "--max_restarts") {
+      o.max_restarts = parse_int(name, take_value(), 0, 1000000);
     } else if (name == "--tee") {
       o.prefix_streams = parse_int(name, take_value(), 0, 3);
     } else if (name == "--grace_period") {

@@ -24,6 +24,9 @@ struct LaunchOptions {
   // Which streams get each line prefixed with "[rank N]: " (bit 1: stdout, bit 2:
   // stderr), as torchrun's --tee. 0: workers write straight to loomrun's streams.
   int prefix_streams = 0;
+  // torchrun's --max-restarts: how many times a failed group is started again
+  // (Note [How loomrun restarts a job] in supervisor.h).
+  int max_restarts = 0;
   double grace_period_s = 5.0;  // after SIGTERM, how long workers get before SIGKILL
   // torchrun's --numa-binding: "" (none, the default) or "exclusive" (cpu_binding.h).
   std::string numa_binding;

@@ -64,6 +64,9 @@ class Supervisor {
   int run();
 
  private:
+  // One attempt: starts every worker, supervises until all are reaped. See Note [How
+  // loomrun restarts a job].
+  void run_attempt();
   std::vector<std::string> environment_for(const Worker& w) const;
   void spawn(Worker& w);
   void reap();
@@ -74,6 +77,7 @@ class Supervisor {
   void reap_descendants();
 
   const LaunchOptions& o_;
+  int attempt_ = 0;  // 0 for the first start; LOOM_RESTART_COUNT
   std::vector<Worker> workers_;
   sigset_t original_mask_{};
   int signal_fd_ = -1;
@@ -93,6 +97,11 @@ std::vector<std::string> Supervisor::environment_for(const Worker& w) const {
       {"WORLD_SIZE", std::to_string(o_.world_size())},
       {"LOCAL_WORLD_SIZE", std::to_string(o_.nproc_per_node)},
       {"GROUP_RANK", std::to_string(o_.node_rank)},
+      // The attempt, under loom's name and torchrun's: a training script resumes from its
+      // checkpoint when it is above 0 (examples/train/checkpoint.h).
+      {"LOOM_RESTART_COUNT", std::to_string(attempt_)},
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(attempt_)},
+      {"TORCHELASTIC_MAX_RESTARTS", std::to_string(o_.max_restarts)},
   };
   // Several workers on one node each start an OpenMP team; without a limit they
   // oversubscribe the cores and every one of them slows down (torchrun sets 1).
@@ -272,7 +281,44 @@ int Supervisor::run() {
   // loomrun can kill and reap them too. See Note [How loomrun stops a job].
   LOOM_CHECK_ERRNO(::prctl(PR_SET_CHILD_SUBREAPER, 1) == 0, "prctl(PR_SET_CHILD_SUBREAPER)");
 
+  std::vector<std::string> restarts;  // why each restart happened, for the last word
+  auto history = [&] {
+    std::string text;
+    for (size_t i = 0; i < restarts.size(); ++i) text += (i ? "; " : "") + restarts[i];
+    return text;
+  };
+  auto plural = [](size_t n) { return std::to_string(n) + (n == 1 ? " restart" : " restarts"); };
+  for (attempt_ = 0;; ++attempt_) {
+    run_attempt();
+    if (failed_index_ < 0 || interrupted_by_ || attempt_ >= o_.max_restarts) break;
+    const Worker& w = workers_[failed_index_];
+    restarts.push_back(detail::str("attempt ", attempt_, ": worker rank ", w.rank, " ", describe_status(w.status)));
+    say(detail::str("restarting all ", workers_.size(), " workers (restart ", attempt_ + 1, " of --max-restarts ",
+                    o_.max_restarts, ") after worker rank ", w.rank, " ", describe_status(w.status)));
+  }
+  ::close(signal_fd_);
+
+  if (failed_index_ == -2) return 1;  // could not start a worker; already said why
+  if (failed_index_ >= 0) {
+    const Worker& w = workers_[failed_index_];
+    say("failed: worker rank " + std::to_string(w.rank) + " (local rank " + std::to_string(w.local_rank) + ") " +
+        describe_status(w.status) + "; its output above shows why" +
+        (o_.max_restarts > 0 ? " (after " + plural(restarts.size()) + " of --max-restarts " +
+                                   std::to_string(o_.max_restarts) + (restarts.empty() ? "" : ": " + history()) + ")"
+                             : ""));
+    return exit_code_of(w.status) == 0 ? 1 : exit_code_of(w.status);
+  }
+  if (interrupted_by_) return 128 + interrupted_by_;
+  if (!restarts.empty()) say("all workers exited 0 after " + plural(restarts.size()) + " (" + history() + ")");
+  return 0;
+}
+
+void Supervisor::run_attempt() {
+  workers_.clear();
   workers_.resize(o_.nproc_per_node);
+  stopping_ = false;
+  killed_ = false;
+  failed_index_ = -1;
   try {
     std::vector<std::vector<int>> cpu_sets;  // See Note [Why bind DDP workers to cores]
     if (o_.numa_binding == "exclusive") cpu_sets = exclusive_cpu_sets(allowed_cpus(), o_.nproc_per_node);
@@ -339,18 +385,7 @@ int Supervisor::run() {
         if (w.running) kill_group(w, SIGKILL);
     }
   }
-  ::close(signal_fd_);
   reap_descendants();
-
-  if (failed_index_ == -2) return 1;  // could not start a worker; already said why
-  if (failed_index_ >= 0) {
-    const Worker& w = workers_[failed_index_];
-    say("failed: worker rank " + std::to_string(w.rank) + " (local rank " + std::to_string(w.local_rank) + ") " +
-        describe_status(w.status) + "; its output above shows why");
-    return exit_code_of(w.status) == 0 ? 1 : exit_code_of(w.status);
-  }
-  if (interrupted_by_) return 128 + interrupted_by_;
-  return 0;
 }
 
 }  // namespace

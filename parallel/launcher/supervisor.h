@@ -15,6 +15,19 @@
 // loomrun is a child subreaper: descendants orphaned by a dying worker are re-parented
 // to it rather than to init, so it kills and reaps them as well. Every one is reaped
 // before loomrun returns: no process, not even a zombie, is left.
+//
+// Note [How loomrun restarts a job]
+// With --max-restarts N (torchrun's flag), a failed attempt -- stopped as above -- is
+// followed by a new one: every worker of this node starts again, with the attempt
+// number in LOOM_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT (0 for the first), up to
+// N times. The whole group restarts, not only the failed worker: a DDP group cannot
+// take a rank back mid-step, so the training script instead resumes from its last
+// checkpoint (train_cifar10 --checkpoint-dir does it when the count is above 0). An
+// interrupt (SIGINT/SIGTERM/SIGHUP) and a worker that cannot be started end the job
+// at once. On several nodes each node's loomrun restarts its own workers: a rank that
+// fails makes its peers' collectives fail, so every node's workers fail and restart,
+// and the store refuses ranks of an older attempt (Note [Restart generations] in
+// parallel/comm/launch_env.h).
 #pragma once
 
 #include "parallel/launcher/options.h"
@@ -22,8 +35,8 @@
 namespace loom::launcher {
 
 // Runs the job described by `options`; returns loomrun's exit status: 0 when every
-// worker exited 0, else the failed worker's exit status (128 + signal when killed),
-// or 128 + signal when loomrun itself was interrupted.
+// worker of the last attempt exited 0, else the failed worker's exit status (128 +
+// signal when killed), or 128 + signal when loomrun itself was interrupted.
 int run_workers(const LaunchOptions& options);
 
 }  // namespace loom::launcher

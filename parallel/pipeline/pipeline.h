@@ -75,8 +75,9 @@ class Pipeline : public ModelParallel {
  public:
   using LossFn = std::function<Tensor(const Tensor& output, const Tensor& target)>;
 
-  // chunks: micro-batches per batch (fewer when the batch is smaller); schedule: "gpipe"
-  // or "1f1b"; checkpoint: "never", "except_last" or "always" (torchgpipe's; Note
+  // chunks: micro-batches per batch (fewer when the batch is smaller); schedule: "gpipe",
+  // "1f1b" or "interleaved_1f1b", whose balance has S×V entries for the S devices: model
+  // chunk c on devices[c % S] (Note [Interleaved 1F1B: virtual stages]); checkpoint: "never", "except_last" or "always" (torchgpipe's; Note
   // [Checkpointed micro-batches are recomputed exactly]). The default is "never", where
   // torchgpipe's and PyTorch's Pipe's is "except_last": recomputing costs a fifth of the
   // throughput (docs/pipeline.md), worth paying only where memory is what runs out.
@@ -96,6 +97,9 @@ class Pipeline : public ModelParallel {
   StepResult step(const Tensor& input, const Tensor& target, double loss_scale = 1.0);
 
   int64_t chunks() const { return chunks_; }
+  // S: the pipeline's stages (devices, threads); stages() holds their S·V model chunks.
+  const std::vector<Device>& stage_devices() const { return stage_devices_; }
+  int64_t virtual_stages() const { return virtual_stages_; }
   const std::string& schedule_name() const { return schedule_name_; }
   const std::string& checkpoint() const { return checkpoint_; }
   std::string extra_repr() const override;
@@ -103,11 +107,20 @@ class Pipeline : public ModelParallel {
  private:
   // Whether micro-batch m of M is checkpointed.
   bool checkpointed(int64_t m, int64_t M) const;
+  // "stage 1", or with virtual stages "model chunk 3 (stage 1's chunk 1)".
+  std::string chunk_name(int64_t c) const;
 
+  std::vector<Device> stage_devices_;
+  int64_t virtual_stages_ = 1;
   int64_t chunks_;
   std::string schedule_name_;
   LossFn loss_fn_;
   std::string checkpoint_;
 };
+
+// The trace span's name of an action: "F3 stage 1", with virtual stages "F3 stage 1
+// chunk 3" (the model chunk). Shared by the in-process and cross-process pipelines, so
+// their traces read (and are measured: docs/pipeline.md) alike.
+std::string action_name(const Action& action, int64_t stage, int64_t stages, int64_t virtual_stages);
 
 }  // namespace loom::parallel::pipeline

@@ -1,0 +1,25 @@
+#include "examples/train/optimizer.h"
+
+#include "core/error.h"                            // defines: LOOM_CHECK
+#include "nn/optim/sgd.h"                          // defines: SGD
+#include "parallel/zero_redundancy_optimizer.h"    // defines: ZeroRedundancyOptimizer
+
+namespace loom::examples {
+
+std::unique_ptr<optim::Optimizer> build_optimizer(const std::vector<Tensor>& params,
+                                                  const distributed::DeviceMesh* mesh, const TrainConfig& config,
+                                                  double lr) {
+  const optim::SGDOptions sgd{.lr = lr, .momentum = config.momentum, .weight_decay = config.weight_decay,
+                              .nesterov = config.nesterov};
+  if (!config.zero_redundancy_optimizer) return std::make_unique<optim::SGD>(params, sgd);
+  LOOM_CHECK(mesh != nullptr, "--zero-redundancy-optimizer needs a process group (--mode ddp under loomrun)");
+  // The group DDP averages the gradients over: its ranks hold the same parameters.
+  return std::make_unique<parallel::ZeroRedundancyOptimizer>(
+      params, parallel::optimizer_class<optim::SGD>(sgd), mesh->group("dp_replicate"));
+}
+
+void gather_optimizer_state(optim::Optimizer& optimizer) {
+  if (auto* zero = dynamic_cast<parallel::ZeroRedundancyOptimizer*>(&optimizer)) zero->consolidate_state_dict(0);
+}
+
+}  // namespace loom::examples

@@ -1,0 +1,28 @@
+// The optimizer the loop steps: SGD over the model's parameters, or, with --mode ddp
+// --zero-redundancy-optimizer, the same SGD inside ZeroRedundancyOptimizer over the
+// data-parallel group (ZeRO-1: each rank keeps the momentum of its partition only;
+// parallel/zero_redundancy_optimizer.h). Like parallelize(), decided once from the flags:
+// the loop calls step() and never asks which it got. As torchtitan's build_optimizers.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "core/tensor.h"                 // defines: Tensor
+#include "examples/train/trainer.h"      // defines: TrainConfig
+#include "nn/optim/optimizer.h"          // defines: Optimizer
+#include "parallel/device_mesh.h"        // defines: DeviceMesh
+
+namespace loom::examples {
+
+// `mesh` is null in one process. `lr` is --lr after --lr-scaling.
+std::unique_ptr<optim::Optimizer> build_optimizer(const std::vector<Tensor>& params,
+                                                  const distributed::DeviceMesh* mesh, const TrainConfig& config,
+                                                  double lr);
+
+// Collective under --zero-redundancy-optimizer: gathers the whole optimizer state on rank
+// 0 of the data-parallel group, so that its state_dict() (save_checkpoint) is a plain
+// SGD's. Every rank calls it before rank 0 saves; a no-op for a plain optimizer.
+void gather_optimizer_state(optim::Optimizer& optimizer);
+
+}  // namespace loom::examples

@@ -1,0 +1,92 @@
+#include "examples/train/parallelize.h"
+
+#include <omp.h>  // defines: omp_get_max_threads, omp_set_num_threads (balancing a pipeline's stages)
+
+#include <cstdio>
+
+#include "core/factory.h"                            // defines: randn (the balance's sample batch)
+#include "cuda/device.h"                             // defines: cuda::device_count (--mode dp's default)
+#include "nn/resnet.h"                               // defines: ResNet::sequential
+#include "parallel/data_parallel.h"                  // defines: DataParallel
+#include "parallel/ddp/distributed_data_parallel.h"  // defines: DistributedDataParallel
+#include "parallel/model_parallel.h"                 // defines: ModelParallel, balance_by_time
+#include "parallel/pipeline/pipeline.h"              // defines: Pipeline
+#include "parallel/sync_batch_norm.h"                // defines: convert_sync_batchnorm
+
+namespace loom::examples {
+
+// `count` devices of `first`'s type from `first` on: cpu:0, cpu:1, ... or cuda:0, cuda:1, ...
+static std::vector<Device> consecutive_devices(Device first, int64_t count) {
+  std::vector<Device> devices;
+  for (int64_t i = 0; i < count; ++i) devices.emplace_back(first.type, first.index + static_cast<int>(i));
+  return devices;
+}
+
+std::shared_ptr<nn::Module> apply_data_parallel(std::shared_ptr<nn::Module> model, const TrainConfig& config,
+                                                Device device) {
+  const int64_t count = config.dp_devices > 0 ? config.dp_devices : device.is_cuda() ? cuda::device_count() : 2;
+  auto dp = std::make_shared<parallel::DataParallel>(model, consecutive_devices(device, count));
+  if (config.progress) std::fprintf(stderr, "DataParallel over %s\n", dp->extra_repr().c_str());
+  return dp;
+}
+
+// The stages are balanced by each layer's measured time (Note [Stage balance]) and
+// share the model's layers, which move to their devices.
+// pipeline: the same stages, --chunks micro-batches under --pipeline-schedule, with
+// --pipeline-checkpoint's micro-batches recomputed in their backward.
+std::shared_ptr<nn::Module> apply_model_parallel(nn::Module& model, const TrainConfig& config, Device device,
+                                                 nn::CrossEntropyLoss& criterion) {
+  auto* resnet = dynamic_cast<nn::ResNet*>(&model);
+  LOOM_CHECK(resnet != nullptr, "--mode mp needs a ResNet (its layers as a Sequential), got ", model.type_name());
+  const int64_t count = config.mp_devices;
+  const std::vector<Device> devices = consecutive_devices(device, count);
+  auto layers = resnet->sequential();
+  LOOM_CHECK(count >= 1 && count <= static_cast<int64_t>(layers->size()), "--mp-devices ", count, ": the model has ",
+             layers->size(), " layers to cut into stages (one or more each), so use 1 to ", layers->size());
+  // Measured as the stages will run: a micro-batch (pipeline) or a batch of at most 32,
+  // on each stage's share of the threads.
+  const int64_t per_pass = config.mode == "pipeline" ? (config.batch_size + config.chunks - 1) / config.chunks
+                                                     : std::min<int64_t>(config.batch_size, 32);
+  Tensor sample = randn({std::max<int64_t>(per_pass, 1), resnet->in_channels, 32, 32}, TensorOptions().device(device));
+  const int threads = omp_get_max_threads();
+  if (config.mode == "pipeline") omp_set_num_threads(std::max(1, threads / static_cast<int>(count)));
+  auto balance = parallel::balance_by_time(*layers, sample, count);
+  omp_set_num_threads(threads);
+  std::shared_ptr<parallel::ModelParallel> mp;
+  if (config.mode == "pipeline")
+    mp = std::make_shared<parallel::pipeline::Pipeline>(
+        layers, devices, balance, config.chunks, config.pipeline_schedule,
+        [&criterion](const Tensor& out, const Tensor& target) { return criterion(out, target); },
+        config.pipeline_checkpoint);
+  else
+    mp = std::make_shared<parallel::ModelParallel>(layers, devices, balance);
+  if (config.progress) std::fprintf(stderr, "%s: %s\n", config.mode.c_str(), mp->extra_repr().c_str());
+  return mp;
+}
+
+std::shared_ptr<nn::Module> apply_ddp(std::shared_ptr<nn::Module> model,
+                                      std::shared_ptr<distributed::Communicator> dp_group, const TrainConfig& config) {
+  if (config.sync_bn) nn::convert_sync_batchnorm(model, dp_group);
+  ddp::DDPOptions options;
+  options.bucket_cap_mb = config.bucket_cap_mb;
+  // .grad() is a view into the reduced bucket: finalize then has nothing to copy back, a
+  // 43 MiB copy saved at the end of every ResNet18 backward, where nothing overlaps it,
+  // and between steps the gradients take no memory of their own. (During backward each
+  // fresh gradient still lives on its own until the hook copies it into its slot, as in
+  // PyTorch: zero_grad() drops them.) The loop only reads gradients, which is all this
+  // option asks of it.
+  options.gradient_as_bucket_view = true;
+  return std::make_shared<ddp::DistributedDataParallel>(model, std::move(dp_group), options);
+}
+
+std::shared_ptr<nn::Module> parallelize(std::shared_ptr<nn::Module> model, const distributed::DeviceMesh* mesh,
+                                        const TrainConfig& config, Device device, nn::CrossEntropyLoss& criterion) {
+  // Inside one process, over several devices.
+  if (config.mode == "dp") return apply_data_parallel(model, config, device);
+  if (config.mode == "mp" || config.mode == "pipeline") return apply_model_parallel(*model, config, device, criterion);
+  if (mesh == nullptr) return model;  // one process, one device
+  // Across processes: replicas of the model over the data-parallel dimension.
+  return apply_ddp(model, mesh->group("dp_replicate"), config);
+}
+
+}  // namespace loom::examples

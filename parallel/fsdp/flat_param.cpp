@@ -1,0 +1,224 @@
+#include "parallel/fsdp/flat_param.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "autograd/grad_mode.h"    // defines: NoGradGuard
+#include "core/error.h"
+#include "core/factory.h"          // defines: zeros, empty
+#include "core/trace.h"            // defines: trace::now_us
+#include "nn/module.h"             // defines: nn::set_data, nn::Parameter
+#include "parallel/ddp/reducer.h"  // defines: copy_divided
+
+namespace loom::fsdp {
+
+using distributed::ReduceOp;
+
+FlatParamLayout flat_param_layout(const std::vector<int64_t>& numels, int group_size) {
+  LOOM_CHECK(group_size >= 1, "flat_param_layout: the group size must be at least 1, got ", group_size);
+  FlatParamLayout layout;
+  for (int64_t n : numels) {
+    layout.offsets.push_back(layout.total);
+    layout.total += n;
+  }
+  // Note [Padding the flat buffer]
+  // all_gather and reduce_scatter move equal-sized pieces, so the flat buffer is padded
+  // with zeros to a multiple of the group size: 464 elements over 3 ranks become 3
+  // shards of 155, the last holding one padding element. The padding's gradient is zero
+  // and so is its weight decay, so it stays zero through every optimizer step.
+  layout.shard_size = (layout.total + group_size - 1) / group_size;
+  layout.padded = layout.shard_size * group_size;
+  return layout;
+}
+
+// Note [Releasing a gathered unit]
+// FULL_SHARD frees a unit's gathered parameters after its forward and gathers them again
+// before its backward. But the layers' backward formulas do not read the module's
+// parameters: autograd saved its own alias of what they need (Note [Saved tensors]),
+// sharing the gathered buffer's storage. Dropping FSDP's handles therefore frees nothing
+// while that alias lives, until backward passes the unit. PyTorch frees the memory under
+// the aliases instead (the storage is resized to 0 and back). loom does the same on the
+// CPU without touching the storage object: the gathered buffer is an anonymous mapping
+// that stays at one address; release() hands its pages back to the kernel
+// (madvise(MADV_DONTNEED): resident memory drops, a later read would see zeros) and the
+// backward's all-gather writes the values back into the same pages, under the aliases.
+// On other devices the buffer is simply dropped and the next gather allocates a new one;
+// the aliases then keep the forward's copy alive until the unit's backward.
+namespace {
+
+size_t page_size() {
+  static const size_t size = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  return size;
+}
+
+size_t mapped_bytes(size_t nbytes) { return (nbytes + page_size() - 1) / page_size() * page_size(); }
+
+Tensor map_releasable(int64_t numel, DType dtype, Device device) {
+  const size_t nbytes = static_cast<size_t>(numel) * element_size(dtype);
+  const size_t length = mapped_bytes(nbytes == 0 ? 1 : nbytes);
+  void* data = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  LOOM_CHECK(data != MAP_FAILED, "FSDP: could not map ", length, " bytes for a unit's gathered parameters");
+  std::shared_ptr<void> owner(data, [length](void* p) { ::munmap(p, length); });
+  auto storage = std::make_shared<StorageImpl>(data, nbytes, device, std::move(owner));
+  return make_tensor(std::move(storage), {numel}, {1}, 0, dtype);
+}
+
+void release_pages(const Tensor& buffer) {
+  ::madvise(buffer.storage()->data(), mapped_bytes(buffer.storage()->nbytes()), MADV_DONTNEED);
+}
+
+}  // namespace
+
+FlatParameter::FlatParameter(std::vector<Tensor> params, std::vector<std::string> names,
+                             std::shared_ptr<distributed::Communicator> shard_group)
+    : params_(std::move(params)), names_(std::move(names)), group_(std::move(shard_group)) {
+  LOOM_CHECK(!params_.empty(), "FlatParameter: a unit needs at least one parameter");
+  LOOM_CHECK(names_.size() == params_.size(), "FlatParameter: ", params_.size(), " parameters but ", names_.size(),
+             " names");
+  const DType dtype = params_[0].dtype();
+  const Device device = params_[0].device();
+  std::vector<int64_t> numels;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    LOOM_CHECK(params_[i].dtype() == dtype && params_[i].device() == device, "FSDP: the parameters of one unit "
+               "must share a dtype and a device to live in one flat buffer; \"", names_[i], "\" is ",
+               params_[i].str(), " but \"", names_[0], "\" is ", params_[0].str());
+    shapes_.push_back(params_[i].shape());
+    numels.push_back(params_[i].numel());
+  }
+  const int world = group_ ? group_->size() : 1;
+  const int rank = group_ ? group_->rank() : 0;
+  layout_ = flat_param_layout(numels, world);
+  ready_.assign(params_.size(), 0);
+
+  NoGradGuard no_grad;
+  const TensorOptions options = TensorOptions(dtype).device(device);
+  Tensor flat = zeros({layout_.padded}, options);
+  for (size_t i = 0; i < params_.size(); ++i)
+    flat.narrow(0, layout_.offsets[i], numels[i]).view(shapes_[i]).copy_(params_[i].contiguous());
+  if (!sharded()) {
+    shard_ = nn::Parameter(flat);
+    point_params_at(shard_.detach());  // NO_SHARD: the module's parameters are the flat buffer, for good
+    gathered_ = true;
+    return;
+  }
+  shard_ = nn::Parameter(flat.narrow(0, rank * layout_.shard_size, layout_.shard_size).clone());
+  full_releasable_ = device.is_cpu();
+  if (full_releasable_) {
+    full_ = map_releasable(layout_.padded, dtype, device);
+    full_chunks_ = full_.chunk(world);
+  }
+  gathered_ = true;  // the parameters still hold their full values: release() empties them
+  release();
+}
+
+FlatParameter::~FlatParameter() { drain(); }
+
+void FlatParameter::drain() noexcept {
+  for (auto* work : {&gather_work_, &reduce_work_}) {
+    if (!*work) continue;
+    try {
+      (*work)->wait();
+    } catch (...) {  // reported by whoever waited first
+    }
+    *work = nullptr;
+  }
+}
+
+void FlatParameter::point_params_at(const Tensor& flat) {
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i)
+    nn::set_data(params_[i], flat.narrow(0, layout_.offsets[i], numel(shapes_[i])).view(shapes_[i]));
+}
+
+void FlatParameter::gather_async() {
+  if (!sharded() || gathered_ || gather_work_) return;
+  if (!full_.defined()) {
+    full_ = empty({layout_.padded}, TensorOptions(shard_.dtype()).device(shard_.device()));
+    full_chunks_ = full_.chunk(group_->size());
+  }
+  gather_issued_us_ = trace::now_us();
+  gather_work_ = group_->all_gather(full_chunks_, shard_.detach());
+}
+
+int64_t FlatParameter::wait_gathered() {
+  if (gathered_) return -1;
+  gather_async();
+  auto work = std::move(gather_work_);
+  gather_work_ = nullptr;
+  work->wait();
+  point_params_at(full_);
+  gathered_ = true;
+  return ddp::completion_us(*work);
+}
+
+void FlatParameter::release() {
+  if (!sharded()) return;
+  if (gather_work_) wait_gathered();  // never give back pages an all-gather is writing
+  if (!gathered_) return;
+  NoGradGuard no_grad;
+  const Tensor nothing = empty({0}, TensorOptions(shard_.dtype()).device(shard_.device()));
+  for (const Tensor& p : params_) nn::set_data(p, nothing);
+  if (full_releasable_) {
+    release_pages(full_);  // See Note [Releasing a gathered unit]
+  } else {
+    full_ = Tensor();
+    full_chunks_.clear();
+  }
+  gathered_ = false;
+}
+
+Tensor FlatParameter::full_values() {
+  if (!sharded()) return shard_.detach().narrow(0, 0, layout_.total).clone();
+  Tensor out = empty({layout_.padded}, TensorOptions(shard_.dtype()).device(shard_.device()));
+  std::vector<Tensor> chunks = out.chunk(group_->size());
+  group_->all_gather(chunks, shard_.detach())->wait();
+  return out.narrow(0, 0, layout_.total);
+}
+
+void FlatParameter::load_full_values(const Tensor& full) {
+  LOOM_CHECK(full.dim() == 1 && (full.numel() == layout_.total || full.numel() == layout_.padded) &&
+                 full.dtype() == shard_.dtype(),
+             "FlatParameter::load_full_values: expected ", layout_.total, " (or padded ", layout_.padded, ") ",
+             shard_.dtype(), " values, got ", full.str());
+  NoGradGuard no_grad;
+  Tensor padded = zeros({layout_.padded}, TensorOptions(shard_.dtype()).device(shard_.device()));
+  padded.narrow(0, 0, layout_.total).copy_(full.narrow(0, 0, layout_.total));
+  const int rank = group_ ? group_->rank() : 0;
+  Tensor(shard_.detach()).copy_(padded.narrow(0, rank * layout_.shard_size, layout_.shard_size));
+  if (sharded()) release();  // the next forward gathers the loaded values
+}
+
+bool FlatParameter::mark_ready(size_t index) {
+  LOOM_CHECK(!ready_.at(index), "FSDP: parameter \"", names_[index], "\" received its gradient twice in one "
+             "backward; a parameter must be used by one unit's forward only (is it shared with another unit, or "
+             "used outside the FSDP module?)");
+  ready_[index] = 1;
+  return ++ready_count_ == params_.size();
+}
+
+void FlatParameter::reset_ready() {
+  ready_.assign(params_.size(), 0);
+  ready_count_ = 0;
+}
+
+std::shared_ptr<distributed::Work> FlatParameter::reduce_async(int world) {
+  NoGradGuard no_grad;
+  Tensor flat = zeros({layout_.padded}, TensorOptions(shard_.dtype()).device(shard_.device()));  // padding: zeros
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor grad = params_[i].grad();
+    if (grad.defined()) {
+      ddp::copy_divided(flat.narrow(0, layout_.offsets[i], numel(shapes_[i])).view(shapes_[i]), grad, world);
+    }
+    params_[i].set_grad(Tensor());  // the full-size gradient is not kept: only the shard's
+  }
+  if (!sharded()) {
+    reduced_grad_ = flat;
+    reduce_work_ = nullptr;
+    return nullptr;
+  }
+  reduced_grad_ = empty({layout_.shard_size}, TensorOptions(shard_.dtype()).device(shard_.device()));
+  reduce_work_ = group_->reduce_scatter(reduced_grad_, flat.chunk(group_->size()), ReduceOp::Sum);
+  return reduce_work_;
+}
+
+}  // namespace loom::fsdp

@@ -1,0 +1,116 @@
+// FlatParameter: one FSDP unit's parameters as one flat buffer, sharded over a group
+// (as PyTorch's torch.distributed.fsdp FlatParameter / FlatParamHandle).
+//
+//   unit params   conv1.weight (432)  bn1.weight (16)  bn1.bias (16)      total 464
+//   flat buffer   [ conv1.weight ......... | bn1.w | bn1.b | pad ]        padded 465 (N = 3)
+//   shards        [ rank 0: 155 ][ rank 1: 155 ][ rank 2: 155 ]
+//
+// Each rank keeps only its shard: a leaf tensor that requires grad, the parameter the
+// optimizer steps. The module's own parameters (same TensorImpls as before wrapping, so
+// the layers need no change; Note [Parameters keep their identity]) are views into the
+// gathered flat buffer while the unit is gathered, and empty ([0]) tensors otherwise.
+//
+//   gather_async()  all_gather of every rank's shard into the flat buffer (returns at once)
+//   wait_gathered() waits, then points the module's parameters at their slices
+//   release()       the parameters become empty again; the buffer's memory is returned
+//                   (Note [Releasing a gathered unit])
+//   reduce_async()  the parameters' full gradients, divided by the world on the way in,
+//                   reduce-scattered into this rank's shard of the gradient
+//
+// With a shard group of one rank (NO_SHARD) the shard *is* the flat buffer, the module's
+// parameters stay views of it for good, and gather/release do nothing.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "parallel/comm/communicator.h"  // defines: Communicator, Work
+
+namespace loom::fsdp {
+
+// Where each parameter sits in the flat buffer, and how it is cut into shards. A pure
+// function of the sizes, so that every rank computes the same layout.
+struct FlatParamLayout {
+  std::vector<int64_t> offsets;  // element offset of each parameter in the flat buffer
+  int64_t total = 0;             // sum of the parameters' numels
+  int64_t padded = 0;            // total rounded up to a multiple of the group size
+  int64_t shard_size = 0;        // padded / group size: every rank's shard is this long
+};
+FlatParamLayout flat_param_layout(const std::vector<int64_t>& numels, int group_size);
+
+class FlatParameter {
+ public:
+  // params: the unit's parameters that require grad, all of one dtype and device, already
+  // equal on every rank (FSDP broadcasts rank 0's first). names: theirs, for messages and
+  // the full state dict. shard_group: the ranks that split the unit; a group of size 1
+  // keeps the whole flat buffer (NO_SHARD).
+  FlatParameter(std::vector<Tensor> params, std::vector<std::string> names,
+                std::shared_ptr<distributed::Communicator> shard_group);
+  ~FlatParameter();
+  FlatParameter(const FlatParameter&) = delete;
+  FlatParameter& operator=(const FlatParameter&) = delete;
+
+  const Tensor& shard() const { return shard_; }
+  const FlatParamLayout& layout() const { return layout_; }
+  const std::vector<Tensor>& params() const { return params_; }
+  const std::vector<std::string>& names() const { return names_; }
+  const std::vector<Shape>& shapes() const { return shapes_; }  // the parameters' own shapes
+  bool sharded() const { return group_ && group_->size() > 1; }
+
+  // ---- parameters ------------------------------------------------------------------
+  // Starts the all-gather unless the unit is gathered or one is in flight.
+  void gather_async();
+  // Waits for the all-gather (starting it if needed); the parameters then hold the full
+  // values. Returns when the all-gather finished (ddp::completion_us), -1 if none was needed.
+  int64_t wait_gathered();
+  bool gathered() const { return gathered_; }
+  bool gather_in_flight() const { return gather_work_ != nullptr; }
+  // The parameters become empty and the gathered memory is given back. No-op unsharded.
+  void release();
+  // The full flat buffer's values (gathered or not): for checkpoints. Collective.
+  Tensor full_values();
+  // shard <- this rank's slice of `full` (a flat buffer of layout().padded elements or
+  // of layout().total, padding then being zero). For loading checkpoints.
+  void load_full_values(const Tensor& full);
+  // trace::now_us() when the last all-gather was issued and finished (for the trace).
+  int64_t gather_issued_us() const { return gather_issued_us_; }
+
+  // ---- gradients ----------------------------------------------------------------------
+  // Called from parameter i's post-accumulate-grad hook; true when every parameter of
+  // the unit has its gradient for this backward.
+  bool mark_ready(size_t index);
+  void reset_ready();
+  size_t ready_count() const { return ready_count_; }
+  // Copies the parameters' gradients into a flat buffer, divided by `world` (Note
+  // [Divide on the way in], parallel/ddp/reducer.cpp), drops them (they are full-size),
+  // and starts the reduce-scatter into this rank's shard. Returns its Work.
+  std::shared_ptr<distributed::Work> reduce_async(int world);
+  // The reduced shard of the gradient of the last reduce_async (valid once its Work is done).
+  const Tensor& reduced_grad() const { return reduced_grad_; }
+
+ private:
+  void point_params_at(const Tensor& flat);
+  void drain() noexcept;
+
+  std::vector<Tensor> params_;
+  std::vector<std::string> names_;
+  std::vector<Shape> shapes_;
+  std::shared_ptr<distributed::Communicator> group_;
+  FlatParamLayout layout_;
+  Tensor shard_;
+  Tensor full_;            // the gathered buffer (sharded units); see Note [Releasing a gathered unit]
+  bool full_releasable_ = false;
+  std::vector<Tensor> full_chunks_;  // full_ cut into group-size shards: all_gather's outputs
+  std::shared_ptr<distributed::Work> gather_work_;
+  bool gathered_ = false;
+  int64_t gather_issued_us_ = -1;
+  std::vector<char> ready_;
+  size_t ready_count_ = 0;
+  Tensor reduced_grad_;
+  std::shared_ptr<distributed::Work> reduce_work_;
+};
+
+}  // namespace loom::fsdp

@@ -1,0 +1,127 @@
+// FullyShardedDataParallel: data parallelism where every rank keeps only 1/N of the
+// parameters, gradients and optimizer state (ZeRO-3; ZeRO-2 with SHARD_GRAD_OP), as
+// torch.distributed.fsdp.FullyShardedDataParallel. docs/fsdp.md has the picture.
+//
+//   // launched as: loomrun --nproc_per_node 2 ./train
+//   distributed::init_process_group("gloo");
+//   auto model = nn::resnet18();
+//   fsdp::FullyShardedDataParallel fsdp(model, distributed::default_group(),
+//                                       {.sharding_strategy = fsdp::ShardingStrategy::FULL_SHARD});
+//   optim::SGD opt(fsdp.parameters(), {.lr = 0.1});   // the shards: 1/N of the model
+//   for (auto& batch : loader) {                       // a DistributedSampler shards the data
+//     Tensor loss = cross_entropy(fsdp(batch.data), batch.target);
+//     opt.zero_grad();
+//     loss.backward();                                 // returns with the shards' averaged gradients
+//     opt.step();                                      // steps this rank's shards only
+//   }
+//   auto state = fsdp::full_state_dict(fsdp);          // rank 0: the single-process names (state_dict.h)
+//
+// Units (wrap_policy.h): each BasicBlock, the stem and the head. Each unit's parameters
+// become one FlatParameter (flat_param.h); runtime.h drives their gathers, frees and
+// reduce-scatters through forward and backward.
+//
+// Note [Why FSDP runs the stages itself]
+// PyTorch's FSDP replaces each unit by an FSDP module whose __call__ gathers before and
+// frees after. loom's modules have no forward hooks, and a parent calls its children
+// through typed members (ResNet calls fc->forward directly), so replacing a child in the
+// parent's registry would not intercept it. FSDP instead runs the model as its sequence
+// of stages (wrap_policy.h: stages_of), unit by unit: the model's modules, and so its
+// parameters, buffers and state_dict names, are unchanged.
+//
+// The FSDP module's parameters() are the shards (one per unit, "flat_param_<k>"), so
+// the optimizer is built over them; the wrapped module's parameters are empty between
+// uses and get no gradients (Note [Did the optimizer step the shards?], runtime.cpp).
+// Buffers (BatchNorm's running statistics) stay replicated and are broadcast from rank
+// 0 before training forwards, as DDP does.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "nn/module.h"
+#include "parallel/comm/communicator.h"
+#include "parallel/fsdp/runtime.h"      // defines: ShardingStrategy, Runtime, Unit
+#include "parallel/fsdp/wrap_policy.h"  // defines: ModuleWrapPolicy
+
+namespace loom::fsdp {
+
+struct FSDPOptions {
+  ShardingStrategy sharding_strategy = ShardingStrategy::FULL_SHARD;
+  ModuleWrapPolicy auto_wrap_policy;
+  // Broadcast rank 0's buffers before every training forward (DDP's broadcast_buffers).
+  bool broadcast_buffers = true;
+};
+
+class FullyShardedDataParallel : public nn::Module {
+ public:
+  // Collective over process_group: every rank constructs its FSDP at the same point.
+  // FULL_SHARD and SHARD_GRAD_OP shard over process_group; NO_SHARD all-reduces over it.
+  FullyShardedDataParallel(std::shared_ptr<nn::Module> module, std::shared_ptr<distributed::Communicator> process_group,
+                           FSDPOptions options = {});
+  // HYBRID_SHARD, as PyTorch's tuple form process_group=(shard_group, replicate_group):
+  // shard within the first, all-reduce the shards' gradients across the second. Every
+  // shard group must be one replica (its ranks share a replicate-group rank) and every
+  // replicate group must hold the same shard of each unit (its ranks share a shard-group
+  // rank); anything else is an error naming the ranks.
+  FullyShardedDataParallel(std::shared_ptr<nn::Module> module,
+                           std::pair<std::shared_ptr<distributed::Communicator>,
+                                     std::shared_ptr<distributed::Communicator>> process_groups,
+                           FSDPOptions options);
+
+  Tensor forward(const Tensor& input) override;
+  // Also sets the wrapped module's mode (it is not a registered child; see above).
+  void train(bool on = true);
+  void eval() { train(false); }
+
+  const std::shared_ptr<nn::Module>& module() const { return module_; }
+  ShardingStrategy sharding_strategy() const { return options_.sharding_strategy; }
+  const std::vector<Unit>& units() const { return runtime_->units(); }
+  Runtime& runtime() const { return *runtime_; }
+  // The group each unit is sharded over (null for NO_SHARD) and the one its gradients are
+  // all-reduced over (null for FULL_SHARD and SHARD_GRAD_OP).
+  const std::shared_ptr<distributed::Communicator>& shard_group() const { return shard_group_; }
+  const std::shared_ptr<distributed::Communicator>& replicate_group() const { return replicate_group_; }
+
+  // RAII, as PyTorch's `with fsdp.no_sync():` — backwards inside accumulate full
+  // gradients on the module's parameters, without communication; the next synchronised
+  // backward reduces the accumulated sum.
+  class NoSync {
+   public:
+    explicit NoSync(FullyShardedDataParallel& fsdp) : runtime_(*fsdp.runtime_), previous_(runtime_.sync()) {
+      runtime_.set_sync(false);
+    }
+    ~NoSync() { runtime_.set_sync(previous_); }
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    Runtime& runtime_;
+    bool previous_;
+  };
+  [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
+
+  // Rank 0's buffers to every rank (both groups under HYBRID_SHARD). Collective.
+  void sync_buffers();
+
+ private:
+  void build(FSDPOptions options);
+  // Every rank's shapes checked, then rank 0's values broadcast, over each group in turn.
+  void broadcast_from_rank0(const std::vector<Tensor>& tensors, const std::vector<std::string>& names,
+                            const char* what, bool check_shapes);
+
+  std::shared_ptr<nn::Module> module_;
+  std::shared_ptr<distributed::Communicator> shard_group_, replicate_group_;
+  FSDPOptions options_;
+  std::shared_ptr<Runtime> runtime_;
+  std::vector<Tensor> buffers_;
+  std::vector<std::string> buffer_names_;
+  bool require_forward_param_sync_ = true;  // as DDP: broadcast buffers after a synchronised training forward
+};
+
+// HYBRID_SHARD's group sizes for a world: shard_group_size must divide world_size
+// (a loom::Error naming both otherwise). Returns the number of replicas.
+int replicas_for(int world_size, int shard_group_size);
+
+}  // namespace loom::fsdp

@@ -1,0 +1,278 @@
+#include "parallel/fsdp/runtime.h"
+
+#include <algorithm>
+#include <cctype>
+
+#include "autograd/engine.h"       // defines: queue_callback
+#include "autograd/grad_mode.h"    // defines: GradMode, NoGradGuard
+#include "core/error.h"
+#include "core/trace.h"            // defines: trace::Span, trace::record, trace::track
+#include "parallel/ddp/reducer.h"  // defines: completion_us
+
+namespace loom::fsdp {
+
+using distributed::ReduceOp;
+
+const char* strategy_name(ShardingStrategy strategy) {
+  switch (strategy) {
+    case ShardingStrategy::FULL_SHARD: return "FULL_SHARD";
+    case ShardingStrategy::SHARD_GRAD_OP: return "SHARD_GRAD_OP";
+    case ShardingStrategy::NO_SHARD: return "NO_SHARD";
+    case ShardingStrategy::HYBRID_SHARD: return "HYBRID_SHARD";
+  }
+  return "?";
+}
+
+ShardingStrategy parse_sharding_strategy(const std::string& name) {
+  std::string lower = name;
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (lower == "full_shard") return ShardingStrategy::FULL_SHARD;
+  if (lower == "shard_grad_op") return ShardingStrategy::SHARD_GRAD_OP;
+  if (lower == "no_shard") return ShardingStrategy::NO_SHARD;
+  if (lower == "hybrid_shard") return ShardingStrategy::HYBRID_SHARD;
+  LOOM_FAIL("unknown sharding strategy \"", name, "\"; expected full_shard, shard_grad_op, no_shard or hybrid_shard");
+}
+
+std::shared_ptr<Runtime> Runtime::create(std::vector<Unit> units, ShardingStrategy strategy,
+                                         std::shared_ptr<distributed::Communicator> shard_group,
+                                         std::shared_ptr<distributed::Communicator> replicate_group, int world) {
+  std::shared_ptr<Runtime> runtime(
+      new Runtime(std::move(units), strategy, std::move(shard_group), std::move(replicate_group), world));
+  runtime->register_hooks();  // the hooks hold a weak_ptr, which needs the shared_ptr to exist
+  return runtime;
+}
+
+Runtime::Runtime(std::vector<Unit> units, ShardingStrategy strategy,
+                 std::shared_ptr<distributed::Communicator> shard_group,
+                 std::shared_ptr<distributed::Communicator> replicate_group, int world)
+    : units_(std::move(units)),
+      strategy_(strategy),
+      shard_group_(std::move(shard_group)),
+      replicate_group_(std::move(replicate_group)),
+      world_(world) {
+  const auto& any = shard_group_ ? shard_group_ : replicate_group_;
+  comm_track_ = trace::track(detail::str("comm (rank ", any ? any->rank() : 0, ")"));
+}
+
+Runtime::~Runtime() { drain(); }
+
+void Runtime::register_hooks() {
+  std::weak_ptr<Runtime> weak = weak_from_this();
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (!units_[u].flat) continue;
+    const auto& params = units_[u].flat->params();
+    for (size_t i = 0; i < params.size(); ++i) {
+      params[i].register_post_accumulate_grad_hook([weak, u, i](const Tensor&) {
+        if (auto runtime = weak.lock()) runtime->on_gradient_ready(u, i);
+      });
+    }
+  }
+}
+
+std::vector<Tensor> Runtime::shards() const {
+  std::vector<Tensor> out;
+  for (const Unit& unit : units_)
+    if (unit.flat) out.push_back(unit.flat->shard());
+  return out;
+}
+
+bool Runtime::frees_after_forward() const {
+  return strategy_ == ShardingStrategy::FULL_SHARD || strategy_ == ShardingStrategy::HYBRID_SHARD;
+}
+
+void Runtime::release_all() {
+  for (Unit& unit : units_)
+    if (unit.flat) unit.flat->release();
+}
+
+// The nearest unit with parameters before (direction -1) or after (+1) `unit`, or -1.
+int64_t Runtime::neighbour(size_t unit, int direction) const {
+  for (int64_t k = static_cast<int64_t>(unit) + direction; k >= 0 && k < static_cast<int64_t>(units_.size());
+       k += direction)
+    if (units_[static_cast<size_t>(k)].flat) return k;
+  return -1;
+}
+
+// Note [Prefetch one unit ahead]
+// The communicator runs its operations in the order they were issued, on its own
+// thread. So the unit's own all-gather is issued first (unless a prefetch already did),
+// then the neighbour's, and only then does the caller wait for its own: while the unit
+// computes, the next unit's parameters are on their way. Every rank runs the same units
+// in the same order, so the ranks issue the same collectives in the same order. The
+// order is the stage order (forward) and its reverse (backward), which is the execution
+// order of a sequence of stages by construction.
+void Runtime::gather(size_t unit, int direction) {
+  FlatParameter& flat = *units_[unit].flat;
+  flat.gather_async();
+  const int64_t issued = flat.gather_issued_us();
+  if (const int64_t next = neighbour(unit, direction); next >= 0) units_[static_cast<size_t>(next)].flat->gather_async();
+  const int64_t done = flat.wait_gathered();
+  if (done >= 0 && trace::enabled())
+    trace::record("all_gather " + units_[unit].name, "fsdp", comm_track_, issued, std::max<int64_t>(done - issued, 0));
+}
+
+// Note [Did the optimizer step the shards?]
+// The optimizer must be built over fsdp.parameters(), the shards. One built over the
+// module's own parameters (before or after wrapping) would find no gradient on them
+// (FSDP reduces the gradients into the shards and drops the full ones) and silently
+// change nothing. So a training forward after a synchronised backward checks that some
+// shard changed since that backward (an optimizer step bumps its version) or had its
+// gradient dropped (zero_grad); a forward that finds neither means the step went
+// elsewhere. Accumulating gradients over several backwards belongs under no_sync().
+void Runtime::check_optimizer_stepped() const {
+  if (versions_after_backward_.empty()) return;
+  const std::vector<Tensor> shards = this->shards();
+  bool stepped = false, has_grad = false;
+  for (size_t k = 0; k < shards.size(); ++k) {
+    stepped = stepped || shards[k].version() != versions_after_backward_[k];
+    has_grad = has_grad || shards[k].grad().defined();
+  }
+  LOOM_CHECK(stepped || !has_grad, "FullyShardedDataParallel: the previous backward reduced gradients into the "
+             "sharded parameters, but nothing stepped them before this forward. Is the optimizer built over the "
+             "unsharded module's parameters (model->parameters())? Build it over the FSDP module's parameters, the "
+             "shards: optim::SGD(fsdp.parameters(), ...). To accumulate gradients over several backwards without a "
+             "step, run the earlier ones under fsdp.no_sync()");
+}
+
+Tensor Runtime::forward(const Tensor& input) {
+  if (in_backward_) {
+    // A backward started and never reached finalize(): it threw. Its reduce-scatters may
+    // be in flight and the ranks may disagree about what comes next.
+    drain();
+    in_backward_ = false;
+    LOOM_FAIL("FullyShardedDataParallel: the previous backward started reducing gradients but did not finish (an "
+              "exception ended it). The ranks may now disagree about which collectives come next; fix the first "
+              "error and restart every rank");
+  }
+  const bool grad = GradMode::is_enabled();
+  if (grad && sync_) check_optimizer_stepped();
+  versions_after_backward_.clear();
+  expect_reduce_ = grad && sync_;
+  const int64_t last = neighbour(units_.size(), -1);
+  std::weak_ptr<Runtime> weak = weak_from_this();
+  Tensor x = input;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    Unit& unit = units_[u];
+    if (unit.flat) gather(u, +1);
+    {
+      trace::Span span("forward " + unit.name, "fsdp");
+      for (const auto& stage : unit.stages) x = stage->forward(x);
+    }
+    if (!unit.flat) continue;
+    if (grad && x.requires_grad()) {
+      x.register_hook([weak, u](const Tensor&) {
+        if (auto runtime = weak.lock()) runtime->pre_backward(u);
+        return Tensor();  // keep the gradient as it is
+      });
+    }
+    // The last unit stays gathered under FULL_SHARD: its backward comes next.
+    if (!grad || (frees_after_forward() && static_cast<int64_t>(u) != last)) unit.flat->release();
+  }
+  return x;
+}
+
+void Runtime::pre_backward(size_t unit) {
+  if (!in_backward_) {
+    in_backward_ = true;
+    std::weak_ptr<Runtime> weak = weak_from_this();
+    autograd::queue_callback([weak] {
+      if (auto runtime = weak.lock()) runtime->finalize();
+    });
+  }
+  gather(unit, -1);  // re-gathers what FULL_SHARD freed; see Note [Releasing a gathered unit]
+}
+
+void Runtime::on_gradient_ready(size_t unit, size_t index) {
+  if (!expect_reduce_) return;  // no_sync(), or a backward without an FSDP forward
+  FlatParameter& flat = *units_[unit].flat;
+  if (!flat.mark_ready(index)) return;
+  // Every parameter of the unit has its gradient: the nodes that read the unit's
+  // parameters have all run (each computes its parameter's gradient), so the gathered
+  // values are no longer needed either.
+  reduce_launch_us_.push_back(trace::now_us());
+  reduce_works_.push_back(flat.reduce_async(world_));
+  launched_.push_back(unit);
+  flat.release();
+}
+
+void Runtime::finalize() {
+  in_backward_ = false;
+  try {
+    if (expect_reduce_) {
+      size_t with_params = 0;
+      for (const Unit& unit : units_) with_params += unit.flat ? 1 : 0;
+      if (launched_.size() != with_params) fail_unready();
+      std::vector<std::shared_ptr<distributed::Work>> replicated;
+      for (size_t k = 0; k < launched_.size(); ++k) {
+        const Unit& unit = units_[launched_[k]];
+        if (reduce_works_[k]) {
+          reduce_works_[k]->wait();
+          const int64_t done = ddp::completion_us(*reduce_works_[k]);
+          if (done >= 0 && trace::enabled())
+            trace::record("reduce_scatter " + unit.name, "fsdp", comm_track_, reduce_launch_us_[k],
+                          std::max<int64_t>(done - reduce_launch_us_[k], 0));
+        }
+        if (replicate_group_) replicated.push_back(replicate_group_->all_reduce(unit.flat->reduced_grad(), ReduceOp::Sum));
+      }
+      {
+        trace::Span span("all_reduce across replicas", "fsdp");
+        for (const auto& work : replicated) work->wait();
+      }
+      NoGradGuard no_grad;
+      for (size_t unit : launched_) {
+        const FlatParameter& flat = *units_[unit].flat;
+        Tensor grad = flat.shard().grad();
+        if (grad.defined()) grad.add_(flat.reduced_grad());
+        else flat.shard().set_grad(flat.reduced_grad());
+      }
+      for (const Tensor& shard : shards()) versions_after_backward_.push_back(shard.version());
+    }
+  } catch (...) {
+    drain();
+    launched_.clear();
+    reduce_works_.clear();
+    reduce_launch_us_.clear();
+    for (Unit& unit : units_)
+      if (unit.flat) unit.flat->reset_ready();
+    expect_reduce_ = false;
+    throw;
+  }
+  launched_.clear();
+  reduce_works_.clear();
+  reduce_launch_us_.clear();
+  for (Unit& unit : units_)
+    if (unit.flat) unit.flat->reset_ready();
+  expect_reduce_ = false;
+  release_all();  // no_sync() backwards, and units whose backward did not run
+}
+
+[[noreturn]] void Runtime::fail_unready() {
+  std::string missing;
+  size_t count = 0;
+  for (const Unit& unit : units_) {
+    if (!unit.flat) continue;
+    if (std::find_if(launched_.begin(), launched_.end(), [&](size_t u) { return units_[u].name == unit.name; }) !=
+        launched_.end())
+      continue;
+    for (const std::string& name : unit.flat->names()) {
+      if (++count <= 20) missing += "\n  " + name + " (unit " + unit.name + ")";
+    }
+  }
+  drain();
+  LOOM_FAIL("FullyShardedDataParallel: backward finished, but some units did not receive every parameter's gradient, "
+            "so their gradients could not be reduce-scattered (parameters of incomplete units:", missing,
+            count > 20 ? "\n  ..." : "", "). Every parameter of the wrapped module must take part in the loss, in "
+            "every synchronised backward");
+}
+
+void Runtime::drain() noexcept {
+  for (const auto& work : reduce_works_) {
+    if (!work) continue;
+    try {
+      work->wait();
+    } catch (...) {  // reported by whoever waited first
+    }
+  }
+}
+
+}  // namespace loom::fsdp

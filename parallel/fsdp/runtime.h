@@ -1,0 +1,105 @@
+// The life of FSDP's units during one training step: gathers before each unit runs
+// (prefetched one unit ahead), frees after, reduce-scatters gradients from hooks while
+// backward goes on (as PyTorch's torch/distributed/fsdp/_runtime_utils.py).
+//
+//   forward   unit 0          unit 1          unit 2 (last)
+//   comm      AG0 AG1 ....... AG2 ........... (nothing)        AG: all_gather (prefetched)
+//   compute       [fwd 0]free     [fwd 1]free     [fwd 2]      free: FULL_SHARD only; the
+//                                                               last unit is kept, its backward is next
+//   backward  [bwd 2]RS2  [bwd 1]RS1  [bwd 0]RS0 -> finalize    RS: reduce_scatter
+//   comm      AG1 ......  AG0 ......                            (re-gather what FULL_SHARD freed)
+//
+// Hooks (all fire on the backward thread):
+// - pre-backward: a hook on each unit's output gradient. It fires just before the unit's
+//   backward: gather the unit (if freed), prefetch the unit before it. The first one also
+//   queues finalize() with the autograd engine (Note [Final callbacks]).
+// - post-accumulate-grad on every parameter: when all of a unit's parameters have their
+//   gradients, the unit's backward is over: launch its reduce-scatter and free it.
+// - finalize, when backward ends: wait for the reduce-scatters (and, with a replicate
+//   group, all-reduce the shards' gradients across replicas), write the shards' .grad().
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nn/module.h"
+#include "parallel/comm/communicator.h"
+#include "parallel/fsdp/flat_param.h"  // defines: FlatParameter
+
+namespace loom::fsdp {
+
+// As torch.distributed.fsdp.ShardingStrategy.
+enum class ShardingStrategy {
+  FULL_SHARD,     // ZeRO-3: parameters, gradients and optimizer state sharded; free after forward
+  SHARD_GRAD_OP,  // ZeRO-2: gradients and optimizer state sharded; parameters kept from forward to backward
+  NO_SHARD,       // DDP: everything replicated, gradients all-reduced
+  HYBRID_SHARD,   // FULL_SHARD within the shard group, all-reduce across the replicate group
+};
+const char* strategy_name(ShardingStrategy strategy);
+// "full_shard", "shard_grad_op", "no_shard", "hybrid_shard" (any case); else a loom::Error.
+ShardingStrategy parse_sharding_strategy(const std::string& name);
+
+struct Unit {
+  std::string name;
+  std::vector<std::shared_ptr<nn::Module>> stages;
+  std::unique_ptr<FlatParameter> flat;  // null for a unit without trainable parameters
+};
+
+class Runtime : public std::enable_shared_from_this<Runtime> {
+ public:
+  // shard_group: null for NO_SHARD. replicate_group: null unless gradients are also
+  // all-reduced (NO_SHARD: the process group; HYBRID_SHARD: across shard groups).
+  // world: ranks the gradient is averaged over.
+  static std::shared_ptr<Runtime> create(std::vector<Unit> units, ShardingStrategy strategy,
+                                         std::shared_ptr<distributed::Communicator> shard_group,
+                                         std::shared_ptr<distributed::Communicator> replicate_group, int world);
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  Tensor forward(const Tensor& input);
+  const std::vector<Unit>& units() const { return units_; }
+  // The shards, in unit order: the FSDP module's parameters.
+  std::vector<Tensor> shards() const;
+  // false: the next backward accumulates full gradients on the module's parameters,
+  // without communication (no_sync()); the next synchronised one reduces them.
+  void set_sync(bool sync) { sync_ = sync; }
+  bool sync() const { return sync_; }
+  // Releases every gathered unit (after a checkpoint gather, say).
+  void release_all();
+
+ private:
+  Runtime(std::vector<Unit> units, ShardingStrategy strategy, std::shared_ptr<distributed::Communicator> shard_group,
+          std::shared_ptr<distributed::Communicator> replicate_group, int world);
+  void register_hooks();
+  bool frees_after_forward() const;
+  void check_optimizer_stepped() const;
+  void gather(size_t unit, int direction);  // waits for the unit's parameters, prefetches its neighbour
+  int64_t neighbour(size_t unit, int direction) const;
+  void pre_backward(size_t unit);
+  void on_gradient_ready(size_t unit, size_t index);
+  void finalize();
+  void drain() noexcept;
+  [[noreturn]] void fail_unready();
+
+  std::vector<Unit> units_;
+  ShardingStrategy strategy_;
+  std::shared_ptr<distributed::Communicator> shard_group_, replicate_group_;
+  int world_;
+  int comm_track_ = 0;
+  bool sync_ = true;
+
+  // The step in progress.
+  bool in_backward_ = false;  // a pre-backward hook queued finalize()
+  bool expect_reduce_ = false;  // the last forward was a synchronised training forward
+  std::vector<size_t> launched_;  // units whose reduce-scatter was launched, in order
+  std::vector<std::shared_ptr<distributed::Work>> reduce_works_;
+  std::vector<int64_t> reduce_launch_us_;
+  // Note [Did the optimizer step the shards?]: the shards' versions after the last
+  // synchronised backward (empty when there was none since the last check).
+  std::vector<uint32_t> versions_after_backward_;
+};
+
+}  // namespace loom::fsdp

@@ -1,0 +1,481 @@
+#include "parallel/pipeline/pipeline_stage.h"
+
+#include <algorithm>
+#include <cmath>
+#include <exception>
+#include <optional>
+
+#include "autograd/grad_mode.h"           // defines: GradMode
+#include "autograd/ops.h"                 // defines: chunk, cat, argmax, eq
+#include "core/error.h"
+#include "core/factory.h"                 // defines: from_vector, empty, zeros
+#include "core/trace.h"                   // defines: trace::Span (each action a span, as in one process)
+#include "parallel/model_parallel.h"      // defines: split_module
+#include "parallel/pipeline/pipeline.h"   // defines: action_name
+#include "parallel/pipeline/schedule.h"   // defines: make_schedule, model_chunk
+
+namespace loom::parallel::pipeline {
+
+using distributed::Work;
+
+namespace {
+
+constexpr int kActivationTag = 0x50;  // forward: chunk outputs to rank + 1
+constexpr int kGradientTag = 0x51;    // backward: input gradients to rank - 1
+constexpr int64_t kMaxDims = 8;       // of a per-sample shape in a header
+constexpr int64_t kHeaderWords = 2 + kMaxDims;  // dtype, dims, the dims
+constexpr int64_t kAbortWords = 7;    // Note [A failed stage stops the pipeline]: no activation is int64 [7]
+constexpr int64_t kMaxBalance = 64;   // entries compared at construction
+constexpr size_t kLookahead = 2;      // receives posted ahead on each tag
+
+int64_t schedule_code(const std::string& name) {
+  return name == "gpipe" ? 1 : name == "1f1b" ? 2 : name == "interleaved_1f1b" ? 3 : 0;
+}
+
+std::string describe_settings(const std::vector<int64_t>& row) {
+  static const char* names[] = {"an unknown schedule", "gpipe", "1f1b", "interleaved_1f1b"};
+  std::string balance = "[";
+  for (int64_t i = 0; i < std::min(row[0], kMaxBalance); ++i) balance += (i ? ", " : "") + std::to_string(row[size_t(4 + i)]);
+  if (row[0] > kMaxBalance) balance += ", ...";
+  return detail::str("balance ", balance, "], chunks ", row[1], ", schedule ", names[std::clamp<int64_t>(row[2], 0, 3)]);
+}
+
+// The micro-batch sizes chunk(batch, chunks) gives: ceil(B / chunks) each, the last what
+// remains (fewer micro-batches when the batch is small).
+std::vector<int64_t> micro_batch_sizes(int64_t batch, int64_t chunks) {
+  const int64_t each = (batch - 1) / chunks + 1;
+  std::vector<int64_t> sizes;
+  for (int64_t start = 0; start < batch; start += each) sizes.push_back(std::min(each, batch - start));
+  return sizes;
+}
+
+std::string what_of(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
+}
+
+}  // namespace
+
+PipelineStage::PipelineStage(std::shared_ptr<nn::Sequential> module, std::vector<int64_t> balance,
+                             std::shared_ptr<distributed::Communicator> group, Device device, int64_t chunks,
+                             std::string schedule, LossFn loss_fn)
+    : nn::Module("PipelineStage"),
+      group_(std::move(group)),
+      device_(device),
+      balance_(std::move(balance)),
+      chunks_(chunks),
+      schedule_name_(std::move(schedule)),
+      loss_fn_(std::move(loss_fn)) {
+  LOOM_CHECK(group_ != nullptr, "PipelineStage: the pipeline group is null");
+  stage_ = group_->rank();
+  stages_ = group_->size();
+  // First the collective, so that a rank with other settings is an error on every rank
+  // (before any rank's local check could leave the others waiting in it).
+  agree_on_settings();
+  LOOM_CHECK(module != nullptr, "PipelineStage: the module is null");
+  LOOM_CHECK(stages_ >= 2, "PipelineStage: a pipeline group of one rank has no neighbours to exchange with; run the "
+             "stages in one process (parallel::pipeline::Pipeline) or use a group of at least 2 ranks");
+  check_schedule_name(schedule_name_);
+  LOOM_CHECK(chunks_ >= 1, "PipelineStage: chunks must be at least 1, got ", chunks_);
+  LOOM_CHECK(loss_fn_ != nullptr, "PipelineStage: no loss function");
+  const auto entries = static_cast<int64_t>(balance_.size());
+  LOOM_CHECK(entries > 0 && entries % stages_ == 0, "PipelineStage: the balance has ", entries, " entries for a "
+             "pipeline of ", stages_, " stages; give one per stage (", stages_, ") or, with interleaved_1f1b, S×V (",
+             stages_, "×V model chunks)");
+  virtual_stages_ = entries / stages_;
+  LOOM_CHECK(virtual_stages_ == 1 || schedule_name_ == "interleaved_1f1b", "PipelineStage: a balance of ", entries,
+             " entries is ", virtual_stages_, " model chunks on each of the ", stages_, " stages, which only "
+             "interleaved_1f1b runs; ", schedule_name_, " needs ", stages_, " entries");
+  model_chunks_ = split_module(*module, balance_);  // a wrong sum is an error naming the Sequential's length
+  for (int64_t v = 0; v < virtual_stages_; ++v) {
+    const int64_t c = model_chunk(stage_, v, stages_);
+    model_chunks_[size_t(c)]->to(device_);
+    register_module(std::to_string(c), model_chunks_[size_t(c)]);
+  }
+}
+
+// One all_gather of (entries, chunks, schedule, balance): Note [A failed stage stops the
+// pipeline] needs every rank to run the same schedule over the same chunks.
+void PipelineStage::agree_on_settings() {
+  std::vector<int64_t> mine(size_t(4 + kMaxBalance), 0);
+  mine[0] = static_cast<int64_t>(balance_.size());
+  mine[1] = chunks_;
+  mine[2] = schedule_code(schedule_name_);
+  for (size_t i = 0; i < std::min<size_t>(balance_.size(), size_t(kMaxBalance)); ++i) mine[4 + i] = balance_[i];
+  Tensor local = distributed::to_communication_device(from_vector(mine, {int64_t(mine.size())}), *group_);
+  std::vector<Tensor> all;
+  group_->all_gather(all, local)->wait();
+  for (int r = 0; r < stages_; ++r) {
+    const std::vector<int64_t> theirs = all[size_t(r)].tolist<int64_t>();
+    LOOM_CHECK(theirs == mine, "PipelineStage: the ranks of the pipeline group disagree on the pipeline: rank ",
+               stage_, " has ", describe_settings(mine), " but rank ", r, " has ", describe_settings(theirs),
+               ". Every stage must be built with the same balance, chunks and schedule (train_cifar10: --balance, "
+               "--chunks, --pipeline-schedule, --virtual-stages)");
+  }
+}
+
+std::vector<std::shared_ptr<nn::Sequential>> PipelineStage::local_chunks() const {
+  std::vector<std::shared_ptr<nn::Sequential>> out;
+  for (int64_t v = 0; v < virtual_stages_; ++v) out.push_back(model_chunks_[size_t(model_chunk(stage_, v, stages_))]);
+  return out;
+}
+
+std::string PipelineStage::extra_repr() const {
+  std::string out = detail::str("stage=", stage_, " of ", stages_, ", chunks=[");
+  for (int64_t v = 0; v < virtual_stages_; ++v) {
+    const int64_t c = model_chunk(stage_, v, stages_);
+    out += detail::str(v ? ", " : "", balance_[size_t(c)], " layers (model chunk ", c, ")");
+  }
+  return out + detail::str("] on ", device_.str(), ", micro_batches=", chunks_, ", schedule=", schedule_name_);
+}
+
+// One step on this rank: Note [Stages as processes].
+struct PipelineStage::Run {
+  PipelineStage& ps;
+  distributed::Communicator& comm;
+  const int64_t S, V, C, rank;
+  const int next, prev;  // the ranks activations go to and come from
+  const Tensor& input;
+  const Tensor& target;
+  const double loss_scale;
+  int64_t batch = 0;
+  std::vector<int64_t> sizes;  // of the micro-batches
+  std::vector<Action> order;   // this rank's row of the schedule
+  std::vector<Tensor> micro_inputs, micro_targets;
+  std::vector<std::vector<Tensor>> inputs, outputs;  // [model chunk][m]: received leaves, outputs (or weighted loss)
+  std::vector<Tensor> losses, logits;                // [m], on the last stage
+  // The receives this rank's order makes, per tag (0: activations from `prev`,
+  // 1: gradients from `next`), in order; posted[k] of them posted, taken[k] consumed.
+  struct Expected {
+    int64_t boundary = 0, m = 0;  // the output of model chunk `boundary` for micro-batch m
+    Tensor buffer;
+    std::shared_ptr<Work> work;
+  };
+  std::vector<Expected> expected[2];
+  size_t posted[2] = {0, 0}, taken[2] = {0, 0};
+  std::vector<std::shared_ptr<Work>> sends;
+  // Note [A failed stage stops the pipeline]: 1 = failed here, 2 = stopped by a failed
+  // receive (a neighbour's abort, a dead peer, a timeout).
+  int failure = 0;
+  bool in_receive = false;
+  std::exception_ptr error;
+  std::optional<Action> failed_action;
+
+  Run(PipelineStage& stage, const Tensor& in, const Tensor& tgt, double scale)
+      : ps(stage), comm(*stage.group_), S(stage.stages_), V(stage.virtual_stages_), C(S * V), rank(stage.stage_),
+        next(int((rank + 1) % S)), prev(int((rank + S - 1) % S)), input(in), target(tgt), loss_scale(scale) {}
+
+  Tensor on_comm(const Tensor& t) const { return t.contiguous().to(comm.tensor_device()); }
+
+  // Batch size and schedule: what every rank must know to drain its receives on failure.
+  void plan() {
+    const Tensor& any = input.defined() ? input : target;
+    LOOM_CHECK(any.defined() && any.dim() > 0 && any.size(0) > 0, "PipelineStage::step: stage ", rank, " got neither "
+               "an input nor a target with a positive batch size; every stage needs the batch's size for its "
+               "micro-batches (pass the batch on every rank)");
+    batch = any.size(0);
+    sizes = micro_batch_sizes(batch, ps.chunks_);
+    const auto M = static_cast<int64_t>(sizes.size());
+    const Schedule schedule = make_schedule(ps.schedule_name_, S, M, V);
+    for (const auto& row : schedule.ticks)
+      if (row[size_t(rank)]) order.push_back(*row[size_t(rank)]);
+    for (const Action& a : order) {
+      const int64_t c = model_chunk(rank, a.chunk, S);
+      if (a.pass == Pass::Forward && c > 0) expected[0].push_back({c - 1, a.micro_batch, {}, {}});
+      if (a.pass == Pass::Backward && c < C - 1) expected[1].push_back({c, a.micro_batch, {}, {}});
+    }
+    inputs.assign(size_t(C), std::vector<Tensor>(size_t(M)));
+    outputs.assign(size_t(C), std::vector<Tensor>(size_t(M)));
+    losses.resize(size_t(M));
+    logits.resize(size_t(M));
+  }
+
+  // Checks that need only this rank (after plan(), so a failure here drains).
+  void check_arguments() {
+    LOOM_CHECK(GradMode::is_enabled(), "PipelineStage::step trains: it runs forward and backward, so it needs grad "
+               "mode on (it was called under NoGradGuard)");
+    LOOM_CHECK(std::isfinite(loss_scale) && loss_scale > 0, "PipelineStage::step: loss_scale must be a positive "
+               "finite number (GradScaler's scale), got ", loss_scale);
+    if (ps.is_first()) {
+      LOOM_CHECK(input.defined() && input.dim() > 0 && input.size(0) == batch, "PipelineStage::step: the first stage "
+                 "needs the batch's input, got ", input.str(), " for a batch of ", batch);
+      micro_inputs = chunk(input.detach(), ps.chunks_, 0);
+    }
+    if (ps.is_last()) {
+      LOOM_CHECK(target.defined() && target.dim() > 0 && target.size(0) == batch, "PipelineStage::step: the last "
+                 "stage needs the batch's target, got ", target.str(), " for a batch of ", batch);
+      micro_targets = chunk(target, ps.chunks_, 0);
+    }
+  }
+
+  // The dtype and shape of expected receive e on tag k, if known yet.
+  std::optional<std::pair<DType, Shape>> spec_of(int k, const Expected& e) const {
+    if (k == 0) {
+      auto it = ps.agreed_.find(e.boundary);
+      if (it == ps.agreed_.end()) return std::nullopt;
+      Shape shape{sizes[size_t(e.m)]};
+      shape.insert(shape.end(), it->second.sample.begin(), it->second.sample.end());
+      return std::make_pair(it->second.dtype, shape);
+    }
+    const Tensor& out = outputs[size_t(e.boundary)][size_t(e.m)];
+    if (!out.defined()) return std::nullopt;
+    return std::make_pair(out.dtype(), out.shape());
+  }
+
+  void post_ahead(int k) {
+    while (posted[k] < expected[k].size() && posted[k] < taken[k] + kLookahead) {
+      Expected& e = expected[k][posted[k]];
+      const auto spec = spec_of(k, e);
+      if (!spec) break;
+      e.buffer = empty(spec->second, TensorOptions(spec->first).device(comm.tensor_device()));
+      e.work = comm.recv(e.buffer, k == 0 ? prev : next, k == 0 ? kActivationTag : kGradientTag);
+      ++posted[k];
+    }
+  }
+
+  // Note [Shapes are agreed once]: the header before the first activation over a boundary.
+  void receive_header(int64_t boundary) {
+    Tensor header = zeros({kHeaderWords}, TensorOptions(kInt64).device(comm.tensor_device()));
+    in_receive = true;
+    comm.recv(header, prev, kActivationTag)->wait();
+    in_receive = false;
+    const std::vector<int64_t> h = header.tolist<int64_t>();
+    LOOM_CHECK(h[0] >= 0 && h[0] <= int64_t(DType::BFloat16) && h[1] >= 0 && h[1] <= kMaxDims,
+               "PipelineStage: the shape header from rank ", prev, " is malformed; every rank must run the same loom");
+    ps.agreed_[boundary] = {DType(h[0]), Shape(h.begin() + 2, h.begin() + 2 + h[1])};
+  }
+
+  void send_header(int64_t boundary, const Tensor& y) {
+    LOOM_CHECK(y.dim() - 1 <= kMaxDims, "PipelineStage: a stage's output may have at most ", kMaxDims + 1,
+               " dimensions, got ", y.str());
+    std::vector<int64_t> h(size_t(kHeaderWords), 0);
+    h[0] = int64_t(y.dtype());
+    h[1] = y.dim() - 1;
+    for (int64_t d = 1; d < y.dim(); ++d) h[size_t(1 + d)] = y.size(d);
+    sends.push_back(comm.send(on_comm(from_vector(h, {kHeaderWords})), next, kActivationTag));
+    ps.agreed_[boundary] = {y.dtype(), Shape(y.shape().begin() + 1, y.shape().end())};
+  }
+
+  // The next receive on tag k (its boundary and micro-batch are this action's), on the
+  // stage's device.
+  Tensor take(int k) {
+    Expected& e = expected[k].at(taken[k]);
+    if (posted[k] == taken[k]) {
+      if (k == 0 && !ps.agreed_.count(e.boundary)) receive_header(e.boundary);
+      post_ahead(k);
+      LOOM_CHECK(posted[k] > taken[k], "PipelineStage: internal error: no shape for the receive of micro-batch ", e.m);
+    }
+    in_receive = true;
+    e.work->wait();
+    in_receive = false;
+    Tensor t = e.buffer;
+    e.buffer = Tensor();
+    e.work.reset();
+    ++taken[k];
+    post_ahead(k);
+    return t.to(ps.device_);
+  }
+
+  // Model chunk c's forward of micro-batch m; as Pipeline::step's (the same ops, in the
+  // same order: the weights match bit for bit).
+  void forward(int64_t c, int64_t m) {
+    Tensor x;
+    if (c == 0) {
+      x = micro_inputs[size_t(m)].to(ps.device_);
+    } else {
+      x = take(0).detach().requires_grad_(true);  // a leaf: its .grad() is what rank `prev` needs
+      inputs[size_t(c)][size_t(m)] = x;
+    }
+    Tensor y = (*ps.model_chunks_[size_t(c)])(x);
+    if (c == C - 1) {
+      const Tensor& t = micro_targets[size_t(m)];
+      // Note [Micro-batch losses add up to the batch's]
+      Tensor loss = ps.loss_fn_(y, t.to(y.device())) * (static_cast<double>(t.size(0)) / static_cast<double>(batch));
+      losses[size_t(m)] = loss.detach();
+      logits[size_t(m)] = y.detach();
+      outputs[size_t(c)][size_t(m)] = loss_scale == 1.0 ? loss : loss * loss_scale;
+      return;
+    }
+    LOOM_CHECK(y.dim() >= 1 && y.size(0) == sizes[size_t(m)], "the output ", y.str(), " of model chunk ", c,
+               " does not keep the micro-batch's ", sizes[size_t(m)], " samples in its first dimension");
+    auto it = ps.agreed_.find(c);
+    if (it == ps.agreed_.end()) {
+      send_header(c, y);
+    } else {
+      const Shape sample(y.shape().begin() + 1, y.shape().end());
+      LOOM_CHECK(y.dtype() == it->second.dtype && sample == it->second.sample, "model chunk ", c, "'s output is ",
+                 y.str(), ", but the stages agreed at the first step on ", dtype_name(it->second.dtype),
+                 " [micro-batch] + ", it->second.sample, " (Note [Shapes are agreed once]); a "
+                 "stage's output must keep its shape and dtype from step to step");
+    }
+    outputs[size_t(c)][size_t(m)] = y;
+    sends.push_back(comm.send(on_comm(y.detach()), next, kActivationTag));
+    post_ahead(0);
+  }
+
+  void backward(int64_t c, int64_t m) {
+    Tensor& out = outputs[size_t(c)][size_t(m)];
+    if (c == C - 1) {
+      out.backward();
+    } else {
+      Tensor grad = take(1);
+      if (out.requires_grad()) out.backward(grad.to(out.device()));
+    }
+    out = Tensor();  // frees this micro-batch's graph on this chunk
+    if (c == 0) return;
+    Tensor& in = inputs[size_t(c)][size_t(m)];
+    Tensor grad = in.grad();
+    LOOM_CHECK(grad.defined(), "model chunk ", c, " left no gradient for its input of micro-batch ", m,
+               "; does its first layer use its input?");
+    sends.push_back(comm.send(on_comm(grad), prev, kGradientTag));
+    in = Tensor();
+  }
+
+  void fail(int kind, std::optional<Action> action) {
+    failure = kind;
+    error = std::current_exception();
+    failed_action = action;
+  }
+
+  // Note [A failed stage stops the pipeline]: (1) and (2). Nothing here is waited for.
+  void stop_neighbours() {
+    try {
+      for (int k = 0; k < 2; ++k) {
+        std::vector<int64_t> headers_owed;
+        for (size_t i = posted[k]; i < expected[k].size(); ++i) {
+          const Expected& e = expected[k][i];
+          const auto spec = spec_of(k, e);
+          const int tag = k == 0 ? kActivationTag : kGradientTag;
+          if (!spec && k == 0 && std::find(headers_owed.begin(), headers_owed.end(), e.boundary) == headers_owed.end()) {
+            headers_owed.push_back(e.boundary);  // its header comes first
+            comm.recv(zeros({kHeaderWords}, TensorOptions(kInt64).device(comm.tensor_device())), prev, tag);
+          }
+          Tensor buffer = spec ? empty(spec->second, TensorOptions(spec->first).device(comm.tensor_device()))
+                               : zeros({1}, TensorOptions(kFloat32).device(comm.tensor_device()));
+          comm.recv(buffer, k == 0 ? prev : next, tag);
+        }
+      }
+      Tensor abort = zeros({kAbortWords}, TensorOptions(kInt64).device(comm.tensor_device()));
+      comm.send(abort, next, kActivationTag);
+      comm.send(abort, prev, kGradientTag);
+    } catch (const std::exception&) {
+      // A broken communicator: the neighbours learn of it from their own transport.
+    }
+  }
+
+  std::string where(const Action& a) const {
+    const int64_t c = model_chunk(rank, a.chunk, S);
+    return detail::str(a.pass == Pass::Forward ? "forward" : "backward", " of micro-batch ", a.micro_batch,
+                       V > 1 ? detail::str(" on model chunk ", c) : std::string());
+  }
+
+  StepResult go() {
+    try {
+      plan();
+    } catch (...) {
+      fail(1, std::nullopt);
+    }
+    if (!failure) {
+      try {
+        check_arguments();
+      } catch (...) {
+        fail(1, std::nullopt);
+      }
+    }
+    for (size_t i = 0; i < order.size() && !failure; ++i) {
+      const Action& a = order[i];
+      try {
+        trace::Span span(action_name(a, rank, S, V), "pipeline");
+        in_receive = false;
+        if (a.pass == Pass::Forward) forward(model_chunk(rank, a.chunk, S), a.micro_batch);
+        else backward(model_chunk(rank, a.chunk, S), a.micro_batch);
+      } catch (...) {
+        fail(in_receive ? 2 : 1, a);
+      }
+    }
+    if (!failure) {
+      try {
+        for (auto& w : sends) w->wait();
+      } catch (...) {
+        fail(2, std::nullopt);
+      }
+    }
+    if (failure) stop_neighbours();
+    return finish();
+  }
+
+  // Note [A failed stage stops the pipeline]: (3). One all-reduce of [loss, correct,
+  // classification?, 0, then per rank: failure, micro-batch, pass, model chunk].
+  StepResult finish() {
+    StepResult result;
+    std::vector<double> status(size_t(4 + 4 * S), 0.0);
+    if (!failure && ps.is_last()) {
+      Tensor loss = losses[0];
+      for (size_t m = 1; m < losses.size(); ++m) loss = loss + losses[m];
+      status[0] = loss.to(kFloat64).to(Device(DeviceType::CPU)).item<double>();
+      result.output = cat(logits, 0);
+      if (result.output.dim() == 2 && target.dim() == 1 && !is_floating(target.dtype())) {
+        status[1] = static_cast<double>(
+            eq(argmax(result.output, 1), target.to(result.output.device())).sum().to(kInt64).item<int64_t>());
+        status[2] = 1;
+      }
+    }
+    double* mine = &status[size_t(4 + 4 * rank)];
+    mine[0] = failure;
+    mine[1] = failed_action ? double(failed_action->micro_batch) : -1;
+    mine[2] = failed_action ? double(int(failed_action->pass)) : -1;
+    mine[3] = failed_action ? double(model_chunk(rank, failed_action->chunk, S)) : -1;
+    Tensor reduced = distributed::to_communication_device(from_vector(status, {int64_t(status.size())}), comm);
+    try {
+      comm.all_reduce(reduced)->wait();
+    } catch (...) {
+      if (failure) rethrow_own();  // the communicator is broken: what this rank knows
+      ps.broken_ = "its status all-reduce failed";
+      throw;
+    }
+    const std::vector<double> all = reduced.tolist<double>();
+    // The first rank that failed by itself; else the first one stopped by a receive.
+    int64_t origin = -1;
+    for (int kind : {1, 2}) {
+      for (int64_t r = 0; r < S && origin < 0; ++r)
+        if (all[size_t(4 + 4 * r)] == kind) origin = r;
+      if (origin >= 0) break;
+    }
+    if (origin >= 0) {
+      if (origin == rank) rethrow_own();
+      const double* theirs = &all[size_t(4 + 4 * origin)];
+      std::string what = "its step";
+      if (theirs[1] >= 0)
+        what = detail::str("the ", theirs[2] == 0 ? "forward" : "backward", " of micro-batch ", int64_t(theirs[1]),
+                           V > 1 ? detail::str(" on model chunk ", int64_t(theirs[3])) : std::string());
+      ps.broken_ = detail::str("stage ", origin, " failed");
+      LOOM_FAIL("PipelineStage: stage ", origin, " (rank ", origin, " of the pipeline group) failed in ", what,
+                "; stage ", rank, " stopped its step (the error is on rank ", origin, ")");
+    }
+    result.loss = from_vector(std::vector<double>{all[0]}, {});
+    result.correct = all[2] > 0 ? static_cast<int64_t>(all[1]) : -1;
+    return result;
+  }
+
+  [[noreturn]] void rethrow_own() {
+    const std::string pass = failed_action ? where(*failed_action)
+                                           : failure == 2 ? "waiting for its sends" : "set-up of its step";
+    ps.broken_ = detail::str("stage ", rank, " failed");
+    LOOM_FAIL("PipelineStage: stage ", rank, " (rank ", rank, " of the pipeline group, ", ps.device_, ") failed in the ",
+              pass, ": ", what_of(error));
+  }
+};
+
+PipelineStage::StepResult PipelineStage::step(const Tensor& input, const Tensor& target, double loss_scale) {
+  LOOM_CHECK(broken_.empty(), "PipelineStage: an earlier step failed (", broken_, "), so the pipeline group's messages "
+             "are out of step; recreate the group and its stages to go on");
+  Run run(*this, input, target, loss_scale);
+  return run.go();
+}
+
+}  // namespace loom::parallel::pipeline

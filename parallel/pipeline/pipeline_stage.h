@@ -1,0 +1,138 @@
+// Pipeline stages as processes: each rank of a pipeline group holds its stage's model
+// chunks (one, or V under interleaved 1F1B) and runs its row of the same pure schedule
+// the in-process Pipeline runs (parallel/pipeline/schedule.h), exchanging activations
+// and gradients with its neighbours by send / recv. PyTorch's torch.distributed.
+// pipelining: its PipelineStage and its schedules (ScheduleGPipe, Schedule1F1B,
+// ScheduleInterleaved1F1B) in one class, since loom's schedules are data.
+//
+//   // On every rank of `group` (its rank = the stage), the same model and balance:
+//   auto seq = nn::resnet18(10)->sequential();
+//   parallel::pipeline::PipelineStage stage(seq, {7, 7}, group, Device("cpu"), /*chunks=*/4, "1f1b",
+//                                           [](const Tensor& out, const Tensor& y) { return cross_entropy(out, y); });
+//   optim::SGD opt(stage.parameters(), {.lr = 0.1});     // this rank's chunks' parameters only
+//   opt.zero_grad();
+//   auto r = stage.step(images, labels);  // every rank passes the batch; r.loss on every rank
+//   opt.step();
+//
+// Note [Stages as processes]
+// Model chunk c (of S·V, balance[c] layers each) lives on rank c % S (Note [Interleaved
+// 1F1B: virtual stages]; V = 1: chunk c on rank c). Rank s runs its row of the schedule
+// in order; for each action:
+//   forward of (c, m):  its input is micro-batch m of the batch (c = 0) or a recv from
+//                       rank s - 1 (mod S); its output is sent to rank s + 1 (mod S), or,
+//                       on the last chunk, goes into the loss;
+//   backward of (c, m): the output's gradient is a recv from rank s + 1 (the last chunk:
+//                       the weighted loss's backward); the input's gradient is sent to
+//                       rank s - 1.
+// Activations travel on one tag and gradients on another, matched by call order: every
+// rank's schedule sends them in the order its neighbour receives them (schedule tests:
+// "messages in order"). Sends are asynchronous and waited for only at the end of the
+// step, so a stage computes its next micro-batch while the last send is in flight; the
+// next receive on each tag is posted ahead (as soon as its shape is known), so the data
+// lands while the stage computes. Each chunk runs exactly the ops of the in-process
+// Pipeline, in the same order, and accumulates its gradients in micro-batch order: the
+// weights after any number of steps are bitwise those of Pipeline with the same balance,
+// chunks and schedule (tests/test_pipeline_stage.cpp).
+//
+// Note [Shapes are agreed once]
+// A receiver must post a buffer of the sender's dtype and shape. At the first step, the
+// first activation over each chunk boundary is preceded by a small header (dtype and the
+// per-sample shape); both ranks keep it. Later activations are [micro-batch size] +
+// that shape, and the sender checks every output against it before sending: a stage
+// whose output shape changed is a clear error on that stage (and the transport checks
+// every message's dtype and shape again at the receiver). Gradients have the shape of
+// the output they belong to, which the receiving stage computed itself. Every rank
+// derives the micro-batch sizes from the batch size, as chunk() splits the batch.
+//
+// Note [A failed stage stops the pipeline]
+// A stage that throws must not leave its neighbours waiting for messages that will never
+// come, nor blocked sending messages it will never receive. So the failing rank (1)
+// posts every receive its schedule still expected (their messages are dropped), which
+// completes its neighbours' sends; (2) sends a small abort message to rank s + 1 on the
+// activation tag and to rank s - 1 on the gradient tag: the neighbour waiting for this
+// rank's next message gets it instead, which fails that receive at once (the transport
+// refuses a message of another shape); that rank then does the same, so the stop spreads
+// along the pipeline. (3) Every rank, failed or not, ends each step with one all-reduce
+// of its status (and the loss and accuracy sums): so every rank learns which stage
+// failed first, in which pass and micro-batch, and throws an error naming it. A rank
+// that dies instead is noticed by its neighbours' transport (or the communicator's
+// timeout) and loomrun stops the job. After a failed step the group's messages are out
+// of step: the stage refuses further steps (recreate the group, as after a timeout).
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+#include "core/tensor.h"
+#include "nn/container.h"                  // defines: nn::Sequential
+#include "parallel/comm/communicator.h"   // defines: distributed::Communicator
+
+namespace loom::parallel::pipeline {
+
+class PipelineStage : public nn::Module {
+ public:
+  using LossFn = std::function<Tensor(const Tensor& output, const Tensor& target)>;
+
+  // module: the whole model as a Sequential, built alike on every rank; balance: layers
+  // per model chunk, S entries (S×V for interleaved_1f1b), summing to the Sequential's
+  // length; group: the pipeline's ranks, rank s = stage s; device: where this rank's
+  // chunks run (their layers move there). chunks: micro-batches per batch; schedule:
+  // "gpipe", "1f1b" or "interleaved_1f1b". A collective: every rank of `group` constructs
+  // its PipelineStage together, and the ranks check that they agree on the balance,
+  // chunks and schedule (a clear error on every rank if not).
+  PipelineStage(std::shared_ptr<nn::Sequential> module, std::vector<int64_t> balance,
+                std::shared_ptr<distributed::Communicator> group, Device device, int64_t chunks,
+                std::string schedule, LossFn loss_fn);
+
+  struct StepResult {
+    Tensor loss;           // the batch's loss, on every rank (all-reduced), float64 on the CPU
+    Tensor output;         // the last stage's outputs of every micro-batch, concatenated (there only)
+    int64_t correct = -1;  // classification (output [N, C], integer targets [N]): argmax hits, on every rank
+  };
+  // Forward and backward of one batch under the schedule; this rank's parameters'
+  // gradients accumulate (zero_grad first). Every rank passes the batch: the first stage
+  // reads the input, the last the target, all of them its size (a middle stage may pass
+  // only one of the two). loss_scale multiplies every micro-batch's loss before its
+  // backward (GradScaler's scale). A collective over the group.
+  StepResult step(const Tensor& input, const Tensor& target, double loss_scale = 1.0);
+
+  int64_t stage_index() const { return stage_; }
+  int64_t num_stages() const { return stages_; }
+  int64_t virtual_stages() const { return virtual_stages_; }
+  int64_t chunks() const { return chunks_; }
+  const std::string& schedule_name() const { return schedule_name_; }
+  const std::vector<int64_t>& balance() const { return balance_; }
+  const Device& device() const { return device_; }
+  // This rank's model chunks (V of them): model chunks stage, stage + S, ...
+  std::vector<std::shared_ptr<nn::Sequential>> local_chunks() const;
+  bool is_first() const { return stage_ == 0; }                 // holds the model's first chunk
+  bool is_last() const { return stage_ == stages_ - 1; }         // holds the model's last chunk (the loss)
+  std::string extra_repr() const override;
+
+ private:
+  struct Run;  // one step's state (pipeline_stage.cpp)
+  friend struct Run;
+  // Dtype and per-sample shape of model chunk c's output: Note [Shapes are agreed once].
+  struct Agreed {
+    DType dtype = DType::Float32;
+    Shape sample;
+  };
+  void agree_on_settings();
+
+  std::shared_ptr<distributed::Communicator> group_;
+  Device device_;
+  std::vector<int64_t> balance_;
+  int64_t chunks_;
+  std::string schedule_name_;
+  LossFn loss_fn_;
+  int64_t stage_ = 0, stages_ = 1, virtual_stages_ = 1;
+  std::vector<std::shared_ptr<nn::Sequential>> model_chunks_;  // all S·V; this rank's are on device_
+  std::map<int64_t, Agreed> agreed_;  // by model chunk whose output it is
+  std::string broken_;                // why an earlier step failed; "" if none did
+};
+
+}  // namespace loom::parallel::pipeline
