@@ -73,6 +73,15 @@ class Timeline(unittest.TestCase):
         for r in rows:
             self.assertAlmostEqual(r["pipeline_bubble"], 1 / 3)  # as (S-1)/(M+S-1)
 
+    def test_kinds_by_name(self):
+        for name, k in [("forward", "forward"), ("forward layer1", "forward"), ("F3 stage 1", "forward"),
+                        ("B0 stage 0", "backward"), ("recompute", "recompute"), ("optimizer step", "optimizer"),
+                        ("wait for buckets", "waiting"), ("all_reduce bucket 2", "all-reduce"),
+                        ("all_gather layer2", "all-gather"), ("reduce_scatter fc", "reduce-scatter"),
+                        ("broadcast buffers", "broadcast"), ("step 12", "step"),
+                        ("pipeline forward and backward", "group"), ("gradient hooks", "group")]:
+            self.assertEqual(timeline.kind(name), k, name)
+
     def test_a_missing_step_names_the_steps_there_are(self):
         with self.assertRaises(SystemExit) as e:
             timeline.analyse(timeline.merge([write(self.ddp_rank(0))]), 7)

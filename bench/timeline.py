@@ -8,8 +8,8 @@ busy it was, its bubble and, for communication, how much of it hid under computa
     python3 bench/timeline.py /tmp/ddp.rank0.json /tmp/ddp.rank1.json --step 4 --out ddp_step.png
 
 Input: the Chrome-trace JSON files that LOOM_TRACE writes (core/trace.h), one per rank, or
-one already merged. Spans are read by name: forward / F<m> stage <s> (forward), backward /
-B<m> ... (backward), recompute, all_reduce / all_gather / reduce_scatter / send / recv /
+one already merged. Spans are read by name: forward [...] / F<m> stage <s> (forward),
+backward [...] / B<m> ... (backward), recompute, all_reduce / all_gather / reduce_scatter / send / recv /
 broadcast ... (communication), optimizer step, wait ... (waiting); "step K" marks the
 step's boundaries on each process. Other spans (gradient hooks, pipeline forward and
 backward, evaluate) only group the ones inside them.
@@ -64,9 +64,9 @@ def kind(name):
     n = name.lower()
     if re.match(r"step \d+$", n):
         return "step"
-    if n == "forward" or re.match(r"f\d+ stage", n):
+    if n.startswith("forward") or re.match(r"f\d+ stage", n):  # "forward", FSDP's "forward <unit>"
         return "forward"
-    if n == "backward" or re.match(r"b\d+ stage", n):
+    if n.startswith("backward") or re.match(r"b\d+ stage", n):
         return "backward"
     if n.startswith("recompute"):
         return "recompute"

@@ -34,7 +34,8 @@ void check_trains(const std::string& command) {
 }  // namespace
 
 TEST_CASE("ddp_minimal trains under loomrun with 2 ranks, printing on rank 0 only") {
-  check_trains(path_from_env("LOOMRUN") + " --standalone --nproc_per_node 2 " + path_from_env("DDP_MINIMAL") + kFewSteps);
+  const std::string launcher = path_from_env("LOOMRUN") + " --standalone --nproc_per_node 2 ";
+  check_trains(launcher + path_from_env("DDP_MINIMAL") + kFewSteps);
 }
 
 TEST_CASE("dp_minimal, model_parallel_minimal and pipeline_minimal train in one process") {
