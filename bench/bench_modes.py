@@ -59,6 +59,21 @@ def loom(args, tmp, mode, *extra, processes=1):
     return out
 
 
+def loom_pp(args, tmp, *extra):
+    """The pipeline with one stage per process (--pp): every stage gets the whole global
+    batch (not a share of it, as ddp's ranks do) and one thread, as the in-process
+    pipeline's --devices threads are shared by its stages."""
+    metrics = os.path.join(tmp, "m.json")
+    cmd = [args.loomrun, "--standalone", "--nproc_per_node", str(args.devices), "--numa-binding", "exclusive",
+           args.train, "--mode", "pipeline", "--pp", str(args.devices), "--synthetic", "--batch-size",
+           str(args.batch_size), "--max-steps", str(args.steps), "--epochs", "1", "--threads", "1", "--workers", "0",
+           "--eval-limit", "0", "--quiet", "--metrics-json", metrics, "--chunks", str(args.chunks), *extra]
+    run(cmd, dict(os.environ, OMP_NUM_THREADS="1"))
+    with open(metrics) as f:
+        m = json.load(f)
+    return {"img_per_s": args.batch_size / m["median_step_s"], "peak_mib": m["peak_memory_mib"]}
+
+
 def torch_json(args, script, *extra):
     out = run([args.torch_python, os.path.join(ROOT, "bench", script), *extra], dict(os.environ))
     return {"img_per_s": json.loads([line for line in out.splitlines() if line.startswith("{")][-1])["img_per_s"]}
@@ -177,6 +192,14 @@ def main():
                                                      "--pipeline-schedule", "1f1b", "--pipeline-checkpoint", "always")),
         ("loom ddp", lambda t: loom(args, t, "ddp", processes=args.devices)),
         ("loom ddp+zero1", lambda t: loom(args, t, "ddp", "--zero-redundancy-optimizer", processes=args.devices)),
+        # Interleaved 1F1B (2 model chunks per stage), and the stages as processes (--pp):
+        # threads vs processes under each schedule.
+        ("loom pipeline interleaved", lambda t: loom(args, t, "pipeline", "--mp-devices", d, "--chunks", c,
+                                                     "--pipeline-schedule", "interleaved_1f1b", "--virtual-stages", "2")),
+        ("loom pp processes gpipe", lambda t: loom_pp(args, t, "--pipeline-schedule", "gpipe")),
+        ("loom pp processes 1f1b", lambda t: loom_pp(args, t, "--pipeline-schedule", "1f1b")),
+        ("loom pp processes interleaved", lambda t: loom_pp(args, t, "--pipeline-schedule", "interleaved_1f1b",
+                                                            "--virtual-stages", "2")),
     ]
     if args.torch_python:
         common = ["--batch-size", str(args.batch_size), "--steps", str(args.steps), "--threads", d]
@@ -223,6 +246,12 @@ def main():
             print(f"{mine} / {theirs} = {paired:.2f} (median of per-repeat ratios)")
     if args.out:
         write_outputs(args.out, rows, header)
+    for mine, theirs in [("loom pp processes gpipe", "loom pipeline gpipe"), ("loom pp processes 1f1b", "loom pipeline 1f1b"),
+                         ("loom pp processes interleaved", "loom pipeline interleaved"),
+                         ("loom pp processes gpipe", "torch pipeline (Pipe, gpipe)")]:
+        if theirs in results:
+            paired = statistics.median(x["img_per_s"] / y["img_per_s"] for x, y in zip(results[mine], results[theirs]))
+            print(f"{mine} / {theirs} = {paired:.2f} (median of per-repeat ratios)")
 
 
 if __name__ == "__main__":

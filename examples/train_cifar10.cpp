@@ -11,6 +11,8 @@
 //
 // This file turns flags into a TrainConfig; the loop itself is examples/train/trainer.cpp.
 #include <cstdio>
+#include <sstream>
+#include <vector>
 
 #include "core/error.h"                  // defines: loom::Error, reported as one line
 #include "examples/train/flags.h"        // defines: Flags (--help is generated)
@@ -18,6 +20,24 @@
 
 using namespace loom;
 using namespace loom::examples;
+
+// --balance 4,3,4,3: layer counts ("": none given).
+static std::vector<int64_t> parse_balance(const std::string& text) {
+  std::vector<int64_t> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    size_t used = 0;
+    int64_t value = -1;
+    try {
+      value = std::stoll(item, &used);
+    } catch (const std::exception&) {
+    }
+    LOOM_CHECK(used == item.size() && !item.empty(), "--balance: expected comma-separated layer counts such as 7,7, "
+               "got '", text, "'");
+    out.push_back(value);
+  }
+  return out;
+}
 
 int main(int argc, char** argv) {
   try {
@@ -56,7 +76,14 @@ int main(int argc, char** argv) {
                                         "stages) | ddp (DistributedDataParallel; start with loomrun)");
     auto& mp_devices = flags.add<int64_t>("mp-devices", c.mp_devices, "mp, pipeline: stages, one device each");
     auto& chunks = flags.add<int64_t>("chunks", c.chunks, "pipeline: micro-batches per batch");
-    auto& schedule_name = flags.add<std::string>("pipeline-schedule", c.pipeline_schedule, "pipeline: gpipe | 1f1b");
+    auto& schedule_name = flags.add<std::string>("pipeline-schedule", c.pipeline_schedule,
+                                                 "pipeline: gpipe | 1f1b | interleaved_1f1b");
+    auto& virtual_stages = flags.add<int64_t>("virtual-stages", c.virtual_stages, "pipeline, interleaved_1f1b: model "
+                                              "chunks per stage (V)");
+    auto& balance = flags.add<std::string>("balance", "", "pipeline: layers per model chunk, a,b,... (stages x V "
+                                           "entries adding up to the model's Sequential: 14 for resnet18); default: "
+                                           "measured");
+    auto& pp = flags.add<int64_t>("pp", c.pp, "pipeline: stages as processes, one per rank (start P with loomrun)");
     auto& pipeline_checkpoint = flags.add<std::string>("pipeline-checkpoint", c.pipeline_checkpoint,
                                                        "pipeline: never | except_last | always (recompute each "
                                                        "micro-batch's activations in its backward: less memory)");
@@ -103,6 +130,9 @@ int main(int argc, char** argv) {
     c.mp_devices = mp_devices;
     c.chunks = chunks;
     c.pipeline_schedule = schedule_name;
+    c.virtual_stages = virtual_stages;
+    c.balance = parse_balance(balance);
+    c.pp = pp;
     c.pipeline_checkpoint = pipeline_checkpoint;
     c.backend = backend;
     c.sync_bn = sync_bn;

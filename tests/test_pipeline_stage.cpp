@@ -105,6 +105,7 @@ TEST_CASE("stages as processes: GPipe, 1F1B and interleaved 1F1B give the in-pro
       opt.step();
     }
     std::vector<std::vector<double>> losses(size_t(c.ranks));
+    std::vector<std::map<std::string, std::vector<double>>> trained(size_t(c.ranks));  // before share_weights
     auto errors = run_ranks(c.ranks, [&](std::shared_ptr<distributed::Communicator> comm) {
       const int r = comm->rank();
       PipelineStage stage(nets[size_t(r)], c.balance, comm, Device("cpu"), c.chunks, c.schedule, loss_of);
@@ -119,16 +120,21 @@ TEST_CASE("stages as processes: GPipe, 1F1B and interleaved 1F1B give the in-pro
         CHECK(result.correct >= 0);
         if (sgd) sgd->step();
       }
+      for (const auto& [name, t] : nets[size_t(r)]->state_dict()) trained[size_t(r)][name] = t.tolist<double>();
+      stage.share_weights();  // every rank: the whole model as trained
     });
     for (const auto& e : errors) CHECK(e == "");
     for (int r = 0; r < c.ranks; ++r) CHECK(losses[size_t(r)] == reference_losses);  // all-reduced to every rank
-    // Every layer's parameters on the rank that owns it: bitwise the reference's.
+    // Every layer's parameters on the rank that owns it: bitwise the reference's; after
+    // share_weights, on every rank.
     const auto owner = chunk_of_layer(c.balance);
     for (const auto& [name, want] : reference_net->state_dict()) {
       CAPTURE(name);
       const int64_t layer = std::stoll(name.substr(0, name.find('.')));
       const auto rank = size_t(owner[size_t(layer)] % c.ranks);
-      CHECK(nets[rank]->state_dict().find(name)->tolist<double>() == want.to(Device("cpu")).tolist<double>());
+      const std::vector<double> expected = want.to(Device("cpu")).tolist<double>();
+      CHECK(trained[rank][name] == expected);
+      for (int r = 0; r < c.ranks; ++r) CHECK(nets[size_t(r)]->state_dict().find(name)->tolist<double>() == expected);
     }
   }
 }

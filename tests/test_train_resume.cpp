@@ -219,7 +219,16 @@ TEST_CASE("counts out of range and unknown pipeline settings are refused before 
       {[](TrainConfig& c) { c.workers = -1; }, "--workers: expected 0 (load in the training thread) or more, got -1"},
       {[](TrainConfig& c) { c.pipeline_checkpoint = "sometimes"; },
        "--pipeline-checkpoint: expected never, except_last or always, got 'sometimes'"},
-      {[](TrainConfig& c) { c.pipeline_schedule = "zb"; }, "--pipeline-schedule: expected gpipe or 1f1b, got 'zb'"},
+      {[](TrainConfig& c) { c.pipeline_schedule = "zb"; }, "--pipeline-schedule: expected gpipe, 1f1b or interleaved_1f1b, got 'zb'"},
+      {[](TrainConfig& c) { c.virtual_stages = 2; }, "--virtual-stages 2 needs --pipeline-schedule interleaved_1f1b, got 1f1b"},
+      {[](TrainConfig& c) { c.pp = 2; }, "--pp 2 runs the stages of --mode pipeline as processes; got --mode single"},
+      {[](TrainConfig& c) { c.balance = {7, 7}; }, "--balance cuts the model into stages: it needs --mode mp or pipeline"},
+      {[](TrainConfig& c) {
+         c.mode = "pipeline";
+         c.balance = {1, 2};
+       },
+       "--balance: expected 2 positive layer counts (one per model chunk: stages × virtual stages) adding up to the "
+       "Sequential's length"},
       {[](TrainConfig& c) {
          c.mode = "single";
          c.pipeline_checkpoint = "always";

@@ -54,6 +54,9 @@ class Distributed {
   bool is_main() const { return rank_ == 0; }
 
   const ParallelDims& dims() const { return dims_; }
+  // Whether this rank's examples count in the summed metrics: every stage of a pipeline
+  // (--pp) sees the same batches and the same all-reduced loss, so only stage 0 counts.
+  bool counts_examples() const { return dims_.pp_rank(rank_) == 0; }
   // The mesh over the processes; null in one process.
   const distributed::DeviceMesh* mesh() const { return mesh_ ? &*mesh_ : nullptr; }
 

@@ -5,13 +5,16 @@
 
 namespace loom::examples {
 
-bool ParallelDims::needs_process_group(const TrainConfig& config) { return config.mode == "ddp"; }
+bool ParallelDims::needs_process_group(const TrainConfig& config) {
+  return config.mode == "ddp" || (config.mode == "pipeline" && config.pp > 1);
+}
 
 ParallelDims ParallelDims::from_config(const TrainConfig& config, int world_size) {
   ParallelDims dims;
   dims.world_size = world_size;
   if (config.mode == "dp") dims.dp_devices = static_cast<int>(config.dp_devices);
-  if (config.mode == "mp" || config.mode == "pipeline") dims.mp_stages = static_cast<int>(config.mp_devices);
+  if (config.mode == "pipeline" && config.pp > 1) dims.pp = static_cast<int>(config.pp);  // stages as processes
+  else if (config.mode == "mp" || config.mode == "pipeline") dims.mp_stages = static_cast<int>(config.mp_devices);
   if (config.mode == "ddp") dims.dp_replicate = world_size / dims.pp;
   const int product = dims.pp * dims.dp_replicate * dims.dp_shard;
   LOOM_CHECK(product == world_size, "the parallel degrees multiply to ", product, " processes (pp ", dims.pp,

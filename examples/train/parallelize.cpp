@@ -11,6 +11,7 @@
 #include "parallel/ddp/distributed_data_parallel.h"  // defines: DistributedDataParallel
 #include "parallel/model_parallel.h"                 // defines: ModelParallel, balance_by_time
 #include "parallel/pipeline/pipeline.h"              // defines: Pipeline
+#include "parallel/pipeline/pipeline_processes.h"    // defines: apply_pipeline_processes, check_balance
 #include "parallel/sync_batch_norm.h"                // defines: convert_sync_batchnorm
 
 namespace loom::examples {
@@ -30,7 +31,15 @@ std::shared_ptr<nn::Module> apply_data_parallel(std::shared_ptr<nn::Module> mode
   return dp;
 }
 
-// The stages are balanced by each layer's measured time (Note [Stage balance]) and
+// A pass's worth of inputs to time each layer with: a micro-batch (pipeline) or a batch of
+// at most 32.
+static Tensor balance_sample(const nn::ResNet& resnet, const TrainConfig& config, Device device) {
+  const int64_t per_pass = config.mode == "pipeline" ? (config.batch_size + config.chunks - 1) / config.chunks
+                                                     : std::min<int64_t>(config.batch_size, 32);
+  return randn({std::max<int64_t>(per_pass, 1), resnet.in_channels, 32, 32}, TensorOptions().device(device));
+}
+
+// The stages are balanced by --balance, or by each layer's measured time (Note [Stage balance]) and
 // share the model's layers, which move to their devices.
 // pipeline: the same stages, --chunks micro-batches under --pipeline-schedule, with
 // --pipeline-checkpoint's micro-batches recomputed in their backward.
@@ -41,17 +50,22 @@ std::shared_ptr<nn::Module> apply_model_parallel(nn::Module& model, const TrainC
   const int64_t count = config.mp_devices;
   const std::vector<Device> devices = consecutive_devices(device, count);
   auto layers = resnet->sequential();
-  LOOM_CHECK(count >= 1 && count <= static_cast<int64_t>(layers->size()), "--mp-devices ", count, ": the model has ",
-             layers->size(), " layers to cut into stages (one or more each), so use 1 to ", layers->size());
-  // Measured as the stages will run: a micro-batch (pipeline) or a batch of at most 32,
-  // on each stage's share of the threads.
-  const int64_t per_pass = config.mode == "pipeline" ? (config.batch_size + config.chunks - 1) / config.chunks
-                                                     : std::min<int64_t>(config.batch_size, 32);
-  Tensor sample = randn({std::max<int64_t>(per_pass, 1), resnet->in_channels, 32, 32}, TensorOptions().device(device));
-  const int threads = omp_get_max_threads();
-  if (config.mode == "pipeline") omp_set_num_threads(std::max(1, threads / static_cast<int>(count)));
-  auto balance = parallel::balance_by_time(*layers, sample, count);
-  omp_set_num_threads(threads);
+  const int64_t model_chunks = count * config.virtual_stages;  // interleaved_1f1b: V per stage
+  LOOM_CHECK(count >= 1 && model_chunks <= static_cast<int64_t>(layers->size()), "--mp-devices ", count,
+             " x --virtual-stages ", config.virtual_stages, ": the model has ", layers->size(), " layers to cut into "
+             "chunks (one or more each), so use at most ", layers->size(), " chunks");
+  std::vector<int64_t> balance = config.balance;
+  if (!balance.empty()) {
+    parallel::pipeline::check_balance(balance, model_chunks, static_cast<int64_t>(layers->size()));
+  } else {
+    // Measured as the stages will run: a micro-batch (pipeline) or a batch of at most 32,
+    // on each stage's share of the threads.
+    Tensor sample = balance_sample(*resnet, config, device);
+    const int threads = omp_get_max_threads();
+    if (config.mode == "pipeline") omp_set_num_threads(std::max(1, threads / static_cast<int>(count)));
+    balance = parallel::balance_by_time(*layers, sample, model_chunks);
+    omp_set_num_threads(threads);
+  }
   std::shared_ptr<parallel::ModelParallel> mp;
   if (config.mode == "pipeline")
     mp = std::make_shared<parallel::pipeline::Pipeline>(
@@ -62,6 +76,22 @@ std::shared_ptr<nn::Module> apply_model_parallel(nn::Module& model, const TrainC
     mp = std::make_shared<parallel::ModelParallel>(layers, devices, balance);
   if (config.progress) std::fprintf(stderr, "%s: %s\n", config.mode.c_str(), mp->extra_repr().c_str());
   return mp;
+}
+
+std::shared_ptr<nn::Module> apply_pipeline(nn::Module& model, std::shared_ptr<distributed::Communicator> pp_group,
+                                           const TrainConfig& config, Device device, nn::CrossEntropyLoss& criterion) {
+  auto* resnet = dynamic_cast<nn::ResNet*>(&model);
+  LOOM_CHECK(resnet != nullptr, "--pp needs a ResNet (its layers as a Sequential), got ", model.type_name());
+  auto stage = parallel::pipeline::apply_pipeline_processes(
+      resnet->sequential(), std::move(pp_group), device,
+      {.balance = config.balance, .chunks = config.chunks, .schedule = config.pipeline_schedule,
+       .virtual_stages = config.virtual_stages},
+      [&criterion](const Tensor& out, const Tensor& target) { return criterion(out, target); },
+      balance_sample(*resnet, config, device));
+  if (config.progress && stage->stage_index() == 0)
+    std::fprintf(stderr, "pipeline of processes: balance %s; %s\n", detail::str(stage->balance()).c_str(),
+                 stage->extra_repr().c_str());
+  return stage;
 }
 
 std::shared_ptr<nn::Module> apply_ddp(std::shared_ptr<nn::Module> model,
@@ -83,6 +113,10 @@ std::shared_ptr<nn::Module> parallelize(std::shared_ptr<nn::Module> model, const
                                         const TrainConfig& config, Device device, nn::CrossEntropyLoss& criterion) {
   // Inside one process, over several devices.
   if (config.mode == "dp") return apply_data_parallel(model, config, device);
+  if (config.mode == "pipeline" && config.pp > 1) {
+    LOOM_CHECK(mesh != nullptr, "--pp ", config.pp, " runs one stage per process: start it with loomrun");
+    return apply_pipeline(*model, mesh->group("pp"), config, device, criterion);
+  }
   if (config.mode == "mp" || config.mode == "pipeline") return apply_model_parallel(*model, config, device, criterion);
   if (mesh == nullptr) return model;  // one process, one device
   // Across processes: replicas of the model over the data-parallel dimension.

@@ -32,6 +32,12 @@ std::shared_ptr<nn::Module> apply_data_parallel(std::shared_ptr<nn::Module> mode
 std::shared_ptr<nn::Module> apply_model_parallel(nn::Module& model, const TrainConfig& config, Device device,
                                                  nn::CrossEntropyLoss& criterion);
 
+// --mode pipeline --pp P: this process's stage of the pipeline over `pp_group`
+// (parallel/pipeline/pipeline_processes.h): --balance, or rank 0's measured one; --chunks
+// micro-batches under --pipeline-schedule (--virtual-stages chunks per stage).
+std::shared_ptr<nn::Module> apply_pipeline(nn::Module& model, std::shared_ptr<distributed::Communicator> pp_group,
+                                           const TrainConfig& config, Device device, nn::CrossEntropyLoss& criterion);
+
 // --mode ddp: SyncBatchNorm (--sync-bn), then DistributedDataParallel over `dp_group`.
 std::shared_ptr<nn::Module> apply_ddp(std::shared_ptr<nn::Module> model,
                                       std::shared_ptr<distributed::Communicator> dp_group, const TrainConfig& config);

@@ -32,6 +32,7 @@
 #include "nn/safetensors.h"                 // defines: nn::save, nn::load
 #include "parallel/comm/launch_env.h"       // defines: launch_local_rank (loomrun's, Slurm's or Open MPI's)
 #include "parallel/pipeline/pipeline.h"     // defines: Pipeline, what --mode pipeline changes
+#include "parallel/pipeline/pipeline_stage.h"  // defines: PipelineStage, what --pp changes
 
 namespace loom::examples {
 namespace {
@@ -122,8 +123,20 @@ void check_flags(const TrainConfig& c) {
   expect(c.synthetic_size >= 1, "TrainConfig::synthetic_size", c.synthetic_size, "at least 1");
   expect(c.dp_devices >= 0, "--dp-devices", c.dp_devices, "0 (the default devices) or more");
   expect(c.chunks >= 1, "--chunks", c.chunks, "at least 1 micro-batch per batch");
-  LOOM_CHECK(c.pipeline_schedule == "gpipe" || c.pipeline_schedule == "1f1b",
-             "--pipeline-schedule: expected gpipe or 1f1b, got '", c.pipeline_schedule, "'");
+  LOOM_CHECK(c.pipeline_schedule == "gpipe" || c.pipeline_schedule == "1f1b" || c.pipeline_schedule == "interleaved_1f1b",
+             "--pipeline-schedule: expected gpipe, 1f1b or interleaved_1f1b, got '", c.pipeline_schedule, "'");
+  expect(c.virtual_stages >= 1, "--virtual-stages", c.virtual_stages, "at least 1 model chunk per stage");
+  LOOM_CHECK(c.virtual_stages == 1 || c.pipeline_schedule == "interleaved_1f1b", "--virtual-stages ",
+             c.virtual_stages, " needs --pipeline-schedule interleaved_1f1b, got ", c.pipeline_schedule);
+  expect(c.pp >= 1, "--pp", c.pp, "at least 1 pipeline stage");
+  LOOM_CHECK(c.pp == 1 || c.mode == "pipeline", "--pp ", c.pp, " runs the stages of --mode pipeline as processes; "
+             "got --mode ", c.mode);
+  LOOM_CHECK(c.pp == 1 || c.pipeline_checkpoint == "never", "--pipeline-checkpoint ", c.pipeline_checkpoint,
+             " is for the stages of one process; --pp ", c.pp, " runs them as processes (use never)");
+  LOOM_CHECK(c.pp == 1 || c.checkpoint_dir.empty(), "--checkpoint-dir with --pp ", c.pp, ": each process holds only "
+             "its stage's optimizer state, which the checkpoint format does not gather yet; use --save");
+  LOOM_CHECK(c.balance.empty() || c.mode == "pipeline" || c.mode == "mp", "--balance cuts the model into stages: it "
+             "needs --mode mp or pipeline, got --mode ", c.mode);
   LOOM_CHECK(c.pipeline_checkpoint == "never" || c.pipeline_checkpoint == "except_last" ||
                  c.pipeline_checkpoint == "always",
              "--pipeline-checkpoint: expected never, except_last or always, got '", c.pipeline_checkpoint, "'");
@@ -174,6 +187,14 @@ TrainResult train_cifar10(const TrainConfig& config) {
   // --mode pipeline: forward and backward are one call, the schedule's (Note [Stages wait
   // only for what they need]).
   auto* pipeline = dynamic_cast<parallel::pipeline::Pipeline*>(net.get());
+  // --pp: this process's stage; the whole model is on every rank only after share_weights.
+  auto* stage = dynamic_cast<parallel::pipeline::PipelineStage*>(net.get());
+  auto evaluate_model = [&] {
+    if (!stage) return evaluate(*net, criterion, test_loader, device, eval_real);
+    stage->share_weights();  // every rank evaluates the whole model on its shard, stage 0 counts
+    RunningMetrics m = evaluate(*model, criterion, test_loader, device, eval_real);
+    return dist.counts_examples() ? m : RunningMetrics{};
+  };
   LOOM_CHECK(config.lr_scaling == "none" || config.lr_scaling == "linear", "--lr-scaling: expected none or linear, "
              "got '", config.lr_scaling, "'");
   const double lr = config.lr_scaling == "linear" ? config.lr * dist.world_size() : config.lr;
@@ -206,7 +227,7 @@ TrainResult train_cifar10(const TrainConfig& config) {
 
   TrainResult result;
   if (config.eval_only) {
-    RunningMetrics test = dist.sum(evaluate(*net, criterion, test_loader, device, eval_real));
+    RunningMetrics test = dist.sum(evaluate_model());
     result.test_loss = test.loss();
     result.test_acc = test.accuracy();
     result.test_images = static_cast<int64_t>(test.examples);
@@ -245,7 +266,15 @@ TrainResult train_cifar10(const TrainConfig& config) {
       // On a GPU: queued copies from pinned memory; the host runs ahead to the forward.
       Tensor images = to_training_device(batch.data, device), labels = to_training_device(batch.target, device);
       Tensor logits, loss;
-      if (pipeline) {
+      int64_t stage_correct = -1;  // --pp: the step's all-reduced accuracy
+      if (stage) {
+        trace::Span span("pipeline forward and backward", "train");
+        optimizer.zero_grad();
+        auto autocast_scope = amp.autocast();
+        auto result = stage->step(images, labels, amp.loss_scale());  // this rank's stage; loss on every rank
+        loss = result.loss;
+        stage_correct = result.correct;
+      } else if (pipeline) {
         trace::Span span("pipeline forward and backward", "train");
         optimizer.zero_grad();
         auto autocast_scope = amp.autocast();  // the stages inherit it; backward runs without
@@ -271,22 +300,25 @@ TrainResult train_cifar10(const TrainConfig& config) {
       }
       if (scheduler) scheduler->step();
       // The step's one wait for the GPU: loss and accuracy come back in a single copy.
-      const auto [step_loss, step_correct] = read_loss_and_correct(loss, logits, labels);
-      metrics.add(step_loss, step_correct, batch.size());
+      const auto [step_loss, step_correct] =
+          stage ? std::pair<float, int64_t>{static_cast<float>(loss.item<double>()), stage_correct}
+                : read_loss_and_correct(loss, logits, labels);
+      if (dist.counts_examples()) metrics.add(step_loss, step_correct, batch.size());
       ++step_in_epoch;
       ++position.global_step;
 
       double seconds = std::chrono::duration<double>(Clock::now() - step_start).count();
-      epoch_images += static_cast<double>(batch.size());
+      const double counted = dist.counts_examples() ? static_cast<double>(batch.size()) : 0;
+      epoch_images += counted;
       if (position.global_step > 1) {  // the first step warms caches and the allocator
-        timed_images += static_cast<double>(batch.size());
+        timed_images += counted;
         timed_seconds += seconds;
         step_seconds.push_back(seconds);
       }
       // After the step, outside its timing: gradients still held, the optimizer's state grown.
       result.model_state_bytes = nn::model_state_bytes(*model, optimizer);
       double elapsed = std::chrono::duration<double>(Clock::now() - epoch_start).count();
-      bar.update(step_in_epoch, metrics, dist.world_size() * epoch_images / std::max(elapsed, 1e-9));
+      bar.update(step_in_epoch, metrics, dist.dims().dp_size() * epoch_images / std::max(elapsed, 1e-9));
       if (!config.checkpoint_dir.empty() && config.checkpoint_every > 0 &&
           position.global_step % config.checkpoint_every == 0) {
         RunningMetrics so_far = dist.sum(metrics);  // every rank's examples (a collective)
@@ -299,7 +331,7 @@ TrainResult train_cifar10(const TrainConfig& config) {
     }
     bar.finish();
     double epoch_seconds = std::chrono::duration<double>(Clock::now() - epoch_start).count();
-    RunningMetrics test = dist.sum(evaluate(*net, criterion, test_loader, device, eval_real));
+    RunningMetrics test = dist.sum(evaluate_model());
     metrics = dist.sum(metrics);
     epoch_images = dist.sum(epoch_images);
     result.train_loss = metrics.loss();
@@ -345,6 +377,7 @@ TrainResult train_cifar10(const TrainConfig& config) {
       std::printf("%s\n", line.c_str());
     }
   }
+  if (stage && !config.save.empty()) stage->share_weights();  // rank 0 saves the whole model
   if (dist.is_main()) {
     if (!config.save.empty()) {
       nn::save(*model, config.save);  // the model's own keys, without DDP's "module." prefix

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace loom::examples {
 
@@ -56,7 +57,10 @@ struct TrainConfig {
   int64_t dp_devices = 0;            // dp: devices to use; 0 = every GPU (cuda), 2 (cpu)
   int64_t mp_devices = 2;            // mp, pipeline: stages, one device each
   int64_t chunks = 4;                // pipeline: micro-batches per batch
-  std::string pipeline_schedule = "1f1b";  // pipeline: gpipe | 1f1b
+  std::string pipeline_schedule = "1f1b";  // pipeline: gpipe | 1f1b | interleaved_1f1b
+  int64_t virtual_stages = 1;        // pipeline, interleaved_1f1b: model chunks per stage (V)
+  std::vector<int64_t> balance;      // pipeline, mp: layers per model chunk (stages x V); empty: measured
+  int64_t pp = 1;                    // pipeline: stages as processes (under loomrun), one per rank
   std::string pipeline_checkpoint = "never";  // pipeline: never | except_last | always (recompute activations)
   std::string backend;               // ddp: gloo | nccl; "" = nccl on CUDA, gloo on CPU
   bool sync_bn = false;              // ddp: BatchNorm2d statistics over every rank

@@ -49,7 +49,7 @@ namespace loom::fsdp {
 
 struct FSDPOptions {
   ShardingStrategy sharding_strategy = ShardingStrategy::FULL_SHARD;
-  ModuleWrapPolicy auto_wrap_policy;
+  ModuleWrapPolicy auto_wrap_policy{};
   // Broadcast rank 0's buffers before every training forward (DDP's broadcast_buffers).
   bool broadcast_buffers = true;
 };

@@ -119,6 +119,18 @@ void PipelineStage::agree_on_settings() {
   }
 }
 
+void PipelineStage::share_weights() {
+  NoGradGuard no_grad;
+  for (int64_t c = 0; c < static_cast<int64_t>(model_chunks_.size()); ++c) {
+    const int owner = static_cast<int>(c % stages_);
+    for (const Tensor& t : model_chunks_[size_t(c)]->state_dict().values()) {
+      Tensor buffer = t.detach().contiguous().to(group_->tensor_device());  // t itself, where it can be
+      group_->broadcast(buffer, owner)->wait();
+      if (owner != stage_ && buffer.raw_data() != t.raw_data()) Tensor(t).copy_(buffer.to(t.device()));
+    }
+  }
+}
+
 std::vector<std::shared_ptr<nn::Sequential>> PipelineStage::local_chunks() const {
   std::vector<std::shared_ptr<nn::Sequential>> out;
   for (int64_t v = 0; v < virtual_stages_; ++v) out.push_back(model_chunks_[size_t(model_chunk(stage_, v, stages_))]);

@@ -100,6 +100,11 @@ class PipelineStage : public nn::Module {
   // backward (GradScaler's scale). A collective over the group.
   StepResult step(const Tensor& input, const Tensor& target, double loss_scale = 1.0);
 
+  // After it, every rank's module holds every model chunk's parameters and buffers as
+  // the rank that trains the chunk has them (one broadcast per tensor, from its owner):
+  // for evaluating or saving the whole model on any rank. A collective over the group.
+  void share_weights();
+
   int64_t stage_index() const { return stage_; }
   int64_t num_stages() const { return stages_; }
   int64_t virtual_stages() const { return virtual_stages_; }
