@@ -283,7 +283,11 @@ struct PipelineStage::Run {
       LOOM_CHECK(posted[k] > taken[k], "PipelineStage: internal error: no shape for the receive of micro-batch ", e.m);
     }
     in_receive = true;
-    e.work->wait();
+    {
+      // Inside its action's span: the time this stage idles for a neighbour, the bubble a trace shows.
+      trace::Span span(k == 0 ? "wait for activation" : "wait for gradient", "pipeline");
+      e.work->wait();
+    }
     in_receive = false;
     Tensor t = e.buffer;
     e.buffer = Tensor();
