@@ -2,10 +2,13 @@
 
 #include "core/error.h"                   // defines: LOOM_CHECK
 #include "parallel/comm/process_group.h"  // defines: get_rank, get_world_size, default_group, new_group
+#include "parallel/fsdp/fully_sharded_data_parallel.h"  // defines: parse_sharding_strategy, replicas_for
 
 namespace loom::examples {
 
-bool ParallelDims::needs_process_group(const TrainConfig& config) { return config.mode == "ddp"; }
+bool ParallelDims::needs_process_group(const TrainConfig& config) {
+  return config.mode == "ddp" || config.mode == "fsdp";
+}
 
 ParallelDims ParallelDims::from_config(const TrainConfig& config, int world_size) {
   ParallelDims dims;
@@ -13,6 +16,16 @@ ParallelDims ParallelDims::from_config(const TrainConfig& config, int world_size
   if (config.mode == "dp") dims.dp_devices = static_cast<int>(config.dp_devices);
   if (config.mode == "mp" || config.mode == "pipeline") dims.mp_stages = static_cast<int>(config.mp_devices);
   if (config.mode == "ddp") dims.dp_replicate = world_size / dims.pp;
+  if (config.mode == "fsdp") {
+    // hybrid_shard: shards within groups of --shard-group-size ranks, replicas across them.
+    const bool hybrid = fsdp::parse_sharding_strategy(config.sharding_strategy) == fsdp::ShardingStrategy::HYBRID_SHARD;
+    LOOM_CHECK(hybrid == (config.shard_group_size > 0), hybrid ? "--sharding-strategy hybrid_shard needs "
+               "--shard-group-size N (ranks per shard group)" : "--shard-group-size is for --sharding-strategy "
+               "hybrid_shard, got --sharding-strategy ", hybrid ? "" : config.sharding_strategy);
+    const int data_parallel = world_size / dims.pp;
+    dims.dp_shard = hybrid ? static_cast<int>(config.shard_group_size) : data_parallel;
+    if (hybrid) dims.dp_replicate = fsdp::replicas_for(data_parallel, dims.dp_shard);
+  }
   const int product = dims.pp * dims.dp_replicate * dims.dp_shard;
   LOOM_CHECK(product == world_size, "the parallel degrees multiply to ", product, " processes (pp ", dims.pp,
              " x dp_replicate ", dims.dp_replicate, " x dp_shard ", dims.dp_shard, ") but WORLD_SIZE is ", world_size,

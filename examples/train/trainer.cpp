@@ -29,6 +29,7 @@
 #include "nn/resnet.h"                      // defines: resnet18, resnet_tiny
 #include "nn/safetensors.h"                 // defines: nn::save, nn::load
 #include "parallel/comm/launch_env.h"       // defines: launch_local_rank (loomrun's, Slurm's or Open MPI's)
+#include "parallel/fsdp/state_dict.h"       // defines: save_full_state_dict, what --save does under --mode fsdp
 #include "parallel/pipeline/pipeline.h"     // defines: Pipeline, what --mode pipeline changes
 
 namespace loom::examples {
@@ -120,6 +121,10 @@ void check_flags(const TrainConfig& c) {
   expect(c.synthetic_size >= 1, "TrainConfig::synthetic_size", c.synthetic_size, "at least 1");
   expect(c.dp_devices >= 0, "--dp-devices", c.dp_devices, "0 (the default devices) or more");
   expect(c.chunks >= 1, "--chunks", c.chunks, "at least 1 micro-batch per batch");
+  // FSDP's optimizer state is sharded: the checkpoint format (one file of the model's and
+  // the optimizer's full state, written by rank 0) would need it consolidated first.
+  LOOM_CHECK(c.mode != "fsdp" || (c.checkpoint_dir.empty() && !c.resume), "--checkpoint-dir / --resume with --mode "
+             "fsdp: not supported yet (the optimizer state is sharded across ranks); --save writes the full weights");
   LOOM_CHECK(c.pipeline_schedule == "gpipe" || c.pipeline_schedule == "1f1b",
              "--pipeline-schedule: expected gpipe or 1f1b, got '", c.pipeline_schedule, "'");
   LOOM_CHECK(c.pipeline_checkpoint == "never" || c.pipeline_checkpoint == "except_last" ||
@@ -138,7 +143,7 @@ TrainResult train_cifar10(const TrainConfig& config) {
   // First: a missing GPU is an error naming why, before any data is read. Under ddp,
   // "--device cuda" is this process's GPU, cuda:LOCAL_RANK (set by loomrun; srun and
   // mpirun say it as SLURM_LOCALID and OMPI_COMM_WORLD_LOCAL_RANK).
-  const Device device = training_device(config.device, config.mode == "ddp" ? distributed::launch_local_rank() : 0);
+  const Device device = training_device(config.device, ParallelDims::needs_process_group(config) ? distributed::launch_local_rank() : 0);
   Distributed dist(config);  // single mode: rank 0 of 1, no communication
   trace::set_thread_name("train");  // this thread's row in a LOOM_TRACE picture
   manual_seed(config.seed);
@@ -318,9 +323,12 @@ TrainResult train_cifar10(const TrainConfig& config) {
   result.img_per_s = dist.sum(timed_seconds > 0 ? timed_images / timed_seconds : 0);
   result.median_step_s = median(step_seconds);
   result.peak_memory_bytes = memory_stats(device).peak_allocated_bytes;  // --device's (all CPU devices share one)
+  // fsdp: the model's parameters are shards; every rank gathers, rank 0 writes the same file.
+  auto* sharded = dynamic_cast<fsdp::FullyShardedDataParallel*>(net.get());
+  if (!config.save.empty() && sharded) fsdp::save_full_state_dict(*sharded, config.save);
   if (dist.is_main()) {
     if (!config.save.empty()) {
-      nn::save(*model, config.save);  // the model's own keys, without DDP's "module." prefix
+      if (!sharded) nn::save(*model, config.save);  // the model's own keys, without DDP's "module." prefix
       std::printf("saved weights to %s\n", config.save.c_str());
     }
     if (!config.metrics_json.empty()) write_metrics_json(result, config.metrics_json);

@@ -177,6 +177,10 @@ void FullyShardedDataParallel::sync_buffers() {
 }
 
 Tensor FullyShardedDataParallel::forward(const Tensor& input) {
+  // Module::train is not virtual, so `Module& m = fsdp; m.eval();` sets only this
+  // module's flag (the wrapped module is not a registered child); it reaches the
+  // wrapped module here.
+  if (module_->is_training() != is_training()) module_->train(is_training());
   // As DDP: buffers are broadcast if the previous forward was a synchronised training one.
   if (options_.broadcast_buffers && require_forward_param_sync_ && !buffers_.empty()) sync_buffers();
   Tensor output = runtime_->forward(input);
