@@ -5,6 +5,8 @@
 // every sharding strategy ends with the weights DDP ends with on the same data.
 #include <doctest/doctest.h>
 
+#include <map>
+
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
 #include "core/trace.h"
@@ -14,6 +16,7 @@
 #include "parallel/ddp/distributed_data_parallel.h"
 #include "parallel/fsdp/fully_sharded_data_parallel.h"
 #include "parallel/fsdp/state_dict.h"
+#include "parallel/sync_batch_norm.h"
 #include "rank_threads.h"   // defines: run_ranks, run_rank_threads, max_abs_diff
 #include "transparency.h"   // defines: small_net
 
@@ -353,4 +356,69 @@ TEST_CASE("checkpoints: full_state_dict has the single-process names; it loads i
   CHECK(max_state_diff(plain->state_dict(), reference[0]) == 0.0);
   for (int r = 0; r < world; ++r) CHECK(max_state_diff(reloaded[r], reference[0]) == 0.0);
   std::remove(path.c_str());
+}
+
+TEST_CASE("SyncBatchNorm inside FSDP: the same weights and statistics as SyncBatchNorm inside DDP") {
+  manual_seed(8);
+  auto start = nn::resnet_tiny(10, 4);
+  const int world = 2;
+  const Batches data = make_batches(2, 2 * world, kFloat32);
+  std::vector<std::shared_ptr<nn::Module>> ddp_models, fsdp_models;
+  for (int r = 0; r < world; ++r) {
+    ddp_models.push_back(start->clone());
+    fsdp_models.push_back(start->clone());
+  }
+  std::vector<OrderedDict<Tensor>> states(world);
+  require_no_errors(run_ranks(world, [&](std::shared_ptr<Communicator> comm) {
+    const int r = comm->rank();
+    nn::convert_sync_batchnorm_in_place(*ddp_models[r], comm);
+    ddp::DistributedDataParallel ddp(ddp_models[r], comm);
+    sgd_steps(ddp, ddp.parameters(), data, r, world);
+    nn::convert_sync_batchnorm_in_place(*fsdp_models[r], comm);
+    FullyShardedDataParallel fsdp(fsdp_models[r], comm);
+    sgd_steps(fsdp, fsdp.parameters(), data, r, world);
+    states[r] = full_state_dict(fsdp, false);
+  }));
+  for (int r = 0; r < world; ++r) CHECK(max_state_diff(states[r], ddp_models[r]->state_dict()) == 0.0);
+}
+
+TEST_CASE("trace: each unit's all-gather is issued while the unit before it computes; reduce-scatters run under backward") {
+  manual_seed(9);
+  auto start = nn::resnet_tiny(10, 4);
+  std::vector<std::shared_ptr<nn::Module>> models = {start, start->clone()};
+  const Batches data = make_batches(1, 4, kFloat32);
+  trace::clear();
+  trace::enable();
+  int thread0 = -1;
+  std::vector<std::string> unit_names;
+  require_no_errors(run_ranks(2, [&](std::shared_ptr<Communicator> comm) {
+    FullyShardedDataParallel fsdp(models[comm->rank()], comm);
+    if (comm->rank() == 0) {
+      thread0 = trace::thread_track();
+      for (const Unit& unit : fsdp.units()) unit_names.push_back(unit.name);
+    }
+    sgd_steps(fsdp, fsdp.parameters(), data, comm->rank(), 2);
+  }));
+  trace::disable();
+  const int comm0 = trace::track("comm (rank 0)");
+  std::map<std::string, std::vector<trace::Event>> by_name;  // rank 0's spans, in recording order
+  for (const trace::Event& e : trace::events())
+    if (e.track == comm0 || e.track == thread0) by_name[e.name].push_back(e);
+  trace::clear();
+  REQUIRE(unit_names.size() == 6);  // stem, 4 BasicBlocks, head
+  for (size_t k = 1; k < unit_names.size(); ++k) {
+    CAPTURE(unit_names[k]);
+    REQUIRE(by_name["forward " + unit_names[k - 1]].size() == 1);
+    const trace::Event& previous = by_name["forward " + unit_names[k - 1]][0];
+    REQUIRE(!by_name["all_gather " + unit_names[k]].empty());
+    // Prefetched: issued before the unit before it finished its forward.
+    CHECK(by_name["all_gather " + unit_names[k]][0].start_us < previous.start_us + previous.duration_us);
+  }
+  // FULL_SHARD gathers every unit but the last again for its backward.
+  CHECK(by_name["all_gather stem"].size() == 2);
+  CHECK(by_name["all_gather head"].size() == 1);
+  for (const std::string& name : unit_names) CHECK(by_name["reduce_scatter " + name].size() == 1);
+  // The head's reduce-scatter is launched before the stem is even gathered for its
+  // backward: it overlaps the rest of backward.
+  CHECK(by_name["reduce_scatter head"][0].start_us < by_name["all_gather stem"][1].start_us);
 }
