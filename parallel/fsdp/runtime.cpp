@@ -214,7 +214,7 @@ void Runtime::finalize() {
         }
         if (replicate_group_) replicated.push_back(replicate_group_->all_reduce(unit.flat->reduced_grad(), ReduceOp::Sum));
       }
-      {
+      if (replicate_group_) {
         trace::Span span("all_reduce across replicas", "fsdp");
         for (const auto& work : replicated) work->wait();
       }
