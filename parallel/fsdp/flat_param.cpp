@@ -1,7 +1,9 @@
 #include "parallel/fsdp/flat_param.h"
 
-#include <sys/mman.h>
-#include <unistd.h>
+#include <sys/mman.h>  // defines: mmap, madvise, mincore
+#include <unistd.h>    // defines: sysconf
+
+#include <algorithm>
 
 #include "autograd/grad_mode.h"    // defines: NoGradGuard
 #include "core/error.h"
@@ -68,6 +70,18 @@ void release_pages(const Tensor& buffer) {
 }
 
 }  // namespace
+
+size_t FlatParameter::gathered_resident_bytes() const {
+  if (!sharded() || !full_.defined()) return 0;
+  if (!full_releasable_) return full_.nbytes();
+  const size_t length = mapped_bytes(full_.storage()->nbytes() == 0 ? 1 : full_.storage()->nbytes());
+  std::vector<unsigned char> pages(length / page_size());
+  LOOM_CHECK(::mincore(full_.storage()->data(), length, pages.data()) == 0, "FSDP: mincore failed on a gathered "
+             "buffer");
+  size_t resident = 0;
+  for (unsigned char page : pages) resident += (page & 1) ? page_size() : 0;
+  return std::min(resident, full_.nbytes());
+}
 
 FlatParameter::FlatParameter(std::vector<Tensor> params, std::vector<std::string> names,
                              std::shared_ptr<distributed::Communicator> shard_group)

@@ -70,6 +70,10 @@ class FlatParameter {
   bool gather_in_flight() const { return gather_work_ != nullptr; }
   // The parameters become empty and the gathered memory is given back. No-op unsharded.
   void release();
+  // Bytes of the gathered buffer that occupy memory now: on the CPU the pages the kernel
+  // holds for it (mincore), so a release is seen to give them back; elsewhere the
+  // buffer's size while FSDP holds one. For memory accounting and tests.
+  size_t gathered_resident_bytes() const;
   // The full flat buffer's values (gathered or not): for checkpoints. Collective.
   Tensor full_values();
   // shard <- this rank's slice of `full` (a flat buffer of layout().padded elements or

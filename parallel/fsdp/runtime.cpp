@@ -249,14 +249,10 @@ void Runtime::finalize() {
 [[noreturn]] void Runtime::fail_unready() {
   std::string missing;
   size_t count = 0;
-  for (const Unit& unit : units_) {
-    if (!unit.flat) continue;
-    if (std::find_if(launched_.begin(), launched_.end(), [&](size_t u) { return units_[u].name == unit.name; }) !=
-        launched_.end())
-      continue;
-    for (const std::string& name : unit.flat->names()) {
-      if (++count <= 20) missing += "\n  " + name + " (unit " + unit.name + ")";
-    }
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (!units_[u].flat || std::find(launched_.begin(), launched_.end(), u) != launched_.end()) continue;
+    for (const std::string& name : units_[u].flat->names())
+      if (++count <= 20) missing += "\n  " + name + " (unit " + units_[u].name + ")";
   }
   drain();
   LOOM_FAIL("FullyShardedDataParallel: backward finished, but some units did not receive every parameter's gradient, "

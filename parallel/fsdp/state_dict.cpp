@@ -78,12 +78,9 @@ void load_full_state_dict(FullyShardedDataParallel& fsdp, const OrderedDict<Tens
     unit.flat->load_full_values(cat(parts, 0));
   }
   // Buffers and frozen parameters are replicated: copied as they are.
-  OrderedDict<Tensor> rest;
-  for (const auto& [key, value] : state)
-    if (!in_units.count(key)) rest.insert(key, value);
   for (const auto& [key, target] : own) {
     if (in_units.count(key)) continue;
-    const Tensor& value = *rest.find(key);
+    const Tensor& value = *state.find(key);
     if (target.numel() == 0 && value.numel() != 0) continue;  // a shared parameter's second name: loaded via its first
     LOOM_CHECK(value.shape() == target.shape(), "FSDP load_full_state_dict: \"", key, "\" has shape ", value.shape(),
                " in the state dict but ", target.shape(), " in the model");
