@@ -109,6 +109,9 @@ void FullyShardedDataParallel::build(FSDPOptions options) {
   std::vector<Tensor> all_params;
   std::vector<std::string> all_names;
   for (const auto& [name, p] : module_->named_parameters()) {
+    LOOM_CHECK(p.numel() > 0, "FullyShardedDataParallel: parameter \"", name, "\" of the module is empty (", p.str(),
+               "). Was the module wrapped by an FSDP before? Its values then live in that FSDP's shards: wrap a "
+               "fresh module, or load the old FSDP's full_state_dict into one");
     name_of.emplace(p.unsafe_impl(), name);
     all_params.push_back(p);
     all_names.push_back(name);
