@@ -497,3 +497,61 @@ TEST_CASE("a parameter without a gradient is an error naming it and its unit, on
     CHECK(contains(errors[r], "6.w (unit head)"));
   }
 }
+
+TEST_CASE("optimizer state: consolidated on rank 0, loaded back shard by shard, training continues bit for bit") {
+  manual_seed(10);
+  auto start = small_net();
+  const int world = 3;
+  const Batches data = make_batches(4, 2 * world, kFloat64);
+  Batches first = data, second = data;
+  first.images.resize(2), first.labels.resize(2);
+  second.images.erase(second.images.begin(), second.images.begin() + 2);
+  second.labels.erase(second.labels.begin(), second.labels.begin() + 2);
+  std::vector<std::shared_ptr<nn::Module>> straight, before, after;
+  for (int r = 0; r < world; ++r) {
+    straight.push_back(start->clone());
+    before.push_back(start->clone());
+    after.push_back(small_net());  // another initialisation: everything comes from the checkpoint
+  }
+  auto steps = [&](FullyShardedDataParallel& fsdp, optim::SGD& opt, const Batches& batches, int r) {
+    for (size_t s = 0; s < batches.images.size(); ++s) {
+      Tensor loss = cross_entropy(fsdp(shard(batches.images[s], r, world)), shard(batches.labels[s], r, world));
+      opt.zero_grad();
+      loss.backward();
+      opt.step();
+    }
+  };
+  std::vector<OrderedDict<Tensor>> uninterrupted(world), resumed(world);
+  std::vector<size_t> optim_sizes(world);
+  const optim::SGDOptions sgd{.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-3};
+  const FSDPOptions options{.auto_wrap_policy = kSmallNetPolicy};
+  require_no_errors(run_ranks(world, [&](std::shared_ptr<Communicator> comm) {
+    const int r = comm->rank();
+    {
+      FullyShardedDataParallel fsdp(straight[r], comm, options);
+      optim::SGD opt(fsdp.parameters(), sgd);
+      steps(fsdp, opt, data, r);
+      uninterrupted[r] = full_state_dict(fsdp, false);
+    }
+    OrderedDict<Tensor> model_state, optim_state;
+    {
+      FullyShardedDataParallel fsdp(before[r], comm, options);
+      optim::SGD opt(fsdp.parameters(), sgd);
+      steps(fsdp, opt, first, r);
+      model_state = full_state_dict(fsdp, false);
+      optim_state = full_optim_state_dict(fsdp, opt, false);
+      optim_sizes[r] = full_optim_state_dict(fsdp, opt).size();  // rank0_only
+    }
+    FullyShardedDataParallel fsdp(after[r], comm, options);
+    optim::SGD opt(fsdp.parameters(), sgd);
+    load_full_state_dict(fsdp, model_state);
+    load_full_optim_state_dict(fsdp, opt, optim_state);
+    steps(fsdp, opt, second, r);
+    resumed[r] = full_state_dict(fsdp, false);
+    // The consolidated momentum of the first unit (Conv2d(3, 6, 3): 168 values) is whole.
+    CHECK(optim_state.find("state.0.momentum_buffer")->numel() == 6 * 3 * 3 * 3 + 6);
+  }));
+  CHECK(optim_sizes[0] > 0);
+  CHECK(optim_sizes[1] == 0);
+  for (int r = 0; r < world; ++r) CHECK(max_state_diff(resumed[r], uninterrupted[r]) == 0.0);
+}
