@@ -74,3 +74,19 @@ TEST_CASE("--sharding-strategy hybrid_shard: 2 x 2 trains; a shard group size th
   CHECK(missing.code != 0);
   CHECK_MESSAGE(contains(missing.output, "needs --shard-group-size N"), missing.output);
 }
+
+TEST_CASE("--mode fsdp --checkpoint-dir then --resume continues bit for bit (the optimizer state is consolidated)") {
+  TempDir dir("loom_fsdp_resume");
+  const std::string ckpt = (dir.path / "ckpt").string();
+  const std::string fsdp = " --mode fsdp --sharding-strategy full_shard --seed 3";
+  Result straight = train("--nproc_per_node 2", fsdp + " --max-steps 4 --save " + (dir.path / "a.safetensors").string());
+  REQUIRE_MESSAGE(straight.code == 0, straight.output);
+  Result part1 = train("--nproc_per_node 2", fsdp + " --max-steps 2 --checkpoint-dir " + ckpt + " --checkpoint-every 2");
+  REQUIRE_MESSAGE(part1.code == 0, part1.output);
+  Result part2 = train("--nproc_per_node 2", fsdp + " --max-steps 4 --checkpoint-dir " + ckpt + " --resume --save " +
+                                                 (dir.path / "b.safetensors").string());
+  REQUIRE_MESSAGE(part2.code == 0, part2.output);
+  const std::string a = read(dir.path / "a.safetensors"), b = read(dir.path / "b.safetensors");
+  CHECK(a.size() > 10000);
+  CHECK(a == b);
+}

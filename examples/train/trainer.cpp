@@ -121,10 +121,6 @@ void check_flags(const TrainConfig& c) {
   expect(c.synthetic_size >= 1, "TrainConfig::synthetic_size", c.synthetic_size, "at least 1");
   expect(c.dp_devices >= 0, "--dp-devices", c.dp_devices, "0 (the default devices) or more");
   expect(c.chunks >= 1, "--chunks", c.chunks, "at least 1 micro-batch per batch");
-  // FSDP's optimizer state is sharded: the checkpoint format (one file of the model's and
-  // the optimizer's full state, written by rank 0) would need it consolidated first.
-  LOOM_CHECK(c.mode != "fsdp" || (c.checkpoint_dir.empty() && !c.resume), "--checkpoint-dir / --resume with --mode "
-             "fsdp: not supported yet (the optimizer state is sharded across ranks); --save writes the full weights");
   LOOM_CHECK(c.pipeline_schedule == "gpipe" || c.pipeline_schedule == "1f1b",
              "--pipeline-schedule: expected gpipe or 1f1b, got '", c.pipeline_schedule, "'");
   LOOM_CHECK(c.pipeline_checkpoint == "never" || c.pipeline_checkpoint == "except_last" ||
@@ -187,6 +183,20 @@ TrainResult train_cifar10(const TrainConfig& config) {
   scheduled.lr = lr;  // --lr-scaling linear: the schedule peaks at the scaled rate
   auto scheduler = make_scheduler(scheduled, optimizer, std::max<int64_t>(steps_per_epoch * config.epochs, 1));
   MixedPrecision amp(config.amp, device);
+  // fsdp: the model's parameters and the optimizer's state are sharded. Checkpoints and
+  // --save hold them whole, as every other mode writes them: every rank gathers, rank 0
+  // writes, and on resuming each rank keeps its shard (parallel/fsdp/state_dict.h).
+  auto* sharded = dynamic_cast<fsdp::FullyShardedDataParallel*>(net.get());
+  auto save = [&](const TrainingPosition& at) {  // a collective under fsdp
+    if (sharded) {
+      OrderedDict<Tensor> model_state = fsdp::full_state_dict(*sharded);
+      OrderedDict<Tensor> optimizer_state = fsdp::full_optim_state_dict(*sharded, optimizer);
+      if (dist.is_main())
+        save_checkpoint(config.checkpoint_dir, model_state, optimizer_state, scheduler.get(), at, &amp.scaler());
+    } else if (dist.is_main()) {
+      save_checkpoint(config.checkpoint_dir, *model, optimizer, scheduler.get(), at, &amp.scaler());
+    }
+  };
 
   TrainingPosition position;
   // --resume, or a restart by loomrun --max-restarts: Note [Resuming after a restart].
@@ -196,7 +206,14 @@ TrainResult train_cifar10(const TrainConfig& config) {
              "nodes the directory must be shared by every rank");
   if (resume) {
     LOOM_CHECK(!config.checkpoint_dir.empty(), "--resume needs --checkpoint-dir DIR");
-    position = load_checkpoint(config.checkpoint_dir, *model, optimizer, scheduler.get(), &amp.scaler());
+    if (sharded) {
+      CheckpointState state = read_checkpoint(config.checkpoint_dir, scheduler.get(), &amp.scaler());
+      fsdp::load_full_state_dict(*sharded, state.model);
+      fsdp::load_full_optim_state_dict(*sharded, optimizer, state.optimizer);
+      position = state.position;
+    } else {
+      position = load_checkpoint(config.checkpoint_dir, *model, optimizer, scheduler.get(), &amp.scaler());
+    }
     // A checkpoint's epoch metrics are every rank's sum; one rank carries them on.
     if (!dist.is_main()) position.metrics = RunningMetrics{};
     if (config.progress && dist.is_main())
@@ -286,9 +303,7 @@ TrainResult train_cifar10(const TrainConfig& config) {
       if (!config.checkpoint_dir.empty() && config.checkpoint_every > 0 &&
           position.global_step % config.checkpoint_every == 0) {
         RunningMetrics so_far = dist.sum(metrics);  // every rank's examples (a collective)
-        if (dist.is_main())
-          save_checkpoint(config.checkpoint_dir, *model, optimizer, scheduler.get(),
-                          {epoch, step_in_epoch, position.global_step, so_far}, &amp.scaler());
+        save({epoch, step_in_epoch, position.global_step, so_far});
         dist.barrier();
       }
     }
@@ -311,11 +326,8 @@ TrainResult train_cifar10(const TrainConfig& config) {
     }
     if (!config.checkpoint_dir.empty()) {
       bool finished_epoch = step_in_epoch == steps_per_epoch;
-      if (dist.is_main())
-        save_checkpoint(config.checkpoint_dir, *model, optimizer, scheduler.get(),
-                        finished_epoch ? TrainingPosition{epoch + 1, 0, position.global_step, {}}
-                                       : TrainingPosition{epoch, step_in_epoch, position.global_step, metrics},
-                        &amp.scaler());
+      save(finished_epoch ? TrainingPosition{epoch + 1, 0, position.global_step, {}}
+                          : TrainingPosition{epoch, step_in_epoch, position.global_step, metrics});
       dist.barrier();
     }
   }
@@ -324,7 +336,6 @@ TrainResult train_cifar10(const TrainConfig& config) {
   result.median_step_s = median(step_seconds);
   result.peak_memory_bytes = memory_stats(device).peak_allocated_bytes;  // --device's (all CPU devices share one)
   // fsdp: the model's parameters are shards; every rank gathers, rank 0 writes the same file.
-  auto* sharded = dynamic_cast<fsdp::FullyShardedDataParallel*>(net.get());
   if (!config.save.empty() && sharded) fsdp::save_full_state_dict(*sharded, config.save);
   if (dist.is_main()) {
     if (!config.save.empty()) {
