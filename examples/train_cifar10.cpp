@@ -73,7 +73,8 @@ int main(int argc, char** argv) {
     auto& quiet = flags.add<bool>("quiet", false, "no progress bar");
     auto& mode = flags.add<std::string>("mode", c.mode, "single | dp (DataParallel: one process, several devices) | "
                                         "mp (layer-wise model parallel) | pipeline (micro-batches over the mp "
-                                        "stages) | ddp (DistributedDataParallel; start with loomrun)");
+                                        "stages) | ddp (DistributedDataParallel; start with loomrun) | fsdp "
+                                        "(FullyShardedDataParallel; start with loomrun)");
     auto& mp_devices = flags.add<int64_t>("mp-devices", c.mp_devices, "mp, pipeline: stages, one device each");
     auto& chunks = flags.add<int64_t>("chunks", c.chunks, "pipeline: micro-batches per batch");
     auto& schedule_name = flags.add<std::string>("pipeline-schedule", c.pipeline_schedule,
@@ -95,6 +96,10 @@ int main(int argc, char** argv) {
     auto& bucket_cap_mb = flags.add<double>("bucket-cap-mb", c.bucket_cap_mb, "ddp: gradient bucket size in MiB");
     auto& zero = flags.add<bool>("zero-redundancy-optimizer", false,
                                  "ddp: ZeRO-1, each rank keeps and steps the optimizer state of 1/N of the parameters");
+    auto& sharding_strategy = flags.add<std::string>("sharding-strategy", c.sharding_strategy,
+                                                     "fsdp: full_shard | shard_grad_op | no_shard | hybrid_shard");
+    auto& shard_group_size = flags.add<int64_t>("shard-group-size", c.shard_group_size,
+                                                "fsdp hybrid_shard: ranks per shard group (divides the world)");
     flags.parse(argc, argv);
 
     if (!data.empty()) c.data = data;
@@ -139,6 +144,8 @@ int main(int argc, char** argv) {
     c.lr_scaling = lr_scaling;
     c.bucket_cap_mb = bucket_cap_mb;
     c.zero_redundancy_optimizer = zero;
+    c.sharding_strategy = sharding_strategy;
+    c.shard_group_size = shard_group_size;
     LOOM_CHECK(!c.eval_only || !c.init.empty() || c.resume, "--eval-only needs --init PATH (or --resume)");
     train_cifar10(c);
     return 0;

@@ -5,6 +5,8 @@
 // every sharding strategy ends with the weights DDP ends with on the same data.
 #include <doctest/doctest.h>
 
+#include <map>
+
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
 #include "core/trace.h"
@@ -14,6 +16,7 @@
 #include "parallel/ddp/distributed_data_parallel.h"
 #include "parallel/fsdp/fully_sharded_data_parallel.h"
 #include "parallel/fsdp/state_dict.h"
+#include "parallel/sync_batch_norm.h"
 #include "rank_threads.h"   // defines: run_ranks, run_rank_threads, max_abs_diff
 #include "transparency.h"   // defines: small_net
 
@@ -233,8 +236,8 @@ TEST_CASE("HYBRID_SHARD: groups that do not form a grid, and a shard group size 
   }));
 }
 
-TEST_CASE("an optimizer over the unsharded module's parameters is an error at the next forward") {
-  const Batches data = make_batches(2, 4, kFloat64);
+TEST_CASE("an optimizer over the unsharded module's parameters is an error at the third forward") {
+  const Batches data = make_batches(3, 4, kFloat64);
   std::vector<std::shared_ptr<nn::Module>> models = {small_net(), small_net()};
   auto errors = run_ranks(2, [&](std::shared_ptr<Communicator> comm) {
     const int r = comm->rank();
@@ -242,9 +245,27 @@ TEST_CASE("an optimizer over the unsharded module's parameters is an error at th
     sgd_steps(fsdp, models[r]->parameters(), data, r, 2);  // wrong: not fsdp.parameters()
   });
   for (int r = 0; r < 2; ++r) {
-    CHECK(contains(errors[r], "nothing stepped them before this forward"));
+    CHECK(contains(errors[r], "the last 2 backwards reduced gradients into the sharded parameters, but no optimizer"));
     CHECK(contains(errors[r], "optim::SGD(fsdp.parameters(), ...)"));
   }
+  // The right optimizer whose first step is skipped (as a GradScaler skips an overflow): fine.
+  // New models: the old ones' values stayed in their FSDPs' shards, and say so.
+  require_no_errors(run_ranks(1, [&](std::shared_ptr<Communicator> comm) {
+    CHECK_THROWS_WITH_AS(FullyShardedDataParallel(models[0], comm), doctest::Contains("wrapped by an FSDP before"),
+                         Error);
+  }));
+  models = {small_net(), small_net()};
+  require_no_errors(run_ranks(2, [&](std::shared_ptr<Communicator> comm) {
+    const int r = comm->rank();
+    FullyShardedDataParallel fsdp(models[r], comm, {.auto_wrap_policy = kSmallNetPolicy});
+    optim::SGD opt(fsdp.parameters(), {.lr = 0.1});
+    for (size_t s = 0; s < data.images.size(); ++s) {
+      Tensor loss = cross_entropy(fsdp(shard(data.images[s], r, 2)), shard(data.labels[s], r, 2));
+      opt.zero_grad();
+      loss.backward();
+      if (s > 0) opt.step();
+    }
+  }));
 }
 
 TEST_CASE("no_sync accumulates full gradients locally; the next backward reduces the sum (equals DDP's no_sync)") {
@@ -353,4 +374,184 @@ TEST_CASE("checkpoints: full_state_dict has the single-process names; it loads i
   CHECK(max_state_diff(plain->state_dict(), reference[0]) == 0.0);
   for (int r = 0; r < world; ++r) CHECK(max_state_diff(reloaded[r], reference[0]) == 0.0);
   std::remove(path.c_str());
+}
+
+TEST_CASE("SyncBatchNorm inside FSDP: the same weights and statistics as SyncBatchNorm inside DDP") {
+  manual_seed(8);
+  auto start = nn::resnet_tiny(10, 4);
+  const int world = 2;
+  const Batches data = make_batches(2, 2 * world, kFloat32);
+  std::vector<std::shared_ptr<nn::Module>> ddp_models, fsdp_models;
+  for (int r = 0; r < world; ++r) {
+    ddp_models.push_back(start->clone());
+    fsdp_models.push_back(start->clone());
+  }
+  std::vector<OrderedDict<Tensor>> states(world);
+  require_no_errors(run_ranks(world, [&](std::shared_ptr<Communicator> comm) {
+    const int r = comm->rank();
+    nn::convert_sync_batchnorm_in_place(*ddp_models[r], comm);
+    ddp::DistributedDataParallel ddp(ddp_models[r], comm);
+    sgd_steps(ddp, ddp.parameters(), data, r, world);
+    nn::convert_sync_batchnorm_in_place(*fsdp_models[r], comm);
+    FullyShardedDataParallel fsdp(fsdp_models[r], comm);
+    sgd_steps(fsdp, fsdp.parameters(), data, r, world);
+    states[r] = full_state_dict(fsdp, false);
+  }));
+  for (int r = 0; r < world; ++r) CHECK(max_state_diff(states[r], ddp_models[r]->state_dict()) == 0.0);
+}
+
+TEST_CASE("trace: each unit's all-gather is issued while the unit before it computes; reduce-scatters run under backward") {
+  manual_seed(9);
+  auto start = nn::resnet_tiny(10, 4);
+  std::vector<std::shared_ptr<nn::Module>> models = {start, start->clone()};
+  const Batches data = make_batches(1, 4, kFloat32);
+  trace::clear();
+  trace::enable();
+  int thread0 = -1;
+  std::vector<std::string> unit_names;
+  require_no_errors(run_ranks(2, [&](std::shared_ptr<Communicator> comm) {
+    FullyShardedDataParallel fsdp(models[comm->rank()], comm);
+    if (comm->rank() == 0) {
+      thread0 = trace::thread_track();
+      for (const Unit& unit : fsdp.units()) unit_names.push_back(unit.name);
+    }
+    sgd_steps(fsdp, fsdp.parameters(), data, comm->rank(), 2);
+  }));
+  trace::disable();
+  const int comm0 = trace::track("comm (rank 0)");
+  std::map<std::string, std::vector<trace::Event>> by_name;  // rank 0's spans, in recording order
+  for (const trace::Event& e : trace::events())
+    if (e.track == comm0 || e.track == thread0) by_name[e.name].push_back(e);
+  trace::clear();
+  REQUIRE(unit_names.size() == 6);  // stem, 4 BasicBlocks, head
+  for (size_t k = 1; k < unit_names.size(); ++k) {
+    CAPTURE(unit_names[k]);
+    REQUIRE(by_name["forward " + unit_names[k - 1]].size() == 1);
+    const trace::Event& previous = by_name["forward " + unit_names[k - 1]][0];
+    REQUIRE(!by_name["all_gather " + unit_names[k]].empty());
+    // Prefetched: issued before the unit before it finished its forward.
+    CHECK(by_name["all_gather " + unit_names[k]][0].start_us < previous.start_us + previous.duration_us);
+  }
+  // FULL_SHARD gathers every unit but the last again for its backward.
+  CHECK(by_name["all_gather stem"].size() == 2);
+  CHECK(by_name["all_gather head"].size() == 1);
+  for (const std::string& name : unit_names) CHECK(by_name["reduce_scatter " + name].size() == 1);
+  // The head's reduce-scatter is launched before the stem is even gathered for its
+  // backward: it overlaps the rest of backward.
+  CHECK(by_name["reduce_scatter head"][0].start_us < by_name["all_gather stem"][1].start_us);
+}
+
+TEST_CASE("FULL_SHARD really frees: a unit's gathered pages go back after its forward and come back for its backward") {
+  // Two 1024 x 1024 float64 units (8 MiB gathered each); the last is kept for backward.
+  auto net = std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Linear>(1024, 1024), std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(1024, 10)});
+  net->to(kFloat64);
+  std::vector<std::shared_ptr<nn::Module>> models = {net, net->clone()};
+  Tensor x = randn({4, 1024}, kFloat64);
+  Tensor y = randint(0, 10, {4});
+  std::vector<std::vector<size_t>> after_forward(2), after_backward(2);
+  require_no_errors(run_ranks(2, [&](std::shared_ptr<Communicator> comm) {
+    const int r = comm->rank();
+    FullyShardedDataParallel fsdp(models[r], comm, {.auto_wrap_policy = {{"Linear"}}});
+    Tensor loss = cross_entropy(fsdp(shard(x, r, 2)), shard(y, r, 2));
+    for (const Unit& unit : fsdp.units())
+      if (unit.flat) after_forward[r].push_back(unit.flat->gathered_resident_bytes());
+    loss.backward();  // would read zeros from the freed unit without its re-gather
+    for (const Unit& unit : fsdp.units())
+      if (unit.flat) after_backward[r].push_back(unit.flat->gathered_resident_bytes());
+  }));
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    REQUIRE(after_forward[r].size() == 2);
+    CHECK(after_forward[r][0] == 0);                   // freed after its forward
+    CHECK(after_forward[r][1] >= 10 * 1025 * 8 - 8);   // the last unit: kept for its backward
+    CHECK(after_backward[r] == std::vector<size_t>{0, 0});
+  }
+}
+
+namespace {
+// Passes its input through; its parameter takes no part in the loss.
+class Bystander : public nn::Cloneable<Bystander> {
+ public:
+  Bystander() : Cloneable("Bystander") { reset(); }
+  void reset() override { w = register_parameter("w", zeros({3}, kFloat64)); }
+  Tensor forward(const Tensor& x) override { return x; }
+  Tensor w;
+};
+}  // namespace
+
+TEST_CASE("a parameter without a gradient is an error naming it and its unit, on every rank") {
+  std::vector<std::shared_ptr<nn::Module>> models;
+  for (int r = 0; r < 2; ++r) {
+    auto net = small_net();
+    net->push_back(std::make_shared<Bystander>());
+    models.push_back(net);
+  }
+  Tensor x = randn({4, 3, 8, 8}, kFloat64);
+  auto errors = run_ranks(2, [&](std::shared_ptr<Communicator> comm) {
+    FullyShardedDataParallel fsdp(models[comm->rank()], comm, {.auto_wrap_policy = kSmallNetPolicy});
+    fsdp(shard(x, comm->rank(), 2)).sum().backward();
+  });
+  for (int r = 0; r < 2; ++r) {
+    CHECK(contains(errors[r], "did not receive every parameter's gradient"));
+    CHECK(contains(errors[r], "6.w (unit head)"));
+  }
+}
+
+TEST_CASE("optimizer state: consolidated on rank 0, loaded back shard by shard, training continues bit for bit") {
+  manual_seed(10);
+  auto start = small_net();
+  const int world = 3;
+  const Batches data = make_batches(4, 2 * world, kFloat64);
+  Batches first = data, second = data;
+  first.images.resize(2), first.labels.resize(2);
+  second.images.erase(second.images.begin(), second.images.begin() + 2);
+  second.labels.erase(second.labels.begin(), second.labels.begin() + 2);
+  std::vector<std::shared_ptr<nn::Module>> straight, before, after;
+  for (int r = 0; r < world; ++r) {
+    straight.push_back(start->clone());
+    before.push_back(start->clone());
+    after.push_back(small_net());  // another initialisation: everything comes from the checkpoint
+  }
+  auto steps = [&](FullyShardedDataParallel& fsdp, optim::SGD& opt, const Batches& batches, int r) {
+    for (size_t s = 0; s < batches.images.size(); ++s) {
+      Tensor loss = cross_entropy(fsdp(shard(batches.images[s], r, world)), shard(batches.labels[s], r, world));
+      opt.zero_grad();
+      loss.backward();
+      opt.step();
+    }
+  };
+  std::vector<OrderedDict<Tensor>> uninterrupted(world), resumed(world);
+  std::vector<size_t> optim_sizes(world);
+  const optim::SGDOptions sgd{.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-3};
+  const FSDPOptions options{.auto_wrap_policy = kSmallNetPolicy};
+  require_no_errors(run_ranks(world, [&](std::shared_ptr<Communicator> comm) {
+    const int r = comm->rank();
+    {
+      FullyShardedDataParallel fsdp(straight[r], comm, options);
+      optim::SGD opt(fsdp.parameters(), sgd);
+      steps(fsdp, opt, data, r);
+      uninterrupted[r] = full_state_dict(fsdp, false);
+    }
+    OrderedDict<Tensor> model_state, optim_state;
+    {
+      FullyShardedDataParallel fsdp(before[r], comm, options);
+      optim::SGD opt(fsdp.parameters(), sgd);
+      steps(fsdp, opt, first, r);
+      model_state = full_state_dict(fsdp, false);
+      optim_state = full_optim_state_dict(fsdp, opt, false);
+      optim_sizes[r] = full_optim_state_dict(fsdp, opt).size();  // rank0_only
+    }
+    FullyShardedDataParallel fsdp(after[r], comm, options);
+    optim::SGD opt(fsdp.parameters(), sgd);
+    load_full_state_dict(fsdp, model_state);
+    load_full_optim_state_dict(fsdp, opt, optim_state);
+    steps(fsdp, opt, second, r);
+    resumed[r] = full_state_dict(fsdp, false);
+    // The consolidated momentum of the first unit (Conv2d(3, 6, 3): 168 values) is whole.
+    CHECK(optim_state.find("state.0.momentum_buffer")->numel() == 6 * 3 * 3 * 3 + 6);
+  }));
+  CHECK(optim_sizes[0] > 0);
+  CHECK(optim_sizes[1] == 0);
+  for (int r = 0; r < world; ++r) CHECK(max_state_diff(resumed[r], uninterrupted[r]) == 0.0);
 }

@@ -48,10 +48,16 @@ bool resume_after_restart(const std::string& dir) {
 void save_checkpoint(const std::string& dir, const nn::Module& model, const optim::Optimizer& optimizer,
                      const optim::LRScheduler* scheduler, const TrainingPosition& position,
                      const optim::GradScaler* scaler) {
+  save_checkpoint(dir, model.state_dict(), optimizer.state_dict(), scheduler, position, scaler);
+}
+
+void save_checkpoint(const std::string& dir, const OrderedDict<Tensor>& model_state,
+                     const OrderedDict<Tensor>& optimizer_state, const optim::LRScheduler* scheduler,
+                     const TrainingPosition& position, const optim::GradScaler* scaler) {
   std::filesystem::create_directories(dir);
   OrderedDict<Tensor> tensors;
-  add_prefixed(tensors, "model.", model.state_dict());
-  add_prefixed(tensors, "optimizer.", optimizer.state_dict());
+  add_prefixed(tensors, "model.", model_state);
+  add_prefixed(tensors, "optimizer.", optimizer_state);
   if (scheduler) add_prefixed(tensors, "scheduler.", scheduler->state_dict());
   if (scaler) add_prefixed(tensors, "scaler.", scaler->state_dict());  // empty when disabled
   Generator& gen = default_generator();
@@ -70,12 +76,20 @@ void save_checkpoint(const std::string& dir, const nn::Module& model, const opti
 
 TrainingPosition load_checkpoint(const std::string& dir, nn::Module& model, optim::Optimizer& optimizer,
                                  optim::LRScheduler* scheduler, optim::GradScaler* scaler) {
+  CheckpointState state = read_checkpoint(dir, scheduler, scaler);
+  model.load_state_dict(state.model, /*strict=*/true);
+  optimizer.load_state_dict(state.optimizer);
+  return state.position;
+}
+
+CheckpointState read_checkpoint(const std::string& dir, optim::LRScheduler* scheduler, optim::GradScaler* scaler) {
   const std::string path = checkpoint_path(dir);
   LOOM_CHECK(std::filesystem::exists(path), "--resume: no checkpoint at ", path,
              "; run once with --checkpoint-dir ", dir, " to create it");
   safetensors::File file = safetensors::read_file(path);
-  model.load_state_dict(take_prefixed(file.tensors, "model."), /*strict=*/true);
-  optimizer.load_state_dict(take_prefixed(file.tensors, "optimizer."));
+  CheckpointState state;
+  state.model = take_prefixed(file.tensors, "model.");
+  state.optimizer = take_prefixed(file.tensors, "optimizer.");
   if (scheduler) scheduler->load_state_dict(take_prefixed(file.tensors, "scheduler."));
   if (scaler && scaler->is_enabled()) {
     OrderedDict<Tensor> scaler_state = take_prefixed(file.tensors, "scaler.");
@@ -83,14 +97,14 @@ TrainingPosition load_checkpoint(const std::string& dir, nn::Module& model, opti
   }
   auto text = [&](const char* key) { return metadata_text(file.metadata, key, path); };
   default_generator().set_state(std::stoull(text("generator_seed")), std::stoull(text("generator_offset")));
-  TrainingPosition position;
+  TrainingPosition& position = state.position;
   position.epoch = std::stoll(text("epoch"));
   position.step_in_epoch = std::stoll(text("step_in_epoch"));
   position.global_step = std::stoll(text("global_step"));
   position.metrics.loss_sum = std::stod(text("metrics_loss_sum"));
   position.metrics.correct = std::stod(text("metrics_correct"));
   position.metrics.examples = std::stod(text("metrics_examples"));
-  return position;
+  return state;
 }
 
 }  // namespace loom::examples

@@ -61,4 +61,18 @@ void save_checkpoint(const std::string& dir, const nn::Module& model, const opti
 TrainingPosition load_checkpoint(const std::string& dir, nn::Module& model, optim::Optimizer& optimizer,
                                  optim::LRScheduler* scheduler, optim::GradScaler* scaler = nullptr);
 
+// The same two steps with the model's and the optimizer's state as dicts, for a caller
+// that makes and loads them itself: --mode fsdp consolidates its sharded state on rank 0
+// and gives each rank its shard back (parallel/fsdp/state_dict.h).
+void save_checkpoint(const std::string& dir, const OrderedDict<Tensor>& model_state,
+                     const OrderedDict<Tensor>& optimizer_state, const optim::LRScheduler* scheduler,
+                     const TrainingPosition& position, const optim::GradScaler* scaler = nullptr);
+struct CheckpointState {
+  OrderedDict<Tensor> model, optimizer;
+  TrainingPosition position;
+};
+// Restores scheduler, scaler and generator as load_checkpoint does; returns the rest.
+CheckpointState read_checkpoint(const std::string& dir, optim::LRScheduler* scheduler,
+                                optim::GradScaler* scaler = nullptr);
+
 }  // namespace loom::examples

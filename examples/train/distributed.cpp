@@ -14,9 +14,10 @@ namespace dist = loom::distributed;
 Distributed::Distributed(const TrainConfig& config) {
   if (!ParallelDims::needs_process_group(config)) {
     LOOM_CHECK(config.mode == "single" || config.mode == "dp" || config.mode == "mp" || config.mode == "pipeline",
-               "--mode: expected single, dp, mp, pipeline or ddp, got '", config.mode, "'");
-    LOOM_CHECK(!config.sync_bn, "--sync-bn needs --mode ddp (with one process there is nothing to synchronise)");
-    LOOM_CHECK(config.backend.empty(), "--backend needs --mode ddp");
+               "--mode: expected single, dp, mp, pipeline, ddp or fsdp, got '", config.mode, "'");
+    LOOM_CHECK(!config.sync_bn, "--sync-bn needs --mode ddp or fsdp (with one process there is nothing to "
+               "synchronise)");
+    LOOM_CHECK(config.backend.empty(), "--backend needs --mode ddp or fsdp");
     dims_ = ParallelDims::from_config(config, 1);
     return;
   }

@@ -2,11 +2,12 @@
 
 #include "core/error.h"                   // defines: LOOM_CHECK
 #include "parallel/comm/process_group.h"  // defines: get_rank, get_world_size, default_group, new_group
+#include "parallel/fsdp/fully_sharded_data_parallel.h"  // defines: parse_sharding_strategy, replicas_for
 
 namespace loom::examples {
 
 bool ParallelDims::needs_process_group(const TrainConfig& config) {
-  return config.mode == "ddp" || (config.mode == "pipeline" && config.pp > 1);
+  return config.mode == "ddp" || config.mode == "fsdp" || (config.mode == "pipeline" && config.pp > 1);
 }
 
 ParallelDims ParallelDims::from_config(const TrainConfig& config, int world_size) {
@@ -21,6 +22,16 @@ ParallelDims ParallelDims::from_config(const TrainConfig& config, int world_size
                "pipelines of ", dims.pp, " stages each, but ", world_size, " is not a multiple of ", dims.pp,
                "; start a multiple of ", dims.pp, " processes (loomrun --nproc_per_node)");
     dims.dp_replicate = world_size / dims.pp;
+  }
+  if (config.mode == "fsdp") {
+    // hybrid_shard: shards within groups of --shard-group-size ranks, replicas across them.
+    const bool hybrid = fsdp::parse_sharding_strategy(config.sharding_strategy) == fsdp::ShardingStrategy::HYBRID_SHARD;
+    LOOM_CHECK(hybrid == (config.shard_group_size > 0), hybrid ? "--sharding-strategy hybrid_shard needs "
+               "--shard-group-size N (ranks per shard group)" : "--shard-group-size is for --sharding-strategy "
+               "hybrid_shard, got --sharding-strategy ", hybrid ? "" : config.sharding_strategy);
+    const int data_parallel = world_size / dims.pp;
+    dims.dp_shard = hybrid ? static_cast<int>(config.shard_group_size) : data_parallel;
+    if (hybrid) dims.dp_replicate = fsdp::replicas_for(data_parallel, dims.dp_shard);
   }
   const int product = dims.pp * dims.dp_replicate * dims.dp_shard;
   LOOM_CHECK(product == world_size, "the parallel degrees multiply to ", product, " processes (pp ", dims.pp,

@@ -2,7 +2,7 @@
 
 #include <omp.h>  // defines: omp_get_max_threads, omp_set_num_threads (balancing a pipeline's stages)
 
-#include <algorithm>  // defines: std::count (the mesh's dimensions)
+#include <algorithm>  // defines: std::count, std::find (the mesh's dimensions)
 #include <cstdio>
 
 #include "core/factory.h"                            // defines: randn (the balance's sample batch)
@@ -10,6 +10,7 @@
 #include "nn/resnet.h"                               // defines: ResNet::sequential
 #include "parallel/data_parallel.h"                  // defines: DataParallel
 #include "parallel/ddp/distributed_data_parallel.h"  // defines: DistributedDataParallel
+#include "parallel/fsdp/fully_sharded_data_parallel.h"  // defines: FullyShardedDataParallel
 #include "parallel/model_parallel.h"                 // defines: ModelParallel, balance_by_time
 #include "parallel/pipeline/pipeline.h"              // defines: Pipeline
 #include "parallel/pipeline/pipeline_processes.h"    // defines: apply_pipeline_processes, check_balance
@@ -121,6 +122,31 @@ void apply_ddp_to_stage(parallel::pipeline::PipelineStage& stage,
   parallel::pipeline::replicate_stage(stage, std::move(dp_group), options);
 }
 
+std::shared_ptr<nn::Module> apply_fsdp(std::shared_ptr<nn::Module> model, const distributed::DeviceMesh& mesh,
+                                       const TrainConfig& config) {
+  const fsdp::ShardingStrategy strategy = fsdp::parse_sharding_strategy(config.sharding_strategy);
+  auto has = [&mesh](const std::string& dim) {
+    const auto& names = mesh.dim_names();
+    return std::find(names.begin(), names.end(), dim) != names.end();
+  };
+  // A degree of 1 is no mesh dimension (ParallelDims::build_mesh): one process has only
+  // the one-rank "dp_replicate" dimension, and hybrid_shard with one replica (or shards
+  // of one rank) is FULL_SHARD (or NO_SHARD) over the one dimension there is.
+  if (strategy == fsdp::ShardingStrategy::HYBRID_SHARD && has("dp_shard") && has("dp_replicate")) {
+    LOOM_CHECK(!config.sync_bn, "--sync-bn with --sharding-strategy hybrid_shard: SyncBatchNorm needs one group over "
+               "every data-parallel rank, which this mesh does not have; use full_shard");
+    return std::make_shared<fsdp::FullyShardedDataParallel>(
+        model, std::pair{mesh.group("dp_shard"), mesh.group("dp_replicate")},
+        fsdp::FSDPOptions{.sharding_strategy = strategy});
+  }
+  auto group = mesh.group(has("dp_shard") ? "dp_shard" : "dp_replicate");
+  if (config.sync_bn) nn::convert_sync_batchnorm(model, group);
+  fsdp::ShardingStrategy one_dim = strategy;
+  if (strategy == fsdp::ShardingStrategy::HYBRID_SHARD)
+    one_dim = has("dp_shard") ? fsdp::ShardingStrategy::FULL_SHARD : fsdp::ShardingStrategy::NO_SHARD;
+  return std::make_shared<fsdp::FullyShardedDataParallel>(model, group, fsdp::FSDPOptions{.sharding_strategy = one_dim});
+}
+
 std::shared_ptr<nn::Module> parallelize(std::shared_ptr<nn::Module> model, const distributed::DeviceMesh* mesh,
                                         const TrainConfig& config, Device device, nn::CrossEntropyLoss& criterion) {
   // Inside one process, over several devices.
@@ -135,7 +161,8 @@ std::shared_ptr<nn::Module> parallelize(std::shared_ptr<nn::Module> model, const
   }
   if (config.mode == "mp" || config.mode == "pipeline") return apply_model_parallel(*model, config, device, criterion);
   if (mesh == nullptr) return model;  // one process, one device
-  // Across processes: replicas of the model over the data-parallel dimension.
+  // Across processes: shards of the model, or replicas of it, over the data-parallel dimensions.
+  if (config.mode == "fsdp") return apply_fsdp(model, *mesh, config);
   return apply_ddp(model, mesh->group("dp_replicate"), config);
 }
 

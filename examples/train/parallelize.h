@@ -50,6 +50,12 @@ std::shared_ptr<nn::Module> apply_ddp(std::shared_ptr<nn::Module> model,
 void apply_ddp_to_stage(parallel::pipeline::PipelineStage& stage,
                         std::shared_ptr<distributed::Communicator> dp_group, const TrainConfig& config);
 
+// --mode fsdp: FullyShardedDataParallel with --sharding-strategy over the mesh's
+// "dp_shard" dimension (hybrid_shard: and across "dp_replicate"). SyncBatchNorm (--sync-bn)
+// first, over the data-parallel ranks.
+std::shared_ptr<nn::Module> apply_fsdp(std::shared_ptr<nn::Module> model, const distributed::DeviceMesh& mesh,
+                                       const TrainConfig& config);
+
 // The module the loop calls: `model` itself on one device, else the apply_* the flags
 // ask for. `mesh` (ParallelDims::build_mesh) is null in one process.
 std::shared_ptr<nn::Module> parallelize(std::shared_ptr<nn::Module> model, const distributed::DeviceMesh* mesh,

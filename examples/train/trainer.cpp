@@ -31,6 +31,7 @@
 #include "nn/resnet.h"                      // defines: resnet18, resnet_tiny
 #include "nn/safetensors.h"                 // defines: nn::save, nn::load
 #include "parallel/comm/launch_env.h"       // defines: launch_local_rank (loomrun's, Slurm's or Open MPI's)
+#include "parallel/fsdp/state_dict.h"       // defines: save_full_state_dict, what --save does under --mode fsdp
 #include "parallel/pipeline/pipeline.h"     // defines: Pipeline, what --mode pipeline changes
 #include "parallel/pipeline/pipeline_stage.h"  // defines: PipelineStage, what --pp changes
 
@@ -160,7 +161,7 @@ TrainResult train_cifar10(const TrainConfig& config) {
   // First: a missing GPU is an error naming why, before any data is read. Under ddp,
   // "--device cuda" is this process's GPU, cuda:LOCAL_RANK (set by loomrun; srun and
   // mpirun say it as SLURM_LOCALID and OMPI_COMM_WORLD_LOCAL_RANK).
-  const Device device = training_device(config.device, config.mode == "ddp" ? distributed::launch_local_rank() : 0);
+  const Device device = training_device(config.device, ParallelDims::needs_process_group(config) ? distributed::launch_local_rank() : 0);
   Distributed dist(config);  // single mode: rank 0 of 1, no communication
   trace::set_thread_name("train");  // this thread's row in a LOOM_TRACE picture
   manual_seed(config.seed);
@@ -213,6 +214,21 @@ TrainResult train_cifar10(const TrainConfig& config) {
   scheduled.lr = lr;  // --lr-scaling linear: the schedule peaks at the scaled rate
   auto scheduler = make_scheduler(scheduled, optimizer, std::max<int64_t>(steps_per_epoch * config.epochs, 1));
   MixedPrecision amp(config.amp, device);
+  // fsdp: the model's parameters and the optimizer's state are sharded. Checkpoints and
+  // --save hold them whole, as every other mode writes them: every rank gathers, rank 0
+  // writes, and on resuming each rank keeps its shard (parallel/fsdp/state_dict.h).
+  auto* sharded = dynamic_cast<fsdp::FullyShardedDataParallel*>(net.get());
+  auto save = [&](const TrainingPosition& at) {  // a collective under fsdp
+    if (sharded) {
+      OrderedDict<Tensor> model_state = fsdp::full_state_dict(*sharded);
+      OrderedDict<Tensor> optimizer_state = fsdp::full_optim_state_dict(*sharded, optimizer);
+      if (dist.is_main())
+        save_checkpoint(config.checkpoint_dir, model_state, optimizer_state, scheduler.get(), at, &amp.scaler());
+    } else {
+      gather_optimizer_state(optimizer);  // ZeRO-1: the whole state to rank 0 (a collective)
+      if (dist.is_main()) save_checkpoint(config.checkpoint_dir, *model, optimizer, scheduler.get(), at, &amp.scaler());
+    }
+  };
 
   TrainingPosition position;
   // --resume, or a restart by loomrun --max-restarts: Note [Resuming after a restart].
@@ -222,7 +238,14 @@ TrainResult train_cifar10(const TrainConfig& config) {
              "nodes the directory must be shared by every rank");
   if (resume) {
     LOOM_CHECK(!config.checkpoint_dir.empty(), "--resume needs --checkpoint-dir DIR");
-    position = load_checkpoint(config.checkpoint_dir, *model, optimizer, scheduler.get(), &amp.scaler());
+    if (sharded) {
+      CheckpointState state = read_checkpoint(config.checkpoint_dir, scheduler.get(), &amp.scaler());
+      fsdp::load_full_state_dict(*sharded, state.model);
+      fsdp::load_full_optim_state_dict(*sharded, optimizer, state.optimizer);
+      position = state.position;
+    } else {
+      position = load_checkpoint(config.checkpoint_dir, *model, optimizer, scheduler.get(), &amp.scaler());
+    }
     // A checkpoint's epoch metrics are every rank's sum; one rank carries them on.
     if (!dist.is_main()) position.metrics = RunningMetrics{};
     if (config.progress && dist.is_main())
@@ -327,10 +350,7 @@ TrainResult train_cifar10(const TrainConfig& config) {
       if (!config.checkpoint_dir.empty() && config.checkpoint_every > 0 &&
           position.global_step % config.checkpoint_every == 0) {
         RunningMetrics so_far = dist.sum(metrics);  // every rank's examples (a collective)
-        gather_optimizer_state(optimizer);           // ZeRO-1: the whole state to rank 0 (a collective)
-        if (dist.is_main())
-          save_checkpoint(config.checkpoint_dir, *model, optimizer, scheduler.get(),
-                          {epoch, step_in_epoch, position.global_step, so_far}, &amp.scaler());
+        save({epoch, step_in_epoch, position.global_step, so_far});
         dist.barrier();
       }
     }
@@ -353,12 +373,8 @@ TrainResult train_cifar10(const TrainConfig& config) {
     }
     if (!config.checkpoint_dir.empty()) {
       bool finished_epoch = step_in_epoch == steps_per_epoch;
-      gather_optimizer_state(optimizer);  // ZeRO-1: the whole state to rank 0 (a collective)
-      if (dist.is_main())
-        save_checkpoint(config.checkpoint_dir, *model, optimizer, scheduler.get(),
-                        finished_epoch ? TrainingPosition{epoch + 1, 0, position.global_step, {}}
-                                       : TrainingPosition{epoch, step_in_epoch, position.global_step, metrics},
-                        &amp.scaler());
+      save(finished_epoch ? TrainingPosition{epoch + 1, 0, position.global_step, {}}
+                          : TrainingPosition{epoch, step_in_epoch, position.global_step, metrics});
       dist.barrier();
     }
   }
@@ -383,9 +399,11 @@ TrainResult train_cifar10(const TrainConfig& config) {
     }
   }
   if (stage && !config.save.empty()) stage->share_weights();  // rank 0 saves the whole model
+  // fsdp: the model's parameters are shards; every rank gathers, rank 0 writes the same file.
+  if (!config.save.empty() && sharded) fsdp::save_full_state_dict(*sharded, config.save);
   if (dist.is_main()) {
     if (!config.save.empty()) {
-      nn::save(*model, config.save);  // the model's own keys, without DDP's "module." prefix
+      if (!sharded) nn::save(*model, config.save);  // the model's own keys, without DDP's "module." prefix
       std::printf("saved weights to %s\n", config.save.c_str());
     }
     if (!config.metrics_json.empty()) write_metrics_json(result, config.metrics_json);

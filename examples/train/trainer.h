@@ -53,7 +53,7 @@ struct TrainConfig {
   // mp: the model cut into stages on mp_devices devices (parallel/model_parallel.h);
   // pipeline: those stages on threads of their own, over micro-batches
   // (parallel/pipeline/pipeline.h).
-  std::string mode = "single";       // single | dp | mp | pipeline | ddp
+  std::string mode = "single";       // single | dp | mp | pipeline | ddp | fsdp
   int64_t dp_devices = 0;            // dp: devices to use; 0 = every GPU (cuda), 2 (cpu)
   int64_t mp_devices = 2;            // mp, pipeline: stages, one device each
   int64_t chunks = 4;                // pipeline: micro-batches per batch
@@ -67,6 +67,8 @@ struct TrainConfig {
   std::string lr_scaling = "none";   // none | linear (lr x world size: the global batch grew)
   double bucket_cap_mb = 25;         // ddp: gradient bucket size
   bool zero_redundancy_optimizer = false;  // ddp: ZeRO-1, each rank the optimizer state of its partition
+  std::string sharding_strategy = "full_shard";  // fsdp: full_shard | shard_grad_op | no_shard | hybrid_shard
+  int64_t shard_group_size = 0;      // fsdp hybrid_shard: ranks per shard group (must divide the world)
 };
 
 struct TrainResult {

@@ -1,7 +1,9 @@
 #include "parallel/fsdp/flat_param.h"
 
-#include <sys/mman.h>
-#include <unistd.h>
+#include <sys/mman.h>  // defines: mmap, madvise, mincore
+#include <unistd.h>    // defines: sysconf
+
+#include <algorithm>
 
 #include "autograd/grad_mode.h"    // defines: NoGradGuard
 #include "core/error.h"
@@ -68,6 +70,18 @@ void release_pages(const Tensor& buffer) {
 }
 
 }  // namespace
+
+size_t FlatParameter::gathered_resident_bytes() const {
+  if (!sharded() || !full_.defined()) return 0;
+  if (!full_releasable_) return full_.nbytes();
+  const size_t length = mapped_bytes(full_.storage()->nbytes() == 0 ? 1 : full_.storage()->nbytes());
+  std::vector<unsigned char> pages(length / page_size());
+  LOOM_CHECK(::mincore(full_.storage()->data(), length, pages.data()) == 0, "FSDP: mincore failed on a gathered "
+             "buffer");
+  size_t resident = 0;
+  for (unsigned char page : pages) resident += (page & 1) ? page_size() : 0;
+  return std::min(resident, full_.nbytes());
+}
 
 FlatParameter::FlatParameter(std::vector<Tensor> params, std::vector<std::string> names,
                              std::shared_ptr<distributed::Communicator> shard_group)
@@ -167,24 +181,33 @@ void FlatParameter::release() {
   gathered_ = false;
 }
 
-Tensor FlatParameter::full_values() {
-  if (!sharded()) return shard_.detach().narrow(0, 0, layout_.total).clone();
-  Tensor out = empty({layout_.padded}, TensorOptions(shard_.dtype()).device(shard_.device()));
+Tensor FlatParameter::gather_full(const Tensor& shard_like) const {
+  LOOM_CHECK(shard_like.shape() == shard_.shape(), "FlatParameter::gather_full: expected a tensor shaped like the shard ",
+             shard_.shape(), ", got ", shard_like.str());
+  if (!sharded()) return shard_like.narrow(0, 0, layout_.total).clone();
+  Tensor out = empty({layout_.padded}, TensorOptions(shard_like.dtype()).device(shard_like.device()));
   std::vector<Tensor> chunks = out.chunk(group_->size());
-  group_->all_gather(chunks, shard_.detach())->wait();
+  group_->all_gather(chunks, shard_like.contiguous())->wait();
   return out.narrow(0, 0, layout_.total);
 }
 
-void FlatParameter::load_full_values(const Tensor& full) {
-  LOOM_CHECK(full.dim() == 1 && (full.numel() == layout_.total || full.numel() == layout_.padded) &&
-                 full.dtype() == shard_.dtype(),
-             "FlatParameter::load_full_values: expected ", layout_.total, " (or padded ", layout_.padded, ") ",
-             shard_.dtype(), " values, got ", full.str());
+Tensor FlatParameter::shard_of(const Tensor& full) const {
+  LOOM_CHECK(full.dim() == 1 && (full.numel() == layout_.total || full.numel() == layout_.padded),
+             "FlatParameter: expected a flat tensor of ", layout_.total, " (or padded ", layout_.padded,
+             ") values, got ", full.str());
   NoGradGuard no_grad;
-  Tensor padded = zeros({layout_.padded}, TensorOptions(shard_.dtype()).device(shard_.device()));
+  Tensor padded = zeros({layout_.padded}, TensorOptions(full.dtype()).device(full.device()));
   padded.narrow(0, 0, layout_.total).copy_(full.narrow(0, 0, layout_.total));
   const int rank = group_ ? group_->rank() : 0;
-  Tensor(shard_.detach()).copy_(padded.narrow(0, rank * layout_.shard_size, layout_.shard_size));
+  return padded.narrow(0, rank * layout_.shard_size, layout_.shard_size).clone();
+}
+
+void FlatParameter::load_full_values(const Tensor& full) {
+  LOOM_CHECK(full.dtype() == shard_.dtype(), "FlatParameter::load_full_values: expected ", shard_.dtype(),
+             " values, got ", full.str());
+  NoGradGuard no_grad;
+  Tensor(shard_.detach()).copy_(shard_of(full.to(shard_.device())));
+  shard_.bump_version();
   if (sharded()) release();  // the next forward gathers the loaded values
 }
 

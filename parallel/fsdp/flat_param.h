@@ -70,11 +70,21 @@ class FlatParameter {
   bool gather_in_flight() const { return gather_work_ != nullptr; }
   // The parameters become empty and the gathered memory is given back. No-op unsharded.
   void release();
+  // Bytes of the gathered buffer that occupy memory now: on the CPU the pages the kernel
+  // holds for it (mincore), so a release is seen to give them back; elsewhere the
+  // buffer's size while FSDP holds one. For memory accounting and tests.
+  size_t gathered_resident_bytes() const;
   // The full flat buffer's values (gathered or not): for checkpoints. Collective.
-  Tensor full_values();
-  // shard <- this rank's slice of `full` (a flat buffer of layout().padded elements or
-  // of layout().total, padding then being zero). For loading checkpoints.
+  Tensor full_values() { return gather_full(shard_.detach()); }
+  // shard <- this rank's slice of `full` (see shard_of). For loading checkpoints.
   void load_full_values(const Tensor& full);
+  // For any tensor laid out like the shard (an optimizer's momentum buffer, say): every
+  // rank's piece, concatenated, without the padding ([layout().total]). Collective over
+  // the shard group.
+  Tensor gather_full(const Tensor& shard_like) const;
+  // This rank's [layout().shard_size] slice of `full` ([total] or [padded] elements,
+  // padding zero), a new tensor.
+  Tensor shard_of(const Tensor& full) const;
   // trace::now_us() when the last all-gather was issued and finished (for the trace).
   int64_t gather_issued_us() const { return gather_issued_us_; }
 

@@ -109,6 +109,9 @@ void FullyShardedDataParallel::build(FSDPOptions options) {
   std::vector<Tensor> all_params;
   std::vector<std::string> all_names;
   for (const auto& [name, p] : module_->named_parameters()) {
+    LOOM_CHECK(p.numel() > 0, "FullyShardedDataParallel: parameter \"", name, "\" of the module is empty (", p.str(),
+               "). Was the module wrapped by an FSDP before? Its values then live in that FSDP's shards: wrap a "
+               "fresh module, or load the old FSDP's full_state_dict into one");
     name_of.emplace(p.unsafe_impl(), name);
     all_params.push_back(p);
     all_names.push_back(name);
@@ -177,6 +180,10 @@ void FullyShardedDataParallel::sync_buffers() {
 }
 
 Tensor FullyShardedDataParallel::forward(const Tensor& input) {
+  // Module::train is not virtual, so `Module& m = fsdp; m.eval();` sets only this
+  // module's flag (the wrapped module is not a registered child); it reaches the
+  // wrapped module here.
+  if (module_->is_training() != is_training()) module_->train(is_training());
   // As DDP: buffers are broadcast if the previous forward was a synchronised training one.
   if (options_.broadcast_buffers && require_forward_param_sync_ && !buffers_.empty()) sync_buffers();
   Tensor output = runtime_->forward(input);

@@ -71,7 +71,8 @@ class FullyShardedDataParallel : public nn::Module {
                            FSDPOptions options);
 
   Tensor forward(const Tensor& input) override;
-  // Also sets the wrapped module's mode (it is not a registered child; see above).
+  // Also sets the wrapped module's mode (it is not a registered child; see above). Set
+  // through a Module& (not virtual), the mode reaches the wrapped module at the next forward.
   void train(bool on = true);
   void eval() { train(false); }
 

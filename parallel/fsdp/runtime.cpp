@@ -115,23 +115,30 @@ void Runtime::gather(size_t unit, int direction) {
 // The optimizer must be built over fsdp.parameters(), the shards. One built over the
 // module's own parameters (before or after wrapping) would find no gradient on them
 // (FSDP reduces the gradients into the shards and drops the full ones) and silently
-// change nothing. So a training forward after a synchronised backward checks that some
-// shard changed since that backward (an optimizer step bumps its version) or had its
-// gradient dropped (zero_grad); a forward that finds neither means the step went
-// elsewhere. Accumulating gradients over several backwards belongs under no_sync().
-void Runtime::check_optimizer_stepped() const {
-  if (versions_after_backward_.empty()) return;
+// change nothing. So each training forward looks back at the last synchronised
+// backward: did some shard change since (an optimizer step bumps its version), or lose
+// its gradient (zero_grad)? Until the first step is seen, two backwards in a row that no
+// step followed are an error. Not one: a GradScaler may skip a first step whose
+// gradients overflowed. Not after a step was seen: that optimizer is the right one, and
+// later skips are its business. Accumulating gradients over several backwards before
+// the first step belongs under no_sync().
+void Runtime::check_optimizer_stepped() {
+  if (versions_after_backward_.empty() || ever_stepped_) return;
   const std::vector<Tensor> shards = this->shards();
-  bool stepped = false, has_grad = false;
+  bool has_grad = false;
   for (size_t k = 0; k < shards.size(); ++k) {
-    stepped = stepped || shards[k].version() != versions_after_backward_[k];
+    ever_stepped_ = ever_stepped_ || shards[k].version() != versions_after_backward_[k];
     has_grad = has_grad || shards[k].grad().defined();
   }
-  LOOM_CHECK(stepped || !has_grad, "FullyShardedDataParallel: the previous backward reduced gradients into the "
-             "sharded parameters, but nothing stepped them before this forward. Is the optimizer built over the "
-             "unsharded module's parameters (model->parameters())? Build it over the FSDP module's parameters, the "
-             "shards: optim::SGD(fsdp.parameters(), ...). To accumulate gradients over several backwards without a "
-             "step, run the earlier ones under fsdp.no_sync()");
+  if (ever_stepped_ || !has_grad) {
+    unstepped_backwards_ = 0;
+    return;
+  }
+  LOOM_CHECK(++unstepped_backwards_ < 2, "FullyShardedDataParallel: the last ", unstepped_backwards_, " backwards "
+             "reduced gradients into the sharded parameters, but no optimizer step changed them. Is the optimizer "
+             "built over the unsharded module's parameters (model->parameters())? Build it over the FSDP module's "
+             "parameters, the shards: optim::SGD(fsdp.parameters(), ...). To accumulate gradients over several "
+             "backwards without a step, run the earlier ones under fsdp.no_sync()");
 }
 
 Tensor Runtime::forward(const Tensor& input) {
@@ -214,7 +221,7 @@ void Runtime::finalize() {
         }
         if (replicate_group_) replicated.push_back(replicate_group_->all_reduce(unit.flat->reduced_grad(), ReduceOp::Sum));
       }
-      {
+      if (replicate_group_) {
         trace::Span span("all_reduce across replicas", "fsdp");
         for (const auto& work : replicated) work->wait();
       }
@@ -249,14 +256,10 @@ void Runtime::finalize() {
 [[noreturn]] void Runtime::fail_unready() {
   std::string missing;
   size_t count = 0;
-  for (const Unit& unit : units_) {
-    if (!unit.flat) continue;
-    if (std::find_if(launched_.begin(), launched_.end(), [&](size_t u) { return units_[u].name == unit.name; }) !=
-        launched_.end())
-      continue;
-    for (const std::string& name : unit.flat->names()) {
-      if (++count <= 20) missing += "\n  " + name + " (unit " + unit.name + ")";
-    }
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (!units_[u].flat || std::find(launched_.begin(), launched_.end(), u) != launched_.end()) continue;
+    for (const std::string& name : units_[u].flat->names())
+      if (++count <= 20) missing += "\n  " + name + " (unit " + units_[u].name + ")";
   }
   drain();
   LOOM_FAIL("FullyShardedDataParallel: backward finished, but some units did not receive every parameter's gradient, "

@@ -75,7 +75,7 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
           std::shared_ptr<distributed::Communicator> replicate_group, int world);
   void register_hooks();
   bool frees_after_forward() const;
-  void check_optimizer_stepped() const;
+  void check_optimizer_stepped();
   void gather(size_t unit, int direction);  // waits for the unit's parameters, prefetches its neighbour
   int64_t neighbour(size_t unit, int direction) const;
   void pre_backward(size_t unit);
@@ -100,6 +100,8 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   // Note [Did the optimizer step the shards?]: the shards' versions after the last
   // synchronised backward (empty when there was none since the last check).
   std::vector<uint32_t> versions_after_backward_;
+  bool ever_stepped_ = false;     // some shard changed after a synchronised backward
+  int unstepped_backwards_ = 0;   // synchronised backwards so far that no step followed
 };
 
 }  // namespace loom::fsdp

@@ -13,6 +13,7 @@
 
 #include <string>
 
+#include "nn/optim/optimizer.h"  // defines: Optimizer
 #include "nn/ordered_dict.h"
 #include "parallel/fsdp/fully_sharded_data_parallel.h"
 
@@ -29,5 +30,18 @@ void save_full_state_dict(FullyShardedDataParallel& fsdp, const std::string& pat
 // from it or not in the module are an error listing them; shapes must match. Each rank
 // keeps its shard of every unit and its copy of every buffer. Not collective.
 void load_full_state_dict(FullyShardedDataParallel& fsdp, const OrderedDict<Tensor>& state);
+
+// The state of an optimizer built over fsdp.parameters() (the shards), consolidated: the
+// optimizer's own state_dict (Note [Flat optimizer state]) in which every per-parameter
+// tensor shaped like a shard (SGD's momentum_buffer) is replaced by the whole unit's
+// [total] values, gathered from every rank without the padding (as PyTorch's
+// FSDP.optim_state_dict consolidates, but keyed by unit rather than by original
+// parameter). Collective; rank0_only as full_state_dict. For exact resumption.
+OrderedDict<Tensor> full_optim_state_dict(FullyShardedDataParallel& fsdp, const optim::Optimizer& optimizer,
+                                          bool rank0_only = true);
+// Every rank: each rank keeps its shard of every consolidated tensor, then
+// optimizer.load_state_dict. Not collective.
+void load_full_optim_state_dict(FullyShardedDataParallel& fsdp, optim::Optimizer& optimizer,
+                                const OrderedDict<Tensor>& state);
 
 }  // namespace loom::fsdp

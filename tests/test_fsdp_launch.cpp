@@ -1,0 +1,92 @@
+// train_cifar10 --mode fsdp under loomrun, as users run it: real processes, real TCP.
+// meson passes the launcher's and the trainer's paths in LOOMRUN and TRAIN_CIFAR10.
+//
+// The contract: from the same --init, --mode fsdp ends with --mode ddp's weights (the
+// same arithmetic: bitwise), and its --save is the file a single-process run can load.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "process_launch.h"  // defines: Launch, Result, TempDir, path_from_env, contains
+
+namespace fs = std::filesystem;
+using namespace loom::testing;
+
+namespace {
+
+std::string read(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+const std::string kArgs =
+    " --model tiny --synthetic --batch-size 8 --eval-limit 50 --threads 1 --workers 0 --quiet";
+
+Result train(const std::string& launcher_args, const std::string& args) {
+  const std::string train = path_from_env("TRAIN_CIFAR10");
+  const std::string command = launcher_args.empty()
+                                  ? train + kArgs + args
+                                  : path_from_env("LOOMRUN") + " --standalone " + launcher_args + " " + train + kArgs +
+                                        args;
+  return Launch(command).finish();
+}
+
+}  // namespace
+
+TEST_CASE("--mode fsdp from the same --init equals --mode ddp after 2 steps; its --save loads in one process") {
+  TempDir dir("loom_fsdp_launch");
+  const std::string init = (dir.path / "init.safetensors").string();
+  Result made = train("", " --max-steps 0 --save " + init);
+  REQUIRE_MESSAGE(made.code == 0, made.output);
+  const std::string steps = " --max-steps 2 --init " + init;
+  Result ddp = train("--nproc_per_node 2", " --mode ddp" + steps + " --save " + (dir.path / "ddp.safetensors").string());
+  REQUIRE_MESSAGE(ddp.code == 0, ddp.output);
+  const std::string reference = read(dir.path / "ddp.safetensors");
+  CHECK(reference.size() > 10000);
+  for (const char* strategy : {"full_shard", "shard_grad_op", "no_shard"}) {
+    CAPTURE(strategy);
+    const fs::path saved = dir.path / (std::string(strategy) + ".safetensors");
+    Result fsdp = train("--nproc_per_node 2", std::string(" --mode fsdp --sharding-strategy ") + strategy + steps +
+                                                  " --save " + saved.string());
+    REQUIRE_MESSAGE(fsdp.code == 0, fsdp.output);
+    CHECK(read(saved) == reference);  // bitwise: the same names, order and values as DDP's file
+  }
+  // A single-process run loads the FSDP file (strict: every key, no prefix) and evaluates it.
+  Result eval = train("", " --eval-only --init " + (dir.path / "full_shard.safetensors").string());
+  CHECK_MESSAGE(eval.code == 0, eval.output);
+  CHECK_MESSAGE(contains(eval.output, "eval: test loss"), eval.output);
+}
+
+TEST_CASE("--sharding-strategy hybrid_shard: 2 x 2 trains; a shard group size that does not divide the world is an error") {
+  TempDir dir("loom_fsdp_hybrid");
+  Result ok = train("--nproc_per_node 4", " --mode fsdp --sharding-strategy hybrid_shard --shard-group-size 2 "
+                    "--max-steps 2 --save " + (dir.path / "w.safetensors").string());
+  CHECK_MESSAGE(ok.code == 0, ok.output);
+  Result bad = train("--nproc_per_node 4", " --mode fsdp --sharding-strategy hybrid_shard --shard-group-size 3 --max-steps 1");
+  CHECK(bad.code != 0);
+  CHECK_MESSAGE(contains(bad.output, "the shard group size (3) must divide the world size (4)"), bad.output);
+  Result missing = train("--nproc_per_node 2", " --mode fsdp --sharding-strategy hybrid_shard --max-steps 1");
+  CHECK(missing.code != 0);
+  CHECK_MESSAGE(contains(missing.output, "needs --shard-group-size N"), missing.output);
+}
+
+TEST_CASE("--mode fsdp --checkpoint-dir then --resume continues bit for bit (the optimizer state is consolidated)") {
+  TempDir dir("loom_fsdp_resume");
+  const std::string ckpt = (dir.path / "ckpt").string();
+  const std::string fsdp = " --mode fsdp --sharding-strategy full_shard --seed 3";
+  Result straight = train("--nproc_per_node 2", fsdp + " --max-steps 4 --save " + (dir.path / "a.safetensors").string());
+  REQUIRE_MESSAGE(straight.code == 0, straight.output);
+  Result part1 = train("--nproc_per_node 2", fsdp + " --max-steps 2 --checkpoint-dir " + ckpt + " --checkpoint-every 2");
+  REQUIRE_MESSAGE(part1.code == 0, part1.output);
+  Result part2 = train("--nproc_per_node 2", fsdp + " --max-steps 4 --checkpoint-dir " + ckpt + " --resume --save " +
+                                                 (dir.path / "b.safetensors").string());
+  REQUIRE_MESSAGE(part2.code == 0, part2.output);
+  const std::string a = read(dir.path / "a.safetensors"), b = read(dir.path / "b.safetensors");
+  CHECK(a.size() > 10000);
+  CHECK(a == b);
+}
