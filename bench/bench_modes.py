@@ -30,6 +30,7 @@ import argparse
 import csv
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -167,6 +168,8 @@ def main():
     parser.add_argument("--torch-python", default="/usr/bin/python3", help="a python that imports torch ('' skips)")
     parser.add_argument("--model", default="resnet18", choices=["resnet18", "tiny"],
                         help="tiny: a quick check of the script (PyTorch rows only with resnet18)")
+    parser.add_argument("--rows", help="run only the configurations whose name matches this regular expression "
+                        "(and loom single, the reference), e.g. 'ddp|fsdp'")
     parser.add_argument("--out", help="write results.json, results.csv and modes.png/.svg into this folder")
     args = parser.parse_args()
     if args.out:
@@ -200,6 +203,11 @@ def main():
         ("loom pp processes 1f1b", lambda t: loom_pp(args, t, "--pipeline-schedule", "1f1b")),
         ("loom pp processes interleaved", lambda t: loom_pp(args, t, "--pipeline-schedule", "interleaved_1f1b",
                                                             "--virtual-stages", "2")),
+        # The sharded family (docs/sharding.md, docs/fsdp.md): as ddp, a process per device.
+        ("loom fsdp full_shard", lambda t: loom(args, t, "fsdp", "--sharding-strategy", "full_shard",
+                                                processes=args.devices)),
+        ("loom fsdp shard_grad_op", lambda t: loom(args, t, "fsdp", "--sharding-strategy", "shard_grad_op",
+                                                   processes=args.devices)),
     ]
     if args.torch_python:
         common = ["--batch-size", str(args.batch_size), "--steps", str(args.steps), "--threads", d]
@@ -219,6 +227,8 @@ def main():
                                                      str(args.steps), "--port", str(free_port()),
                                                      "--zero-redundancy-optimizer")),
         ]
+    if args.rows:
+        configs = [(name, fn) for name, fn in configs if re.search(args.rows, name) or name == "loom single"]
     results = {name: [] for name, _ in configs}
     header = (f"{args.model}, global batch {args.batch_size}, {args.devices} devices/cores, pipeline {args.chunks} "
               f"micro-batches, {args.steps - 1} timed steps, {args.repeat} interleaved repeats")
@@ -236,10 +246,11 @@ def main():
         state = f"{row['model_state_mib']:9.1f}" if row["model_state_mib"] is not None else f"{'':9s}"
         print(f"{row['mode']:30s} {row['img_per_s']:7.1f}  {row['speedup_vs_single']:13.2f}  {peak}  {state}  "
               f"{' '.join(f'{x:.1f}' for x in row['img_per_s_runs'])}")
-    if "loom ddp+zero1" in results and "loom ddp" in results:
-        ratio = statistics.median(x["img_per_s"] / y["img_per_s"]
-                                  for x, y in zip(results["loom ddp+zero1"], results["loom ddp"]))
-        print(f"loom ddp+zero1 / loom ddp = {ratio:.2f} (median of per-repeat ratios)")
+    for sharded in ("loom ddp+zero1", "loom fsdp full_shard", "loom fsdp shard_grad_op"):
+        if sharded in results and "loom ddp" in results:
+            ratio = statistics.median(x["img_per_s"] / y["img_per_s"]
+                                      for x, y in zip(results[sharded], results["loom ddp"]))
+            print(f"{sharded} / loom ddp = {ratio:.2f} (median of per-repeat ratios)")
     for mine, theirs in COUNTERPARTS.items():
         if theirs in results:
             paired = statistics.median(x["img_per_s"] / y["img_per_s"] for x, y in zip(results[mine], results[theirs]))
