@@ -1,11 +1,8 @@
 #include "parallel/zero_redundancy_optimizer.h"
 
 #include <algorithm>
-#include <map>
 #include <numeric>
 
-#include "autograd/grad_mode.h"          // defines: NoGradGuard
-#include "autograd/ops.h"                // defines: cat
 #include "core/error.h"                  // defines: LOOM_CHECK, LOOM_FAIL
 #include "core/factory.h"                // defines: empty, from_vector, scalar_tensor
 #include "parallel/ddp/replica_sync.h"   // defines: verify_same_shapes
@@ -154,55 +151,31 @@ void ZeroRedundancyOptimizer::sync_hyperparameters_to_local() {
 }
 
 // Note [Broadcast, not all-gather]
-// After the local step, partition r's new values are on rank r only. Two ways to spread
-// them: one all_gather of every rank's partition packed flat and padded to the largest,
-// or N broadcasts, one per owner, of its partition packed flat. Each rank receives the
-// same bytes either way, but the broadcasts need no padding and no N x largest staging
-// tensor, and, issued all at once, let a rank unpack partition 0 while partition 1 is
-// still arriving. Measured on this machine's gloo (shared memory; ResNet18's 62 float32
-// parameters; ranks as threads on 2 busy cores, medians of 21, three interleaved runs):
-//   2 ranks: all_gather 13.7-22.1 ms, broadcasts 11.2-16.8 ms;
-//   4 ranks: all_gather 21.0-23.4 ms, broadcasts 20.6-20.7 ms.
-// (DDP's broadcast_coalesced, one blocking broadcast after the other with a concatenated
-// buffer on every rank, was slowest: 13.2-22.4 ms and 34.6-40.8 ms.) So loom broadcasts,
-// as PyTorch does by default (parameters_as_bucket_view=False).
+// After the local step, partition r's new values are on rank r only. Ways to spread them:
+//   (a) one all_gather of every rank's partition packed flat, padded to the largest;
+//   (b) one broadcast per owner of its partition packed flat (DDP's broadcast_coalesced);
+//   (c) the same, all issued at once, each rank unpacking partition r while r+1 arrives;
+//   (d) one broadcast per parameter, straight into the parameter, all issued at once.
+// Each rank receives the same bytes in all four, but (a)-(c) stage them: a flat copy of
+// every partition on every rank during the step (4 bytes per weight at once in (a) and
+// (c): the very memory ZeRO-1 is there to save), plus a pack and an unpack copy. (d)
+// needs neither, at the price of one collective per parameter (62 for ResNet18).
+// Measured on this machine's gloo (shared memory; ResNet18's float32 parameters; ranks as
+// threads on 2 busy cores; medians of 21 rounds, three interleaved runs at 2 ranks, two
+// at 4):
+//   2 ranks: (a) 12.8-25.4 ms  (b) 12.9-21.5  (c) 10.4-27.6  (d) 7.4-11.6
+//   4 ranks: (a) 33.8-55.5 ms  (b) 55.4-57.4  (c) 30.0-44.1  (d) 18.5-22.8
+// So loom broadcasts each parameter in place, as PyTorch does by default
+// (parameters_as_bucket_view=False): the fastest here and no staging memory.
 void ZeroRedundancyOptimizer::broadcast_partitions() {
-  struct Flat {
-    int owner;
-    std::vector<Tensor> params;
-    Tensor flat;
-    std::shared_ptr<distributed::Work> work;
-  };
-  std::vector<Flat> flats;
-  NoGradGuard no_grad;
-  for (int r = 0; r < comm_->size(); ++r) {
-    // One flat tensor per dtype and device: a broadcast moves one tensor.
-    std::map<std::pair<int, std::string>, std::vector<Tensor>> by_kind;
-    for (const Tensor& p : partition_tensors(r)) by_kind[{static_cast<int>(p.dtype()), p.device().str()}].push_back(p);
-    for (auto& [kind, params] : by_kind) {
-      Flat f{r, std::move(params), Tensor(), nullptr};
-      if (r == comm_->rank()) {
-        std::vector<Tensor> pieces;
-        for (const Tensor& p : f.params) pieces.push_back(p.detach().reshape({-1}));
-        f.flat = cat(pieces);
-      } else {
-        int64_t numel = 0;
-        for (const Tensor& p : f.params) numel += p.numel();
-        f.flat = empty({numel}, TensorOptions(f.params[0].dtype()).device(f.params[0].device()));
-      }
-      f.work = comm_->broadcast(f.flat, r);
-      flats.push_back(std::move(f));
-    }
-  }
-  for (Flat& f : flats) {
-    f.work->wait();
-    if (f.owner == comm_->rank()) continue;
-    int64_t offset = 0;
-    for (const Tensor& p : f.params) {
-      Tensor(p).copy_(f.flat.narrow(0, offset, p.numel()).view(p.shape()));
-      offset += p.numel();
-    }
-  }
+  std::vector<std::shared_ptr<distributed::Work>> works;
+  for (int r = 0; r < comm_->size(); ++r)
+    for (const Tensor& p : partition_tensors(r)) works.push_back(comm_->broadcast(p.detach(), r));
+  for (auto& work : works) work->wait();
+  // The other ranks' parameters changed under autograd: as if written in place.
+  for (int r = 0; r < comm_->size(); ++r)
+    if (r != comm_->rank())
+      for (const Tensor& p : partition_tensors(r)) p.bump_version();
 }
 
 void ZeroRedundancyOptimizer::step() {
