@@ -3,9 +3,8 @@
 #include <algorithm>
 #include <map>
 #include <numeric>
+#include <string>
 
-#include "autograd/grad_mode.h"          // defines: NoGradGuard
-#include "autograd/ops.h"                // defines: cat
 #include "core/error.h"                  // defines: LOOM_CHECK, LOOM_FAIL
 #include "core/factory.h"                // defines: empty, from_vector, scalar_tensor
 #include "parallel/ddp/replica_sync.h"   // defines: verify_same_shapes
@@ -60,6 +59,58 @@ void verify_same_groups(distributed::Communicator& comm, const std::vector<optim
                "param groups: rank ", comm.rank(), " has ", groups.size(), " group(s) of sizes [", sizes, "], rank ",
                r, " has ", theirs[0], " group(s) of other sizes. Every rank must pass the same param groups");
   }
+}
+
+// One state tensor of one parameter ("momentum_buffer" of parameter 7), the parameter
+// numbered as the whole optimizer numbers them (Note [Flat optimizer state]).
+struct StateEntry {
+  int64_t param;
+  std::string name;
+  Tensor value;
+};
+
+// Note [State entries as words]
+// consolidate_state_dict sends a rank's entries to rank `to` as a count, then int64
+// words describing every entry (parameter, dtype, ndim, dims..., name length, name
+// bytes), then each entry's tensor: the receiver allocates each from its description.
+std::vector<int64_t> describe(const std::vector<StateEntry>& entries) {
+  std::vector<int64_t> w;
+  for (const StateEntry& e : entries) {
+    w.push_back(e.param);
+    w.push_back(static_cast<int64_t>(e.value.dtype()));
+    w.push_back(e.value.dim());
+    for (int64_t d : e.value.shape()) w.push_back(d);
+    w.push_back(static_cast<int64_t>(e.name.size()));
+    for (char c : e.name) w.push_back(static_cast<unsigned char>(c));
+  }
+  return w;
+}
+
+// The entries `words` describe, each value an empty tensor on its parameter's device.
+std::vector<StateEntry> parse(const std::vector<int64_t>& w, const std::vector<Tensor>& params, int from) {
+  std::vector<StateEntry> out;
+  auto word = [&](size_t k) {
+    LOOM_CHECK(k < w.size(), "ZeroRedundancyOptimizer.consolidate_state_dict: rank ", from,
+               " sent a truncated description of its state (", w.size(), " words)");
+    return w[k];
+  };
+  for (size_t k = 0; k < w.size();) {
+    const int64_t param = word(k);
+    LOOM_CHECK(param >= 0 && param < static_cast<int64_t>(params.size()), "ZeroRedundancyOptimizer."
+               "consolidate_state_dict: rank ", from, " sent state for parameter ", param, " of ", params.size());
+    const auto dtype = static_cast<DType>(word(k + 1));
+    const auto ndim = static_cast<size_t>(word(k + 2));
+    Shape shape;
+    for (size_t d = 0; d < ndim; ++d) shape.push_back(word(k + 3 + d));
+    k += 3 + ndim;
+    const auto length = static_cast<size_t>(word(k));
+    std::string name;
+    for (size_t c = 0; c < length; ++c) name += static_cast<char>(word(k + 1 + c));
+    k += 1 + length;
+    const Tensor& p = params[static_cast<size_t>(param)];
+    out.push_back({param, name, empty(shape, TensorOptions(dtype).device(p.device()))});
+  }
+  return out;
 }
 
 }  // namespace
@@ -154,55 +205,31 @@ void ZeroRedundancyOptimizer::sync_hyperparameters_to_local() {
 }
 
 // Note [Broadcast, not all-gather]
-// After the local step, partition r's new values are on rank r only. Two ways to spread
-// them: one all_gather of every rank's partition packed flat and padded to the largest,
-// or N broadcasts, one per owner, of its partition packed flat. Each rank receives the
-// same bytes either way, but the broadcasts need no padding and no N x largest staging
-// tensor, and, issued all at once, let a rank unpack partition 0 while partition 1 is
-// still arriving. Measured on this machine's gloo (shared memory; ResNet18's 62 float32
-// parameters; ranks as threads on 2 busy cores, medians of 21, three interleaved runs):
-//   2 ranks: all_gather 13.7-22.1 ms, broadcasts 11.2-16.8 ms;
-//   4 ranks: all_gather 21.0-23.4 ms, broadcasts 20.6-20.7 ms.
-// (DDP's broadcast_coalesced, one blocking broadcast after the other with a concatenated
-// buffer on every rank, was slowest: 13.2-22.4 ms and 34.6-40.8 ms.) So loom broadcasts,
-// as PyTorch does by default (parameters_as_bucket_view=False).
+// After the local step, partition r's new values are on rank r only. Ways to spread them:
+//   (a) one all_gather of every rank's partition packed flat, padded to the largest;
+//   (b) one broadcast per owner of its partition packed flat (DDP's broadcast_coalesced);
+//   (c) the same, all issued at once, each rank unpacking partition r while r+1 arrives;
+//   (d) one broadcast per parameter, straight into the parameter, all issued at once.
+// Each rank receives the same bytes in all four, but (a)-(c) stage them: a flat copy of
+// every partition on every rank during the step (4 bytes per weight at once in (a) and
+// (c): the very memory ZeRO-1 is there to save), plus a pack and an unpack copy. (d)
+// needs neither, at the price of one collective per parameter (62 for ResNet18).
+// Measured on this machine's gloo (shared memory; ResNet18's float32 parameters; ranks as
+// threads on 2 busy cores; medians of 21 rounds, three interleaved runs at 2 ranks, two
+// at 4):
+//   2 ranks: (a) 12.8-25.4 ms  (b) 12.9-21.5  (c) 10.4-27.6  (d) 7.4-11.6
+//   4 ranks: (a) 33.8-55.5 ms  (b) 55.4-57.4  (c) 30.0-44.1  (d) 18.5-22.8
+// So loom broadcasts each parameter in place, as PyTorch does by default
+// (parameters_as_bucket_view=False): the fastest here and no staging memory.
 void ZeroRedundancyOptimizer::broadcast_partitions() {
-  struct Flat {
-    int owner;
-    std::vector<Tensor> params;
-    Tensor flat;
-    std::shared_ptr<distributed::Work> work;
-  };
-  std::vector<Flat> flats;
-  NoGradGuard no_grad;
-  for (int r = 0; r < comm_->size(); ++r) {
-    // One flat tensor per dtype and device: a broadcast moves one tensor.
-    std::map<std::pair<int, std::string>, std::vector<Tensor>> by_kind;
-    for (const Tensor& p : partition_tensors(r)) by_kind[{static_cast<int>(p.dtype()), p.device().str()}].push_back(p);
-    for (auto& [kind, params] : by_kind) {
-      Flat f{r, std::move(params), Tensor(), nullptr};
-      if (r == comm_->rank()) {
-        std::vector<Tensor> pieces;
-        for (const Tensor& p : f.params) pieces.push_back(p.detach().reshape({-1}));
-        f.flat = cat(pieces);
-      } else {
-        int64_t numel = 0;
-        for (const Tensor& p : f.params) numel += p.numel();
-        f.flat = empty({numel}, TensorOptions(f.params[0].dtype()).device(f.params[0].device()));
-      }
-      f.work = comm_->broadcast(f.flat, r);
-      flats.push_back(std::move(f));
-    }
-  }
-  for (Flat& f : flats) {
-    f.work->wait();
-    if (f.owner == comm_->rank()) continue;
-    int64_t offset = 0;
-    for (const Tensor& p : f.params) {
-      Tensor(p).copy_(f.flat.narrow(0, offset, p.numel()).view(p.shape()));
-      offset += p.numel();
-    }
-  }
+  std::vector<std::shared_ptr<distributed::Work>> works;
+  for (int r = 0; r < comm_->size(); ++r)
+    for (const Tensor& p : partition_tensors(r)) works.push_back(comm_->broadcast(p.detach(), r));
+  for (auto& work : works) work->wait();
+  // The other ranks' parameters changed under autograd: as if written in place.
+  for (int r = 0; r < comm_->size(); ++r)
+    if (r != comm_->rank())
+      for (const Tensor& p : partition_tensors(r)) p.bump_version();
 }
 
 void ZeroRedundancyOptimizer::step() {
@@ -241,62 +268,42 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
   for (size_t g = 0; g < param_groups().size(); ++g)
     for (size_t i : owned_[static_cast<size_t>(me)][g]) local_to_global.push_back(first_index[g] + static_cast<int64_t>(i));
 
-  struct Entry {
-    int64_t param;
-    std::string name;
-    Tensor value;
-  };
-  std::vector<Entry> mine;
+  std::vector<StateEntry> mine;
   if (local_) {
     for (const auto& [key, value] : local_->state_dict()) {
-      if (key.rfind("state.", 0) != 0) continue;
+      if (key.rfind("state.", 0) != 0) continue;  // "state.<local index>.<name>"
       const size_t dot = key.find('.', 6);
       const auto local_index = static_cast<size_t>(std::stoll(key.substr(6, dot - 6)));
       mine.push_back({local_to_global[local_index], key.substr(dot + 1), value.contiguous()});
     }
   }
 
+  // See Note [State entries as words]. Each transfer posts all its tensors before
+  // waiting on any: a send completes only once its receive is posted.
+  const Device meta = comm_->tensor_device();
   state_.clear();
   if (me == to) {
-    for (const Entry& e : mine) state_[all_params[static_cast<size_t>(e.param)].unsafe_impl()].insert(e.name, e.value);
-    // Each other rank sends: a word count, then its entries described as int64 words
-    // (parameter, dtype, ndim, dims..., name length, name bytes), then each entry's tensor.
+    for (const StateEntry& e : mine) state_[all_params[static_cast<size_t>(e.param)].unsafe_impl()].insert(e.name, e.value);
     for (int r = 0; r < world; ++r) {
       if (r == to) continue;
-      Tensor count = empty({1}, TensorOptions(kInt64).device(comm_->tensor_device()));
+      Tensor count = empty({1}, TensorOptions(kInt64).device(meta));
       comm_->recv(count, r)->wait();
-      Tensor words = empty({count.tolist<int64_t>()[0]}, TensorOptions(kInt64).device(comm_->tensor_device()));
+      Tensor words = empty({count.tolist<int64_t>()[0]}, TensorOptions(kInt64).device(meta));
       comm_->recv(words, r)->wait();
-      const std::vector<int64_t> w = words.tolist<int64_t>();
-      for (size_t k = 0; k < w.size();) {
-        const Tensor& param = all_params.at(static_cast<size_t>(w[k]));
-        const auto dtype = static_cast<DType>(w[k + 1]);
-        const Shape shape(w.begin() + static_cast<std::ptrdiff_t>(k) + 3,
-                          w.begin() + static_cast<std::ptrdiff_t>(k) + 3 + w[k + 2]);
-        k += 3 + static_cast<size_t>(w[k + 2]);
-        std::string name;
-        for (int64_t c = 0; c < w[k]; ++c) name += static_cast<char>(w[k + 1 + static_cast<size_t>(c)]);
-        k += 1 + static_cast<size_t>(w[k]);
-        Tensor value = empty(shape, TensorOptions(dtype).device(param.device()));
-        comm_->recv(value, r)->wait();
-        state_[param.unsafe_impl()].insert(name, value);
-      }
+      std::vector<StateEntry> theirs = parse(words.tolist<int64_t>(), all_params, r);
+      std::vector<std::shared_ptr<distributed::Work>> works;
+      for (const StateEntry& e : theirs) works.push_back(comm_->recv(e.value, r));
+      for (auto& work : works) work->wait();
+      for (const StateEntry& e : theirs) state_[all_params[static_cast<size_t>(e.param)].unsafe_impl()].insert(e.name, e.value);
     }
   } else {
-    std::vector<int64_t> w;
-    for (const Entry& e : mine) {
-      w.push_back(e.param);
-      w.push_back(static_cast<int64_t>(e.value.dtype()));
-      w.push_back(e.value.dim());
-      for (int64_t d : e.value.shape()) w.push_back(d);
-      w.push_back(static_cast<int64_t>(e.name.size()));
-      for (char c : e.name) w.push_back(static_cast<unsigned char>(c));
-    }
-    comm_->send(distributed::to_communication_device(from_vector<int64_t>({static_cast<int64_t>(w.size())}, {1}), *comm_),
-                to)->wait();
-    comm_->send(distributed::to_communication_device(from_vector<int64_t>(w, {static_cast<int64_t>(w.size())}), *comm_),
-                to)->wait();
-    for (const Entry& e : mine) comm_->send(e.value, to)->wait();
+    const std::vector<int64_t> words = describe(mine);
+    const auto n = static_cast<int64_t>(words.size());
+    comm_->send(distributed::to_communication_device(from_vector<int64_t>({n}, {1}), *comm_), to)->wait();
+    comm_->send(distributed::to_communication_device(from_vector<int64_t>(words, {n}), *comm_), to)->wait();
+    std::vector<std::shared_ptr<distributed::Work>> works;
+    for (const StateEntry& e : mine) works.push_back(comm_->send(e.value, to));
+    for (auto& work : works) work->wait();
   }
   consolidated_to_ = to;
 }

@@ -15,7 +15,7 @@
 //
 //   rank 0: grads (all, averaged by DDP) ─► SGD over partition 0 ─► params of 0 ─┐
 //   rank 1: grads (all, averaged by DDP) ─► SGD over partition 1 ─► params of 1 ─┤
-//                                   broadcast partition r from rank r, r = 0..N-1 ┘
+//                              broadcast each parameter from its owner, in place ┘
 //           ─► every rank holds every updated parameter, as after DDP + SGD
 //
 // It is an optim::Optimizer: param_groups() hold every parameter with the group's
@@ -77,7 +77,8 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
                           std::shared_ptr<distributed::Communicator> process_group);
 
   // Collective. Syncs the hyperparameters into the local optimizer, steps this rank's
-  // partition, then broadcasts each partition from its owner (Note [Broadcast, not all-gather]).
+  // partition, then broadcasts every parameter from its owner, in place (Note [Broadcast,
+  // not all-gather]).
   void step() override;
 
   // Collective: rank `to` receives every rank's state and afterwards state_dict() there is
