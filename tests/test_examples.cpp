@@ -1,5 +1,5 @@
 // What a new user runs first: the minimal program of every parallel mode (examples/*_minimal.cpp,
-// docs/tutorial.md) for a step on synthetic data, ddp_minimal and pipeline_minimal under
+// docs/tutorial.md) for a step on synthetic data, ddp_minimal, fsdp_minimal and pipeline_minimal under
 // loomrun with 2 ranks as their headers say; and the small things such a user trips over (train_cifar10 --help, the
 // scripts' run bits). meson passes the programs' paths in environment variables.
 #include <doctest/doctest.h>
@@ -34,9 +34,12 @@ Result check_trains(const std::string& command) {
 
 }  // namespace
 
-TEST_CASE("ddp_minimal and pipeline_minimal train under loomrun with 2 ranks, printing on rank 0 only") {
+TEST_CASE("ddp_minimal, fsdp_minimal and pipeline_minimal train under loomrun with 2 ranks, printing on rank 0 only") {
   const std::string launcher = path_from_env("LOOMRUN") + " --standalone --nproc_per_node 2 ";
   check_trains(launcher + path_from_env("DDP_MINIMAL") + kFewSteps);
+  // Each rank 1/N of the model; the full state dict gathered to rank 0 under the model's own names.
+  const Result sharded = check_trains(launcher + path_from_env("FSDP_MINIMAL") + kFewSteps);
+  CHECK(contains(sharded.output, "full state dict: 122 tensors, e.g. conv1.weight"));
   // One process per stage (PipelineStage), activations and gradients by send/recv.
   const Result stages = check_trains(launcher + path_from_env("PIPELINE_MINIMAL") + kFewSteps);
   CHECK(contains(stages.output, "PipelineStage: stage=0 of 2"));
@@ -53,9 +56,6 @@ TEST_CASE("dp_minimal, model_parallel_minimal and pipeline_minimal (its stages o
   CHECK(contains(r.output, "Pipeline: stages=[7 layers on cpu:0, 7 layers on cpu:1]"));
   CHECK(contains(r.output, "stage 0: F0 F1 .  B0 F2 B1 F3 B2 .  B3"));
 }
-
-// fsdp_minimal: add its case to the loomrun test case above when it is written; see
-// examples/meson.build.
 
 TEST_CASE("the minimal programs refuse an unknown flag, naming the two they take") {
   const Result r = Launch(path_from_env("DP_MINIMAL") + " --epochs 3").finish();
