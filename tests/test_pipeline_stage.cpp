@@ -147,11 +147,15 @@ TEST_CASE("a stage that throws mid-step: every rank stops with an error naming t
     std::string schedule;
     int failing;  // the stage that holds ThrowOnCall
     std::string pass;
+    int call = 3;  // ThrowOnCall's: the forward of micro-batch call - 1
   };
   const std::vector<Case> cases = {{2, {3, 4}, "1f1b", 1, "forward of micro-batch 2"},
                                    {2, {4, 3}, "gpipe", 0, "forward of micro-batch 2"},
                                    {3, {2, 2, 3}, "1f1b", 1, "forward of micro-batch 2"},
-                                   {3, {1, 1, 1, 1, 1, 2}, "interleaved_1f1b", 0, "forward of micro-batch 2 on model chunk 3"}};
+                                   {3, {1, 1, 1, 1, 1, 2}, "interleaved_1f1b", 0, "forward of micro-batch 2 on model chunk 3"},
+                                   // The first step's first micro-batch: before any shape header went out.
+                                   {3, {2, 2, 3}, "gpipe", 1, "forward of micro-batch 0", 1},
+                                   {2, {1, 1, 2, 3}, "interleaved_1f1b", 0, "forward of micro-batch 0 on model chunk 2", 1}};
   for (const Case& c : cases) {
     CAPTURE(c.ranks);
     CAPTURE(c.schedule);
@@ -160,7 +164,7 @@ TEST_CASE("a stage that throws mid-step: every rank stops with an error naming t
     for (int r = 0; r < c.ranks; ++r) {
       auto net = small_net();
       auto layers = net->children();
-      layers.insert(layers.begin() + 3, std::make_shared<ThrowOnCall>(3));  // the third micro-batch's forward
+      layers.insert(layers.begin() + 3, std::make_shared<ThrowOnCall>(c.call));
       nets.push_back(std::make_shared<nn::Sequential>(layers));
     }
     const Batch b = batches(1, 8)[0];
@@ -183,7 +187,7 @@ TEST_CASE("a stage that throws mid-step: every rank stops with an error naming t
       CAPTURE(errors[size_t(r)]);
       if (r == c.failing)
         CHECK(contains(errors[size_t(r)], "PipelineStage: stage " + f + " (rank " + f + " of the pipeline group, cpu:0) "
-                                          "failed in the " + c.pass + ": boom on call 3"));
+                                          "failed in the " + c.pass + ": boom on call " + std::to_string(c.call)));
       else
         CHECK(contains(errors[size_t(r)], "PipelineStage: stage " + f + " (rank " + f + " of the pipeline group) "
                                           "failed in the " + c.pass + "; stage " + std::to_string(r) + " stopped"));
