@@ -344,13 +344,17 @@ struct PipelineStage::Run {
       if (out.requires_grad()) out.backward(grad.to(out.device()));
     }
     out = Tensor();  // frees this micro-batch's graph on this chunk
-    if (c == 0) return;
-    Tensor& in = inputs[size_t(c)][size_t(m)];
-    Tensor grad = in.grad();
-    LOOM_CHECK(grad.defined(), "model chunk ", c, " left no gradient for its input of micro-batch ", m,
-               "; does its first layer use its input?");
-    sends.push_back(comm.send(on_comm(grad), prev, kGradientTag));
-    in = Tensor();
+    if (c > 0) {
+      Tensor& in = inputs[size_t(c)][size_t(m)];
+      Tensor grad = in.grad();
+      LOOM_CHECK(grad.defined(), "model chunk ", c, " left no gradient for its input of micro-batch ", m,
+                 "; does its first layer use its input?");
+      sends.push_back(comm.send(on_comm(grad), prev, kGradientTag));
+      in = Tensor();
+    }
+    // Note [Gradients complete per chunk]: backwards run in micro-batch order, so after the last.
+    if (m == static_cast<int64_t>(sizes.size()) - 1)
+      for (auto& hook : ps.chunk_backward_hooks_) hook(c, *ps.model_chunks_[size_t(c)]);
   }
 
   void fail(int kind, std::optional<Action> action) {

@@ -100,6 +100,16 @@ class PipelineStage : public nn::Module {
   // backward (GradScaler's scale). A collective over the group.
   StepResult step(const Tensor& input, const Tensor& target, double loss_scale = 1.0);
 
+  // Note [Gradients complete per chunk]: `hook(c, chunk)` runs on the stepping thread
+  // right after model chunk c's last backward of each step, when its parameters'
+  // gradients for the step are complete, while the rest of the pipeline still runs. For
+  // data parallelism per stage (pp × dp): start the chunk's gradient all-reduce over its
+  // dp group there, and wait for it before the optimizer step; under interleaving the
+  // later chunks finish first, so their all-reduces overlap the earlier chunks' backward.
+  // An error in the hook is the stage's error in that backward (every rank stops).
+  using ChunkBackwardHook = std::function<void(int64_t model_chunk, nn::Sequential& chunk)>;
+  void register_chunk_backward_hook(ChunkBackwardHook hook) { chunk_backward_hooks_.push_back(std::move(hook)); }
+
   // After it, every rank's module holds every model chunk's parameters and buffers as
   // the rank that trains the chunk has them (one broadcast per tensor, from its owner):
   // for evaluating or saving the whole model on any rank. A collective over the group.
@@ -138,6 +148,7 @@ class PipelineStage : public nn::Module {
   std::vector<std::shared_ptr<nn::Sequential>> model_chunks_;  // all S·V; this rank's are on device_
   std::map<int64_t, Agreed> agreed_;  // by model chunk whose output it is
   std::string broken_;                // why an earlier step failed; "" if none did
+  std::vector<ChunkBackwardHook> chunk_backward_hooks_;
 };
 
 }  // namespace loom::parallel::pipeline
