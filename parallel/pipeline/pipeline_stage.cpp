@@ -15,9 +15,6 @@
 #include "parallel/pipeline/schedule.h"   // defines: make_schedule, model_chunk
 
 namespace loom::parallel::pipeline {
-
-using distributed::Work;
-
 namespace {
 
 constexpr int kActivationTag = 0x50;  // forward: chunk outputs to rank + 1
@@ -28,9 +25,7 @@ constexpr int64_t kAbortWords = 7;    // Note [A failed stage stops the pipeline
 constexpr int64_t kMaxBalance = 64;   // entries compared at construction
 constexpr size_t kLookahead = 2;      // receives posted ahead on each tag
 
-int64_t schedule_code(const std::string& name) {
-  return name == "gpipe" ? 1 : name == "1f1b" ? 2 : name == "interleaved_1f1b" ? 3 : 0;
-}
+int64_t schedule_code(const std::string& s) { return s == "gpipe" ? 1 : s == "1f1b" ? 2 : s == "interleaved_1f1b" ? 3 : 0; }
 
 std::string describe_settings(const std::vector<int64_t>& row) {
   static const char* names[] = {"an unknown schedule", "gpipe", "1f1b", "interleaved_1f1b"};
@@ -165,11 +160,11 @@ struct PipelineStage::Run {
   struct Expected {
     int64_t boundary = 0, m = 0;  // the output of model chunk `boundary` for micro-batch m
     Tensor buffer;
-    std::shared_ptr<Work> work;
+    std::shared_ptr<distributed::Work> work;
   };
   std::vector<Expected> expected[2];
   size_t posted[2] = {0, 0}, taken[2] = {0, 0};
-  std::vector<std::shared_ptr<Work>> sends;
+  std::vector<std::shared_ptr<distributed::Work>> sends;
   // Note [A failed stage stops the pipeline]: 1 = failed here, 2 = stopped by a failed
   // receive (a neighbour's abort, a dead peer, a timeout).
   int failure = 0;
