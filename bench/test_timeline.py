@@ -69,9 +69,37 @@ class Timeline(unittest.TestCase):
                          (1, [("F0", 10), ("F1", 20), ("B0", 30), ("B1", 40)])]:
             ev += [span(f"{n} stage {s}", 0, 1 + s, t, 10) for n, t in times]
         rows, windows, _ = timeline.analyse(timeline.merge([write(ev)]), 1)
-        self.assertEqual(timeline.pipeline_formula(rows), {0: (2, 2, 1 / 3)})
+        self.assertEqual(timeline.pipeline_formula(rows), {0: (2, 2, 1 / 3)})  # run key: its start
         for r in rows:
             self.assertAlmostEqual(r["pipeline_bubble"], 1 / 3)  # as (S-1)/(M+S-1)
+
+    def test_interleaved_formula_counts_the_chunks(self):
+        # 2 stages x 2 chunks each (model chunks 0-3), 4 micro-batches: (S-1)/(V*M+S-1) = 1/9.
+        ev = [thread(0, 1, "train"), thread(0, 2, "stage 1"), span("step 1", 0, 1, 0, 100)]
+        for s in (0, 1):
+            for c in (s, s + 2):
+                ev += [span(f"F{m} stage {s} chunk {c}", 0, 1 + s, 10 * m, 5) for m in range(4)]
+        rows, _, _ = timeline.analyse(timeline.merge([write(ev)]), 1)
+        self.assertEqual(timeline.pipeline_formula(rows), {0: (2, 4, 1 / 9)})
+
+    def test_stages_as_processes_are_one_pipeline(self):
+        # Two ranks, a stage each; stage 1 waits 10 of its 40 us inside its F0 for the activation.
+        r0 = [thread(0, 1, "train"), span("step 1", 0, 1, 0, 40), span("pipeline forward and backward", 0, 1, 0, 40),
+              span("F0 stage 0", 0, 1, 0, 10), span("B0 stage 0", 0, 1, 30, 10)]
+        r1 = [thread(1, 1, "train"), span("step 1", 1, 1, 0, 40), span("pipeline forward and backward", 1, 1, 0, 40),
+              span("F0 stage 1", 1, 1, 0, 20), span("wait for activation", 1, 1, 0, 10), span("B0 stage 1", 1, 1, 20, 10)]
+        rows, _, _ = timeline.analyse(timeline.merge([write(r0), write(r1)]), 1)
+        self.assertEqual(timeline.pipeline_formula(rows), {0: (2, 1, 1 / 2)})
+        self.assertEqual([round(r["pipeline_bubble"], 3) for r in rows], [0.5, 0.5])
+
+    def test_kinds_by_name(self):
+        for name, k in [("forward", "forward"), ("forward layer1", "forward"), ("F3 stage 1", "forward"),
+                        ("B0 stage 0", "backward"), ("recompute", "recompute"), ("optimizer step", "optimizer"),
+                        ("wait for buckets", "waiting"), ("all_reduce bucket 2", "all-reduce"),
+                        ("all_gather layer2", "all-gather"), ("reduce_scatter fc", "reduce-scatter"),
+                        ("broadcast buffers", "broadcast"), ("step 12", "step"),
+                        ("pipeline forward and backward", "group"), ("gradient hooks", "group")]:
+            self.assertEqual(timeline.kind(name), k, name)
 
     def test_a_missing_step_names_the_steps_there_are(self):
         with self.assertRaises(SystemExit) as e:

@@ -8,8 +8,8 @@ busy it was, its bubble and, for communication, how much of it hid under computa
     python3 bench/timeline.py /tmp/ddp.rank0.json /tmp/ddp.rank1.json --step 4 --out ddp_step.png
 
 Input: the Chrome-trace JSON files that LOOM_TRACE writes (core/trace.h), one per rank, or
-one already merged. Spans are read by name: forward / F<m> stage <s> (forward), backward /
-B<m> ... (backward), recompute, all_reduce / all_gather / reduce_scatter / send / recv /
+one already merged. Spans are read by name: forward [...] / F<m> stage <s> (forward),
+backward [...] / B<m> ... (backward), recompute, all_reduce / all_gather / reduce_scatter / send / recv /
 broadcast ... (communication), optimizer step, wait ... (waiting); "step K" marks the
 step's boundaries on each process. Other spans (gradient hooks, pipeline forward and
 backward, evaluate) only group the ones inside them.
@@ -64,9 +64,9 @@ def kind(name):
     n = name.lower()
     if re.match(r"step \d+$", n):
         return "step"
-    if n == "forward" or re.match(r"f\d+ stage", n):
+    if n.startswith("forward") or re.match(r"f\d+ stage", n):  # "forward", FSDP's "forward <unit>"
         return "forward"
-    if n == "backward" or re.match(r"b\d+ stage", n):
+    if n.startswith("backward") or re.match(r"b\d+ stage", n):
         return "backward"
     if n.startswith("recompute"):
         return "recompute"
@@ -265,16 +265,32 @@ def analyse(events, step):
 
 
 def pipeline_formula(rows):
-    """(S, M, (S-1)/(M+S-1)) per process that ran a pipeline, from its F/B span names."""
+    """{run: (S, M, bubble)} for each run that has a pipeline, from its F/B span names (a
+    run: the rows sharing one time axis, their "offset"), where the bubble
+    is (S-1)/(M+S-1), or (S-1)/(V*M+S-1) under interleaved 1F1B with V chunks per stage."""
     out = {}
     for r in rows:
         for e in r["spans"]:
-            m = re.match(r"[FB](\d+) stage (\d+)", e["name"])
+            m = re.match(r"[FB](\d+) stage (\d+)(?: chunk (\d+))?", e["name"])
             if m:
-                s, mb = out.setdefault(r["pid"], (set(), set()))
+                s, mb, ch = out.setdefault(r["pid"], (set(), set(), set()))
                 mb.add(int(m.group(1)))
                 s.add(int(m.group(2)))
-    return {pid: (len(s), len(mb), (len(s) - 1) / (len(mb) + len(s) - 1)) for pid, (s, mb) in out.items()}
+                if m.group(3) is not None:
+                    ch.add(int(m.group(3)))
+    # One run's stages may be threads of one process or processes (ranks): group by run.
+    runs_of = {r["pid"]: r["offset"] for r in rows}
+    merged = {}
+    for pid, (s, mb, ch) in out.items():
+        acc = merged.setdefault(runs_of[pid], (set(), set(), set()))
+        for a, b in zip(acc, (s, mb, ch)):
+            a |= b
+    result = {}
+    for run, (s, mb, ch) in merged.items():
+        S, M = len(s), len(mb)
+        V = max(1, len(ch) // max(S, 1))
+        result[run] = (S, M, (S - 1) / (V * M + S - 1))
+    return result
 
 
 def who(rows, windows, pid):
@@ -285,6 +301,12 @@ def who(rows, windows, pid):
     return label.split(":")[0] if ":" in label else f"rank {pid}"
 
 
+def run_name(rows, run):
+    """A run's name in the table: its first row's label up to the first ':' (its file's name)."""
+    label = next(r["label"] for r in rows if r["offset"] == run)
+    return label.split(":")[0].split(" rank ")[0]
+
+
 def table(rows, windows, step):
     fmt = lambda x: "" if x is None else f"{100 * x:.0f}%"
     steps = ", ".join(f"{who(rows, windows, pid)} {(t1 - t0) / 1e3:.0f} ms" for pid, (t0, t1) in sorted(windows.items()))
@@ -293,9 +315,10 @@ def table(rows, windows, step):
         pb = r.get("pipeline_bubble")
         lines.append(f"  {r['label'][:34]:34s} {fmt(r['busy']):>5s} {fmt(r['bubble']):>6s} {fmt(r['hidden']):>6s}  "
                      f"{'' if pb is None else 'bubble ' + fmt(pb):>11s}")
-    for pid, (s, m, f) in sorted(pipeline_formula(rows).items()):
-        measured = [r["pipeline_bubble"] for r in rows if r["pid"] == pid and "pipeline_bubble" in r]
-        name = who(rows, windows, pid) if len(windows) > 1 else "pipeline"
+    several_runs = len({r["offset"] for r in rows}) > 1
+    for run, (s, m, f) in sorted(pipeline_formula(rows).items()):
+        measured = [r["pipeline_bubble"] for r in rows if r["offset"] == run and "pipeline_bubble" in r]
+        name = run_name(rows, run) if several_runs else "pipeline"
         lines.append(f"  {name}: S = {s} stages, M = {m} micro-batches: (S-1)/(M+S-1) = {100 * f:.0f}%; measured "
                      f"bubble per stage {', '.join(fmt(b) for b in measured)} (mean {fmt(sum(measured) / len(measured))})")
     comm = [r for r in rows if r["comm"] and r["hidden"] is not None]
@@ -450,8 +473,8 @@ def main(argv=None):
     if args.out:
         base = os.path.splitext(args.out)[0]
         recs = records(rows, args.step)
-        formula = {str(pid): {"stages": s, "micro_batches": m, "formula_bubble": round(f, 4)}
-                   for pid, (s, m, f) in pipeline_formula(rows).items()}
+        formula = {run_name(rows, run): {"stages": s, "micro_batches": m, "formula_bubble": round(f, 4)}
+                   for run, (s, m, f) in pipeline_formula(rows).items()}
         with open(base + ".json", "w") as f:
             json.dump({"traces": args.traces, "step": args.step, "rows": recs, "pipelines": formula}, f, indent=1)
         with open(base + ".csv", "w", newline="") as f:

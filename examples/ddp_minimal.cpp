@@ -68,7 +68,8 @@ int main(int argc, char** argv) try {
       optimizer.step();
     }
     //   if dist.get_rank() == 0: print(f"epoch {epoch} loss {loss.item():.4f}")
-    if (distributed::get_rank() == 0 && loss.defined()) std::printf("epoch %lld loss %.4f\n", (long long)epoch, loss.item<float>());
+    if (distributed::get_rank() == 0 && loss.defined())
+      std::printf("epoch %lld loss %.4f\n", static_cast<long long>(epoch), loss.item<float>());
   }
   // dist.destroy_process_group()
   distributed::destroy_process_group();

@@ -221,7 +221,7 @@ TEST_CASE("counts out of range and unknown pipeline settings are refused before 
        "--pipeline-checkpoint: expected never, except_last or always, got 'sometimes'"},
       {[](TrainConfig& c) { c.pipeline_schedule = "zb"; }, "--pipeline-schedule: expected gpipe, 1f1b or interleaved_1f1b, got 'zb'"},
       {[](TrainConfig& c) { c.virtual_stages = 2; }, "--virtual-stages 2 needs --pipeline-schedule interleaved_1f1b, got 1f1b"},
-      {[](TrainConfig& c) { c.pp = 2; }, "--pp 2 runs the stages of --mode pipeline as processes; got --mode single"},
+      {[](TrainConfig& c) { c.pp = 2; }, "--pp 2 runs the stages of a pipeline as processes: --mode pipeline (one pipeline) or --mode ddp"},
       {[](TrainConfig& c) { c.balance = {7, 7}; }, "--balance cuts the model into stages: it needs --mode mp or pipeline"},
       {[](TrainConfig& c) {
          c.mode = "pipeline";

@@ -34,7 +34,9 @@ void log_softmax_forward_cpu(const Tensor& in_any, Tensor& out) {
   check_output_dense("log_softmax", out);
   const Tensor in = contiguous_input(in_any);
   dispatch_floating(in.dtype(), "log_softmax", [&]<typename T>() {
-    const auto [rows, classes] = rows_of(in);
+    // Plain variables, not a structured binding: clang (14 refuses, 16 crashes) cannot
+    // capture a binding into the OpenMP region below, and the sanitizer builds use clang.
+    const int64_t rows = rows_of(in).rows, classes = rows_of(in).classes;
     const T* x = in.data_ptr<T>();
     T* y = out.data_ptr<T>();
 #pragma omp parallel for schedule(static) if (rows * classes > kRowGrain && rows > 1)
@@ -59,7 +61,7 @@ void log_softmax_backward_cpu(const Tensor& grad_out_any, const Tensor& out_any,
   const Tensor grad_out = contiguous_input(grad_out_any);
   const Tensor out = contiguous_input(out_any);
   dispatch_floating(out.dtype(), "log_softmax_backward", [&]<typename T>() {
-    const auto [rows, classes] = rows_of(out);
+    const int64_t rows = rows_of(out).rows, classes = rows_of(out).classes;  // as in the forward
     const T* gy = grad_out.data_ptr<T>();
     const T* y = out.data_ptr<T>();
     T* gx = grad_in.data_ptr<T>();

@@ -15,7 +15,13 @@ ParallelDims ParallelDims::from_config(const TrainConfig& config, int world_size
   if (config.mode == "dp") dims.dp_devices = static_cast<int>(config.dp_devices);
   if (config.mode == "pipeline" && config.pp > 1) dims.pp = static_cast<int>(config.pp);  // stages as processes
   else if (config.mode == "mp" || config.mode == "pipeline") dims.mp_stages = static_cast<int>(config.mp_devices);
-  if (config.mode == "ddp") dims.dp_replicate = world_size / dims.pp;
+  if (config.mode == "ddp") {  // --pp P: P stages x world / P replicas of each (2-D)
+    dims.pp = static_cast<int>(config.pp);
+    LOOM_CHECK(world_size % dims.pp == 0, "--mode ddp --pp ", dims.pp, ": the ", world_size, " processes must form "
+               "pipelines of ", dims.pp, " stages each, but ", world_size, " is not a multiple of ", dims.pp,
+               "; start a multiple of ", dims.pp, " processes (loomrun --nproc_per_node)");
+    dims.dp_replicate = world_size / dims.pp;
+  }
   const int product = dims.pp * dims.dp_replicate * dims.dp_shard;
   LOOM_CHECK(product == world_size, "the parallel degrees multiply to ", product, " processes (pp ", dims.pp,
              " x dp_replicate ", dims.dp_replicate, " x dp_shard ", dims.dp_shard, ") but WORLD_SIZE is ", world_size,

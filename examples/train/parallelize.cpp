@@ -2,6 +2,7 @@
 
 #include <omp.h>  // defines: omp_get_max_threads, omp_set_num_threads (balancing a pipeline's stages)
 
+#include <algorithm>  // defines: std::count (the mesh's dimensions)
 #include <cstdio>
 
 #include "core/factory.h"                            // defines: randn (the balance's sample batch)
@@ -12,6 +13,7 @@
 #include "parallel/model_parallel.h"                 // defines: ModelParallel, balance_by_time
 #include "parallel/pipeline/pipeline.h"              // defines: Pipeline
 #include "parallel/pipeline/pipeline_processes.h"    // defines: apply_pipeline_processes, check_balance
+#include "parallel/pipeline/stage_replicas.h"        // defines: replicate_stage (--mode ddp --pp)
 #include "parallel/sync_batch_norm.h"                // defines: convert_sync_batchnorm
 
 namespace loom::examples {
@@ -78,8 +80,10 @@ std::shared_ptr<nn::Module> apply_model_parallel(nn::Module& model, const TrainC
   return mp;
 }
 
-std::shared_ptr<nn::Module> apply_pipeline(nn::Module& model, std::shared_ptr<distributed::Communicator> pp_group,
-                                           const TrainConfig& config, Device device, nn::CrossEntropyLoss& criterion) {
+std::shared_ptr<parallel::pipeline::PipelineStage> apply_pipeline(nn::Module& model,
+                                                                  std::shared_ptr<distributed::Communicator> pp_group,
+                                                                  const TrainConfig& config, Device device,
+                                                                  nn::CrossEntropyLoss& criterion) {
   auto* resnet = dynamic_cast<nn::ResNet*>(&model);
   LOOM_CHECK(resnet != nullptr, "--pp needs a ResNet (its layers as a Sequential), got ", model.type_name());
   auto stage = parallel::pipeline::apply_pipeline_processes(
@@ -109,13 +113,25 @@ std::shared_ptr<nn::Module> apply_ddp(std::shared_ptr<nn::Module> model,
   return std::make_shared<ddp::DistributedDataParallel>(model, std::move(dp_group), options);
 }
 
+void apply_ddp_to_stage(parallel::pipeline::PipelineStage& stage,
+                        std::shared_ptr<distributed::Communicator> dp_group, const TrainConfig& config) {
+  ddp::DDPOptions options;
+  options.bucket_cap_mb = config.bucket_cap_mb;
+  options.gradient_as_bucket_view = true;  // as apply_ddp: see there
+  parallel::pipeline::replicate_stage(stage, std::move(dp_group), options);
+}
+
 std::shared_ptr<nn::Module> parallelize(std::shared_ptr<nn::Module> model, const distributed::DeviceMesh* mesh,
                                         const TrainConfig& config, Device device, nn::CrossEntropyLoss& criterion) {
   // Inside one process, over several devices.
   if (config.mode == "dp") return apply_data_parallel(model, config, device);
-  if (config.mode == "pipeline" && config.pp > 1) {
+  if (config.pp > 1) {
     LOOM_CHECK(mesh != nullptr, "--pp ", config.pp, " runs one stage per process: start it with loomrun");
-    return apply_pipeline(*model, mesh->group("pp"), config, device, criterion);
+    auto stage = apply_pipeline(*model, mesh->group("pp"), config, device, criterion);
+    const auto& dims = mesh->dim_names();
+    if (config.mode == "ddp" && std::count(dims.begin(), dims.end(), "dp_replicate"))
+      apply_ddp_to_stage(*stage, mesh->group("dp_replicate"), config);  // 2-D: pp x dp
+    return stage;
   }
   if (config.mode == "mp" || config.mode == "pipeline") return apply_model_parallel(*model, config, device, criterion);
   if (mesh == nullptr) return model;  // one process, one device

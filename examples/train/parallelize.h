@@ -19,6 +19,7 @@
 #include "nn/loss.h"                       // defines: CrossEntropyLoss
 #include "nn/module.h"                     // defines: Module
 #include "parallel/device_mesh.h"          // defines: DeviceMesh
+#include "parallel/pipeline/pipeline_stage.h"  // defines: PipelineStage (--pp)
 
 namespace loom::examples {
 
@@ -32,15 +33,22 @@ std::shared_ptr<nn::Module> apply_data_parallel(std::shared_ptr<nn::Module> mode
 std::shared_ptr<nn::Module> apply_model_parallel(nn::Module& model, const TrainConfig& config, Device device,
                                                  nn::CrossEntropyLoss& criterion);
 
-// --mode pipeline --pp P: this process's stage of the pipeline over `pp_group`
-// (parallel/pipeline/pipeline_processes.h): --balance, or rank 0's measured one; --chunks
-// micro-batches under --pipeline-schedule (--virtual-stages chunks per stage).
-std::shared_ptr<nn::Module> apply_pipeline(nn::Module& model, std::shared_ptr<distributed::Communicator> pp_group,
+// --mode pipeline --pp P (and --mode ddp --pp P): this process's stage of the pipeline
+// over `pp_group` (parallel/pipeline/pipeline_processes.h): --balance, or rank 0's
+// measured one; --chunks micro-batches under --pipeline-schedule (--virtual-stages chunks
+// per stage).
+std::shared_ptr<parallel::pipeline::PipelineStage> apply_pipeline(nn::Module& model, std::shared_ptr<distributed::Communicator> pp_group,
                                            const TrainConfig& config, Device device, nn::CrossEntropyLoss& criterion);
 
 // --mode ddp: SyncBatchNorm (--sync-bn), then DistributedDataParallel over `dp_group`.
 std::shared_ptr<nn::Module> apply_ddp(std::shared_ptr<nn::Module> model,
                                       std::shared_ptr<distributed::Communicator> dp_group, const TrainConfig& config);
+
+// --mode ddp --pp P (2-D): each of the stage's model chunks data-parallel over the
+// stage's replicas in `dp_group` (a DDP reducer per chunk, synchronised on the chunk's
+// last backward of a step: Note [A replicated stage synchronises once]).
+void apply_ddp_to_stage(parallel::pipeline::PipelineStage& stage,
+                        std::shared_ptr<distributed::Communicator> dp_group, const TrainConfig& config);
 
 // The module the loop calls: `model` itself on one device, else the apply_* the flags
 // ask for. `mesh` (ParallelDims::build_mesh) is null in one process.

@@ -129,14 +129,19 @@ void check_flags(const TrainConfig& c) {
   LOOM_CHECK(c.virtual_stages == 1 || c.pipeline_schedule == "interleaved_1f1b", "--virtual-stages ",
              c.virtual_stages, " needs --pipeline-schedule interleaved_1f1b, got ", c.pipeline_schedule);
   expect(c.pp >= 1, "--pp", c.pp, "at least 1 pipeline stage");
-  LOOM_CHECK(c.pp == 1 || c.mode == "pipeline", "--pp ", c.pp, " runs the stages of --mode pipeline as processes; "
-             "got --mode ", c.mode);
+  LOOM_CHECK(c.pp == 1 || c.mode == "pipeline" || c.mode == "ddp", "--pp ", c.pp, " runs the stages of a pipeline "
+             "as processes: --mode pipeline (one pipeline) or --mode ddp (pipelines side by side, each stage's "
+             "replicas data-parallel); got --mode ", c.mode);
+  LOOM_CHECK(c.pp == 1 || !c.sync_bn, "--sync-bn with --pp ", c.pp, ": SyncBatchNorm inside pipeline stages is not "
+             "supported; drop --sync-bn");
+  LOOM_CHECK(c.pp == 1 || !c.zero_redundancy_optimizer, "--zero-redundancy-optimizer with --pp ", c.pp, ": each "
+             "stage's optimizer is not sharded over its replicas yet; drop one of the two");
   LOOM_CHECK(c.pp == 1 || c.pipeline_checkpoint == "never", "--pipeline-checkpoint ", c.pipeline_checkpoint,
              " is for the stages of one process; --pp ", c.pp, " runs them as processes (use never)");
   LOOM_CHECK(c.pp == 1 || c.checkpoint_dir.empty(), "--checkpoint-dir with --pp ", c.pp, ": each process holds only "
              "its stage's optimizer state, which the checkpoint format does not gather yet; use --save");
-  LOOM_CHECK(c.balance.empty() || c.mode == "pipeline" || c.mode == "mp", "--balance cuts the model into stages: it "
-             "needs --mode mp or pipeline, got --mode ", c.mode);
+  LOOM_CHECK(c.balance.empty() || c.mode == "pipeline" || c.mode == "mp" || c.pp > 1, "--balance cuts the model "
+             "into stages: it needs --mode mp or pipeline, or --pp, got --mode ", c.mode);
   LOOM_CHECK(c.pipeline_checkpoint == "never" || c.pipeline_checkpoint == "except_last" ||
                  c.pipeline_checkpoint == "always",
              "--pipeline-checkpoint: expected never, except_last or always, got '", c.pipeline_checkpoint, "'");

@@ -88,8 +88,12 @@ class DistributedDataParallel : public nn::Module {
   };
   [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
 
- private:
+  // rank 0's buffers to every rank: what forward does first (broadcast_buffers). Public
+  // for callers that run the wrapped module themselves and only use the reducer (a
+  // pipeline stage's replicas; Note [A replicated stage synchronises once]).
   void sync_buffers();
+
+ private:
 
   std::shared_ptr<nn::Module> module_;
   std::shared_ptr<distributed::Communicator> comm_;

@@ -45,11 +45,7 @@ std::vector<int64_t> micro_batch_sizes(int64_t batch, int64_t chunks) {
 }
 
 std::string what_of(const std::exception_ptr& error) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {}
+  try { std::rethrow_exception(error); } catch (const std::exception& e) { return e.what(); } catch (...) {}
   return "an exception that is not a std::exception";
 }
 
@@ -151,6 +147,7 @@ struct PipelineStage::Run {
   const double loss_scale;
   int64_t batch = 0;
   std::vector<int64_t> sizes;  // of the micro-batches
+  std::vector<int64_t> backwards_done;  // [model chunk]: backwards run so far this step
   std::vector<Action> order;   // this rank's row of the schedule
   std::vector<Tensor> micro_inputs, micro_targets;
   std::vector<std::vector<Tensor>> inputs, outputs;  // [model chunk][m]: received leaves, outputs (or weighted loss)
@@ -196,6 +193,7 @@ struct PipelineStage::Run {
       if (a.pass == Pass::Backward && c < C - 1) expected[1].push_back({c, a.micro_batch, {}, {}});
     }
     inputs.assign(size_t(C), std::vector<Tensor>(size_t(M)));
+    backwards_done.assign(size_t(C), 0);
     outputs.assign(size_t(C), std::vector<Tensor>(size_t(M)));
     losses.resize(size_t(M));
     logits.resize(size_t(M));
@@ -332,6 +330,10 @@ struct PipelineStage::Run {
 
   void backward(int64_t c, int64_t m) {
     Tensor& out = outputs[size_t(c)][size_t(m)];
+    if (ps.sync_.before_backward) {  // See Note [A replicated stage synchronises once]
+      const bool last = ++backwards_done[size_t(c)] == static_cast<int64_t>(sizes.size());
+      ps.sync_.before_backward(static_cast<size_t>(c / S), last);
+    }
     if (c == C - 1) {
       out.backward();
     } else {
@@ -347,9 +349,6 @@ struct PipelineStage::Run {
       sends.push_back(comm.send(on_comm(grad), prev, kGradientTag));
       in = Tensor();
     }
-    // Note [Gradients complete per chunk]: backwards run in micro-batch order, so after the last.
-    if (m == static_cast<int64_t>(sizes.size()) - 1)
-      for (auto& hook : ps.chunk_backward_hooks_) hook(c, *ps.model_chunks_[size_t(c)]);
   }
 
   void fail(int kind, std::optional<Action> action) {
@@ -493,7 +492,9 @@ PipelineStage::StepResult PipelineStage::step(const Tensor& input, const Tensor&
   LOOM_CHECK(broken_.empty(), "PipelineStage: an earlier step failed (", broken_, "), so the pipeline group's messages "
              "are out of step; recreate the group and its stages to go on");
   Run run(*this, input, target, loss_scale);
-  return run.go();
+  StepResult result = run.go();
+  if (sync_.after_step) sync_.after_step();
+  return result;
 }
 
 }  // namespace loom::parallel::pipeline

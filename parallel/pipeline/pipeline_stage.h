@@ -58,6 +58,17 @@
 // that dies instead is noticed by its neighbours' transport (or the communicator's
 // timeout) and loomrun stops the job. After a failed step the group's messages are out
 // of step: the stage refuses further steps (recreate the group, as after a timeout).
+//
+// Note [A replicated stage synchronises once]
+// Under pp x dp every stage has replicas on other pipelines, which must average their
+// gradients, as DDP's do. A chunk runs one backward per micro-batch, and its gradients
+// are complete only after the last: averaging after each would cost M all-reduces per
+// step for the result of one. So, as PyTorch's pipelining does with a DDP stage
+// (no_sync for every backward but the last), the earlier backwards accumulate locally
+// and only the chunk's last backward of the step arms the DDP reducer: its gradient
+// hooks then all-reduce the accumulated gradients bucket by bucket while that backward
+// is still running, and the rest of the schedule (other chunks, other stages) overlaps
+// what it cannot hide.
 #pragma once
 
 #include <functional>
@@ -100,15 +111,17 @@ class PipelineStage : public nn::Module {
   // backward (GradScaler's scale). A collective over the group.
   StepResult step(const Tensor& input, const Tensor& target, double loss_scale = 1.0);
 
-  // Note [Gradients complete per chunk]: `hook(c, chunk)` runs on the stepping thread
-  // right after model chunk c's last backward of each step, when its parameters'
-  // gradients for the step are complete, while the rest of the pipeline still runs. For
-  // data parallelism per stage (pp × dp): start the chunk's gradient all-reduce over its
-  // dp group there, and wait for it before the optimizer step; under interleaving the
-  // later chunks finish first, so their all-reduces overlap the earlier chunks' backward.
-  // An error in the hook is the stage's error in that backward (every rank stops).
-  using ChunkBackwardHook = std::function<void(int64_t model_chunk, nn::Sequential& chunk)>;
-  void register_chunk_backward_hook(ChunkBackwardHook hook) { chunk_backward_hooks_.push_back(std::move(hook)); }
+  // Data parallelism over this stage's replicas (2-D: pp x dp). after_step runs at the
+  // end of every step that succeeded (DDP: broadcast rank 0's buffers, so that replicas
+  // evaluate and start the next step alike, as DDP's forward would make them);
+  // before_backward before each backward
+  // of one of this rank's chunks (local_chunks()' index), saying whether it is that
+  // chunk's last backward of the step. See Note [A replicated stage synchronises once].
+  struct GradientSync {
+    std::function<void()> after_step;
+    std::function<void(size_t local_chunk, bool last_backward)> before_backward;
+  };
+  void set_gradient_sync(GradientSync sync) { sync_ = std::move(sync); }
 
   // After it, every rank's module holds every model chunk's parameters and buffers as
   // the rank that trains the chunk has them (one broadcast per tensor, from its owner):
@@ -148,7 +161,7 @@ class PipelineStage : public nn::Module {
   std::vector<std::shared_ptr<nn::Sequential>> model_chunks_;  // all S·V; this rank's are on device_
   std::map<int64_t, Agreed> agreed_;  // by model chunk whose output it is
   std::string broken_;                // why an earlier step failed; "" if none did
-  std::vector<ChunkBackwardHook> chunk_backward_hooks_;
+  GradientSync sync_;
 };
 
 }  // namespace loom::parallel::pipeline

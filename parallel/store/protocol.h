@@ -31,6 +31,8 @@ constexpr uint32_t kMagic = 0x4d4f4f4c;  // "LOOM" read as little-endian bytes
 constexpr uint32_t kVersion = 1;
 // A frame larger than this is a corrupt length (or a foreign client), not a real value.
 constexpr uint32_t kMaxFrameBytes = 1u << 30;
+// Hello is 9 bytes; a first frame larger than this is not a loom client.
+constexpr uint32_t kMaxHelloBytes = 64;
 
 enum class Command : uint8_t { Hello = 1, Set, Get, Add, Wait, Check, Delete, NumKeys };
 enum class Status : uint8_t { Ok = 0, NotFound = 1, Timeout = 2, Error = 3 };

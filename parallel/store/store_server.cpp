@@ -22,6 +22,17 @@ namespace loom::distributed {
 using namespace protocol;
 using Clock = std::chrono::steady_clock;
 
+// Note [A client that misbehaves]
+// One server serves the whole job, so no client may take it down: not one that sends
+// garbage, announces a huge frame, stops mid-frame, or disconnects at any byte. Such a
+// client gets an Error reply saying what was wrong (when it still reads) and its
+// connection is closed, with any wait it had parked; every other connection and every
+// key is untouched. A frame must be complete before it is handled, so a client that
+// disconnects mid-message never half-applies a request. Before the hello, a frame may
+// be at most kMaxHelloBytes: a foreign protocol's first bytes (an HTTP "GET ") read as a
+// length of half a gigabyte, which the server must not wait for. Exceptions from a
+// request (a malformed field, an allocation that fails) end that client only.
+//
 // Note [Waiting on the server]
 // wait(keys, timeout) is a request the server answers late: it parks the request as a
 // Waiter and replies Ok as soon as a set/add makes every key exist, or Timeout (with
@@ -76,6 +87,7 @@ struct StoreServer::Loop {
   void accept_all();
   bool read_from(Connection& c);     // false: close the connection
   bool flush(Connection& c);         // false: close the connection
+  bool refuse(Connection& c, const std::string& why);  // replies Error(why); false: close it
   void handle(Connection& c, const std::string& payload);
   void reply(Connection& c, const Writer& w) { c.out += w.frame(); }
   bool all_present(const std::vector<std::string>& keys) const;
@@ -157,29 +169,44 @@ bool StoreServer::Loop::read_from(Connection& c) {
     ssize_t got = ::recv(c.socket.fd(), buffer, sizeof(buffer), 0);
     if (got < 0 && errno == EINTR) continue;
     if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-    if (got <= 0) return false;  // orderly close or reset: the client is gone
+    if (got <= 0) return false;  // orderly close or reset (mid-frame too): the client is gone
     c.in.append(buffer, static_cast<size_t>(got));
   }
   // Handle every complete frame; a partial one waits in c.in for the next read.
+  // See Note [A client that misbehaves].
   size_t pos = 0;
   while (c.in.size() - pos >= 4) {
     uint32_t length = decode_length(c.in.data() + pos);
-    if (length > kMaxFrameBytes) return false;  // not a loom client
+    const uint32_t limit = c.greeted ? kMaxFrameBytes : kMaxHelloBytes;
+    if (length > limit) {
+      return refuse(c, c.greeted ? "a frame of " + std::to_string(length) + " bytes is over the limit of " +
+                                       std::to_string(kMaxFrameBytes)
+                                 : "this port serves a loom store, and the first message was not loom's hello "
+                                   "(is the client something else, or pointed at the wrong MASTER_PORT?)");
+    }
     if (c.in.size() - pos - 4 < length) break;
     std::string payload = c.in.substr(pos + 4, length);
     pos += 4 + length;
     try {
       handle(c, payload);
-    } catch (const Error&) {
-      return false;  // malformed request: drop the client rather than guess
+    } catch (const std::exception& e) {
+      // A malformed request (or one too large to serve): this client is told why and
+      // dropped, rather than guessing at the rest of its bytes; the others go on.
+      return refuse(c, std::string("malformed request: ") + e.what());
     }
     if (!c.greeted) {
-      flush(c);  // best effort: deliver the version-mismatch explanation before closing
+      flush(c);  // best effort: deliver the hello's refusal before closing
       return false;
     }
   }
   c.in.erase(0, pos);
   return true;
+}
+
+bool StoreServer::Loop::refuse(Connection& c, const std::string& why) {
+  reply(c, Writer().u8(static_cast<uint8_t>(Status::Error)).str("store server: " + why));
+  flush(c);  // best effort: a client that stopped reading loses the explanation, not the server
+  return false;
 }
 
 bool StoreServer::Loop::flush(Connection& c) {
@@ -198,7 +225,12 @@ void StoreServer::Loop::handle(Connection& c, const std::string& payload) {
   auto command = static_cast<Command>(r.u8());
   if (!c.greeted) {
     // The first frame must be Hello with our magic and version; see protocol.h.
-    if (command != Command::Hello || r.u32() != kMagic) return;
+    if (command != Command::Hello || r.u32() != kMagic) {
+      reply(c, Writer().u8(static_cast<uint8_t>(Status::Error))
+                   .str("store server: this port serves a loom store, and the first message was not loom's hello "
+                        "(is the client something else, or pointed at the wrong MASTER_PORT?)"));
+      return;
+    }
     uint32_t version = r.u32();
     if (version != kVersion) {
       reply(c, Writer().u8(static_cast<uint8_t>(Status::Error))

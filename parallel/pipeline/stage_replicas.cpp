@@ -1,0 +1,40 @@
+#include "parallel/pipeline/stage_replicas.h"
+
+#include <vector>
+
+namespace loom::parallel::pipeline {
+
+namespace {
+
+bool has_trainable_parameters(nn::Module& module) {
+  for (const Tensor& p : module.parameters())
+    if (p.requires_grad()) return true;
+  return false;
+}
+
+}  // namespace
+
+void replicate_stage(PipelineStage& stage, std::shared_ptr<distributed::Communicator> dp_group,
+                     ddp::DDPOptions options) {
+  // [local chunk] -> its replica's DDP, or null for a chunk with nothing to train.
+  std::vector<std::shared_ptr<ddp::DistributedDataParallel>> replicas;
+  for (const auto& chunk : stage.local_chunks())
+    replicas.push_back(has_trainable_parameters(*chunk)
+                           ? std::make_shared<ddp::DistributedDataParallel>(chunk, dp_group, options)
+                           : nullptr);
+  stage.set_gradient_sync({
+      .after_step = [replicas] {
+        for (const auto& replica : replicas)
+          if (replica) replica->sync_buffers();
+      },
+      .before_backward = [replicas](size_t local_chunk, bool last_backward) {
+        // See Note [A replicated stage synchronises once] (pipeline_stage.h).
+        const auto& replica = replicas.at(local_chunk);
+        if (!replica) return;
+        if (last_backward) replica->reducer().prepare_for_backward({});
+        else replica->reducer().prepare_for_local_backward();
+      },
+  });
+}
+
+}  // namespace loom::parallel::pipeline

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The test suite under sanitizers, each in a build directory of its own (Meson's
+# b_sanitize), compiled with clang. ./test.sh --sanitize KIND [meson test args] runs this.
+#
+#   scripts/sanitize.sh address,undefined   the whole suite under ASan + UBSan
+#                                            (build-sanitize-address-undefined/; it also
+#                                            holds the fuzz harnesses, tests/fuzz/run.sh)
+#   scripts/sanitize.sh thread              the threaded suites under TSan
+#                                            (build-sanitize-thread/)
+#
+# Why clang: the fuzz harnesses need libFuzzer, and clang's OpenMP runtime (libomp) tells
+# TSan about its own synchronisation, where GCC's libgomp is uninstrumented and makes every
+# parallel region a false race. Suppressions, each with its reason, are in
+# tests/sanitizers/. Run times and results: docs/testing.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+kind=${1:-}
+shift || true
+case "$kind" in
+  address,undefined | undefined,address) kind=address,undefined; fuzz=true ;;
+  thread) fuzz=false ;;
+  *)
+    echo "usage: ./test.sh --sanitize address,undefined|thread [meson test arguments]" >&2
+    exit 2
+    ;;
+esac
+scripts/setup_deps.sh
+dir=build-sanitize-${kind//,/-}
+if [ ! -f "$dir/build.ninja" ]; then
+  cache=$(command -v ccache >/dev/null && echo "ccache " || true)
+  CC=${SANITIZE_CC:-$cache$(scripts/find_clang.sh clang)} CXX=${SANITIZE_CXX:-$cache$(scripts/find_clang.sh clang++)} meson setup "$dir" -Dcuda=disabled -Dfuzz=$fuzz \
+    -Db_sanitize="$kind" -Db_lundef=false -Dbuildtype=debugoptimized
+fi
+
+supp=$PWD/tests/sanitizers
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:detect_odr_violation=0:abort_on_error=0}
+export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$supp/lsan.supp:print_suppressions=0}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1:suppressions=$supp/ubsan.supp}
+export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=0:second_deadlock_stack=1:suppressions=$supp/tsan.supp}
+
+if [ "$kind" = thread ]; then
+  # The suites whose code runs threads (tests/sanitizers/README.md says why these).
+  suites=(test_threading test_dataloader test_data_parallel test_pipeline test_pipeline_schedule test_ddp
+          test_ddp_buckets test_comm_gloo test_comm_gloo_errors test_comm_shm test_comm_symmetric test_store
+          test_store_robustness test_rendezvous test_launch_env test_loomrun)
+  meson compile -C "$dir" $(printf 'tests/%s ' "${suites[@]}") parallel/loomrun tests/loomrun_worker
+  meson test -C "$dir" --print-errorlogs --num-processes 1 --timeout-multiplier 10 "${suites[@]}" "$@"
+else
+  meson compile -C "$dir"
+  meson test -C "$dir" --print-errorlogs --num-processes 1 --timeout-multiplier 10 "$@"
+fi
