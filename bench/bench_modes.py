@@ -66,7 +66,7 @@ def loom_pp(args, tmp, *extra):
     pipeline's --devices threads are shared by its stages."""
     metrics = os.path.join(tmp, "m.json")
     cmd = [args.loomrun, "--standalone", "--nproc_per_node", str(args.devices), "--numa-binding", "exclusive",
-           args.train, "--mode", "pipeline", "--pp", str(args.devices), "--synthetic", "--batch-size",
+           args.train, "--mode", "pipeline", "--pp", str(args.devices), "--model", args.model, "--synthetic", "--batch-size",
            str(args.batch_size), "--max-steps", str(args.steps), "--epochs", "1", "--threads", "1", "--workers", "0",
            "--eval-limit", "0", "--quiet", "--metrics-json", metrics, "--chunks", str(args.chunks), *extra]
     run(cmd, dict(os.environ, OMP_NUM_THREADS="1"))

@@ -92,7 +92,7 @@ int main(int argc, char** argv) {
                                           "2 on cpu: cpu:0 and cpu:1)");
     auto& backend = flags.add<std::string>("backend", "", "ddp: gloo | nccl (default: nccl on cuda, gloo on cpu)");
     auto& sync_bn = flags.add<bool>("sync-bn", false, "ddp: BatchNorm statistics over every rank (SyncBatchNorm)");
-    auto& lr_scaling = flags.add<std::string>("lr-scaling", c.lr_scaling, "none | linear (lr x world size)");
+    auto& lr_scaling = flags.add<std::string>("lr-scaling", c.lr_scaling, "none | linear (lr x data-parallel replicas: the world size under ddp)");
     auto& bucket_cap_mb = flags.add<double>("bucket-cap-mb", c.bucket_cap_mb, "ddp: gradient bucket size in MiB");
     auto& zero = flags.add<bool>("zero-redundancy-optimizer", false,
                                  "ddp: ZeRO-1, each rank keeps and steps the optimizer state of 1/N of the parameters");

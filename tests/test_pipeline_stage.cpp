@@ -70,6 +70,7 @@ struct Grow : nn::Cloneable<Grow> {
 }  // namespace
 
 TEST_CASE("stages as processes: GPipe, 1F1B and interleaved 1F1B give the in-process pipeline's weights bit for bit") {
+  // 2 SGD steps and a third on a smaller batch.
   struct Case {
     int ranks;
     std::vector<int64_t> balance;
@@ -93,7 +94,8 @@ TEST_CASE("stages as processes: GPipe, 1F1B and interleaved 1F1B give the in-pro
       nets.push_back(small_net());
       nets.back()->load_state_dict(reference_net->state_dict());
     }
-    const std::vector<Batch> data = batches(2, c.batch);
+    std::vector<Batch> data = batches(2, c.batch);
+    data.push_back(batches(1, 5)[0]);  // an epoch's last, smaller batch: fewer micro-batches, the same shapes agreed
     std::vector<Device> devices;
     for (int r = 0; r < c.ranks; ++r) devices.push_back(Device(DeviceType::CPU, r));
     Pipeline reference(reference_net, devices, c.balance, c.chunks, c.schedule, loss_of);
@@ -147,11 +149,15 @@ TEST_CASE("a stage that throws mid-step: every rank stops with an error naming t
     std::string schedule;
     int failing;  // the stage that holds ThrowOnCall
     std::string pass;
+    int call = 3;  // ThrowOnCall's: the forward of micro-batch call - 1
   };
   const std::vector<Case> cases = {{2, {3, 4}, "1f1b", 1, "forward of micro-batch 2"},
                                    {2, {4, 3}, "gpipe", 0, "forward of micro-batch 2"},
                                    {3, {2, 2, 3}, "1f1b", 1, "forward of micro-batch 2"},
-                                   {3, {1, 1, 1, 1, 1, 2}, "interleaved_1f1b", 0, "forward of micro-batch 2 on model chunk 3"}};
+                                   {3, {1, 1, 1, 1, 1, 2}, "interleaved_1f1b", 0, "forward of micro-batch 2 on model chunk 3"},
+                                   // The first step's first micro-batch: before any shape header went out.
+                                   {3, {2, 2, 3}, "gpipe", 1, "forward of micro-batch 0", 1},
+                                   {2, {1, 1, 2, 3}, "interleaved_1f1b", 0, "forward of micro-batch 0 on model chunk 2", 1}};
   for (const Case& c : cases) {
     CAPTURE(c.ranks);
     CAPTURE(c.schedule);
@@ -160,7 +166,7 @@ TEST_CASE("a stage that throws mid-step: every rank stops with an error naming t
     for (int r = 0; r < c.ranks; ++r) {
       auto net = small_net();
       auto layers = net->children();
-      layers.insert(layers.begin() + 3, std::make_shared<ThrowOnCall>(3));  // the third micro-batch's forward
+      layers.insert(layers.begin() + 3, std::make_shared<ThrowOnCall>(c.call));
       nets.push_back(std::make_shared<nn::Sequential>(layers));
     }
     const Batch b = batches(1, 8)[0];
@@ -183,7 +189,7 @@ TEST_CASE("a stage that throws mid-step: every rank stops with an error naming t
       CAPTURE(errors[size_t(r)]);
       if (r == c.failing)
         CHECK(contains(errors[size_t(r)], "PipelineStage: stage " + f + " (rank " + f + " of the pipeline group, cpu:0) "
-                                          "failed in the " + c.pass + ": boom on call 3"));
+                                          "failed in the " + c.pass + ": boom on call " + std::to_string(c.call)));
       else
         CHECK(contains(errors[size_t(r)], "PipelineStage: stage " + f + " (rank " + f + " of the pipeline group) "
                                           "failed in the " + c.pass + "; stage " + std::to_string(r) + " stopped"));

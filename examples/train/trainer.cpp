@@ -158,10 +158,11 @@ void check_flags(const TrainConfig& c) {
 TrainResult train_cifar10(const TrainConfig& config) {
   check_flags(config);
   if (config.threads > 0) omp_set_num_threads(static_cast<int>(config.threads));
-  // First: a missing GPU is an error naming why, before any data is read. Under ddp,
-  // "--device cuda" is this process's GPU, cuda:LOCAL_RANK (set by loomrun; srun and
-  // mpirun say it as SLURM_LOCALID and OMPI_COMM_WORLD_LOCAL_RANK).
-  const Device device = training_device(config.device, ParallelDims::needs_process_group(config) ? distributed::launch_local_rank() : 0);
+  // First: a missing GPU is an error naming why, before any data is read. Across
+  // processes (ddp, --pp), "--device cuda" is this process's GPU, cuda:LOCAL_RANK (set by
+  // loomrun; srun and mpirun say it as SLURM_LOCALID and OMPI_COMM_WORLD_LOCAL_RANK).
+  const Device device = training_device(
+      config.device, ParallelDims::needs_process_group(config) ? distributed::launch_local_rank() : 0);
   Distributed dist(config);  // single mode: rank 0 of 1, no communication
   trace::set_thread_name("train");  // this thread's row in a LOOM_TRACE picture
   manual_seed(config.seed);
@@ -203,7 +204,9 @@ TrainResult train_cifar10(const TrainConfig& config) {
   };
   LOOM_CHECK(config.lr_scaling == "none" || config.lr_scaling == "linear", "--lr-scaling: expected none or linear, "
              "got '", config.lr_scaling, "'");
-  const double lr = config.lr_scaling == "linear" ? config.lr * dist.world_size() : config.lr;
+  // Linear scaling follows the global batch: data-parallel replicas multiply it, the
+  // stages of a pipeline (--pp) do not.
+  const double lr = config.lr_scaling == "linear" ? config.lr * dist.dims().dp_size() : config.lr;
   // SGD, or SGD inside ZeroRedundancyOptimizer (--zero-redundancy-optimizer).
   std::unique_ptr<optim::Optimizer> built_optimizer = build_optimizer(net->parameters(), dist.mesh(), config, lr);
   optim::Optimizer& optimizer = *built_optimizer;

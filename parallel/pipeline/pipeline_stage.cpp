@@ -15,9 +15,6 @@
 #include "parallel/pipeline/schedule.h"   // defines: make_schedule, model_chunk
 
 namespace loom::parallel::pipeline {
-
-using distributed::Work;
-
 namespace {
 
 constexpr int kActivationTag = 0x50;  // forward: chunk outputs to rank + 1
@@ -28,9 +25,7 @@ constexpr int64_t kAbortWords = 7;    // Note [A failed stage stops the pipeline
 constexpr int64_t kMaxBalance = 64;   // entries compared at construction
 constexpr size_t kLookahead = 2;      // receives posted ahead on each tag
 
-int64_t schedule_code(const std::string& name) {
-  return name == "gpipe" ? 1 : name == "1f1b" ? 2 : name == "interleaved_1f1b" ? 3 : 0;
-}
+int64_t schedule_code(const std::string& s) { return s == "gpipe" ? 1 : s == "1f1b" ? 2 : s == "interleaved_1f1b" ? 3 : 0; }
 
 std::string describe_settings(const std::vector<int64_t>& row) {
   static const char* names[] = {"an unknown schedule", "gpipe", "1f1b", "interleaved_1f1b"};
@@ -50,11 +45,7 @@ std::vector<int64_t> micro_batch_sizes(int64_t batch, int64_t chunks) {
 }
 
 std::string what_of(const std::exception_ptr& error) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {}
+  try { std::rethrow_exception(error); } catch (const std::exception& e) { return e.what(); } catch (...) {}
   return "an exception that is not a std::exception";
 }
 
@@ -166,11 +157,11 @@ struct PipelineStage::Run {
   struct Expected {
     int64_t boundary = 0, m = 0;  // the output of model chunk `boundary` for micro-batch m
     Tensor buffer;
-    std::shared_ptr<Work> work;
+    std::shared_ptr<distributed::Work> work;
   };
   std::vector<Expected> expected[2];
   size_t posted[2] = {0, 0}, taken[2] = {0, 0};
-  std::vector<std::shared_ptr<Work>> sends;
+  std::vector<std::shared_ptr<distributed::Work>> sends;
   // Note [A failed stage stops the pipeline]: 1 = failed here, 2 = stopped by a failed
   // receive (a neighbour's abort, a dead peer, a timeout).
   int failure = 0;
@@ -350,13 +341,14 @@ struct PipelineStage::Run {
       if (out.requires_grad()) out.backward(grad.to(out.device()));
     }
     out = Tensor();  // frees this micro-batch's graph on this chunk
-    if (c == 0) return;
-    Tensor& in = inputs[size_t(c)][size_t(m)];
-    Tensor grad = in.grad();
-    LOOM_CHECK(grad.defined(), "model chunk ", c, " left no gradient for its input of micro-batch ", m,
-               "; does its first layer use its input?");
-    sends.push_back(comm.send(on_comm(grad), prev, kGradientTag));
-    in = Tensor();
+    if (c > 0) {
+      Tensor& in = inputs[size_t(c)][size_t(m)];
+      Tensor grad = in.grad();
+      LOOM_CHECK(grad.defined(), "model chunk ", c, " left no gradient for its input of micro-batch ", m,
+                 "; does its first layer use its input?");
+      sends.push_back(comm.send(on_comm(grad), prev, kGradientTag));
+      in = Tensor();
+    }
   }
 
   void fail(int kind, std::optional<Action> action) {
