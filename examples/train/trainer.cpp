@@ -344,7 +344,8 @@ TrainResult train_cifar10(const TrainConfig& config) {
         step_seconds.push_back(seconds);
       }
       // After the step, outside its timing: gradients still held, the optimizer's state grown.
-      result.model_state_bytes = nn::model_state_bytes(*model, optimizer);
+      // fsdp: the FSDP module's parameters, the shards (the model's own are freed between uses).
+      result.model_state_bytes = nn::model_state_bytes(sharded ? *net : *model, optimizer);
       double elapsed = std::chrono::duration<double>(Clock::now() - epoch_start).count();
       bar.update(step_in_epoch, metrics, dist.dims().dp_size() * epoch_images / std::max(elapsed, 1e-9));
       if (!config.checkpoint_dir.empty() && config.checkpoint_every > 0 &&
