@@ -5,11 +5,13 @@
 // same arithmetic: bitwise), and its --save is the file a single-process run can load.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
 
+#include "nn/json.h"         // defines: json::parse
 #include "process_launch.h"  // defines: Launch, Result, TempDir, path_from_env, contains
 
 namespace fs = std::filesystem;
@@ -44,17 +46,26 @@ TEST_CASE("--mode fsdp from the same --init equals --mode ddp after 2 steps; its
   Result made = train("", " --max-steps 0 --save " + init);
   REQUIRE_MESSAGE(made.code == 0, made.output);
   const std::string steps = " --max-steps 2 --init " + init;
-  Result ddp = train("--nproc_per_node 2", " --mode ddp" + steps + " --save " + (dir.path / "ddp.safetensors").string());
+  Result ddp = train("--nproc_per_node 2", " --mode ddp" + steps + " --save " + (dir.path / "ddp.safetensors").string() +
+                                               " --metrics-json " + (dir.path / "ddp.json").string());
   REQUIRE_MESSAGE(ddp.code == 0, ddp.output);
   const std::string reference = read(dir.path / "ddp.safetensors");
   CHECK(reference.size() > 10000);
   for (const char* strategy : {"full_shard", "shard_grad_op", "no_shard"}) {
     CAPTURE(strategy);
     const fs::path saved = dir.path / (std::string(strategy) + ".safetensors");
+    const fs::path metrics = dir.path / (std::string(strategy) + ".json");
     Result fsdp = train("--nproc_per_node 2", std::string(" --mode fsdp --sharding-strategy ") + strategy + steps +
-                                                  " --save " + saved.string());
+                                                  " --save " + saved.string() + " --metrics-json " + metrics.string());
     REQUIRE_MESSAGE(fsdp.code == 0, fsdp.output);
     CHECK(read(saved) == reference);  // bitwise: the same names, order and values as DDP's file
+    // Parameters + gradients + momentum after a step: half of DDP's when sharded over 2
+    // ranks (padding: at most one element per unit), all of it under no_shard.
+    const double mine = loom::json::parse(read(metrics))["model_state_mib"].as_double();
+    const double ddp_mib = loom::json::parse(read(dir.path / "ddp.json"))["model_state_mib"].as_double();
+    MESSAGE(std::string(strategy), ": model_state_mib ", mine, " (ddp: ", ddp_mib, ")");
+    const double expected = std::string(strategy) == "no_shard" ? ddp_mib : ddp_mib / 2;
+    CHECK(std::abs(mine - expected) <= 0.1 + 1e-9);  // the JSON rounds to 0.1 MiB
   }
   // A single-process run loads the FSDP file (strict: every key, no prefix) and evaluates it.
   Result eval = train("", " --eval-only --init " + (dir.path / "full_shard.safetensors").string());

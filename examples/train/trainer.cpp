@@ -347,6 +347,8 @@ TrainResult train_cifar10(const TrainConfig& config) {
         step_seconds.push_back(seconds);
       }
       // After the step, outside its timing: gradients still held, the optimizer's state grown.
+      // The module the loop calls: FSDP's shards, a --pp stage's own chunks (the model's own
+      // parameters are FSDP's freed views, or other stages' untrained copies).
       result.model_state_bytes = nn::model_state_bytes(*net, optimizer);
       double elapsed = std::chrono::duration<double>(Clock::now() - epoch_start).count();
       bar.update(step_in_epoch, metrics, dist.dims().dp_size() * epoch_images / std::max(elapsed, 1e-9));
