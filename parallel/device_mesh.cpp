@@ -10,14 +10,6 @@ namespace loom::distributed {
 
 namespace {
 
-std::string shape_str(const std::vector<int>& shape) {
-  std::ostringstream out;
-  out << "[";
-  for (size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
-  out << "]";
-  return out.str();
-}
-
 // Row-major strides: the last dimension varies fastest.
 std::vector<int> strides_of(const std::vector<int>& shape) {
   std::vector<int> strides(shape.size(), 1);
@@ -42,16 +34,16 @@ DeviceMesh::DeviceMesh(std::string device_type, std::vector<int> shape, std::vec
   LOOM_CHECK(!shape_.empty(), "DeviceMesh: expected a mesh shape with at least one dimension, got []");
   int64_t product = 1;
   for (int n : shape_) {
-    LOOM_CHECK(n >= 1, "DeviceMesh: every dimension of the mesh shape must be at least 1, got ", shape_str(shape_));
+    LOOM_CHECK(n >= 1, "DeviceMesh: every dimension of the mesh shape must be at least 1, got ", format_ranks(shape_));
     product *= n;
   }
-  LOOM_CHECK(product == world_size, "DeviceMesh: the mesh shape ", shape_str(shape_), " holds ", product,
+  LOOM_CHECK(product == world_size, "DeviceMesh: the mesh shape ", format_ranks(shape_), " holds ", product,
              " ranks but the world has ", world_size, " (WORLD_SIZE); the product of the mesh's dimensions must equal "
              "the number of processes");
   if (dim_names_.empty())
     for (size_t d = 0; d < shape_.size(); ++d) dim_names_.push_back(std::to_string(d));
   LOOM_CHECK(dim_names_.size() == shape_.size(), "DeviceMesh: ", dim_names_.size(), " dimension names for a mesh of ",
-             shape_.size(), " dimensions ", shape_str(shape_), "; give one name per dimension");
+             shape_.size(), " dimensions ", format_ranks(shape_), "; give one name per dimension");
   for (size_t d = 0; d < dim_names_.size(); ++d) {
     LOOM_CHECK(!dim_names_[d].empty(), "DeviceMesh: dimension ", d, "'s name is empty");
     LOOM_CHECK(std::count(dim_names_.begin(), dim_names_.end(), dim_names_[d]) == 1, "DeviceMesh: the dimension name '",

@@ -35,7 +35,8 @@ namespace loom::distributed {
 class DeviceMesh {
  public:
   // Makes one group of `ranks` named `name`; called for every group, members or not.
-  using GroupMaker = std::function<std::shared_ptr<Communicator>(const std::vector<int>& ranks, const std::string& name)>;
+  using GroupMaker =
+      std::function<std::shared_ptr<Communicator>(const std::vector<int>& ranks, const std::string& name)>;
 
   // The mesh over `world` (threads as ranks in tests; init_device_mesh for the default
   // group). dim_names may be empty: then the dims are named "0", "1", ...

@@ -15,6 +15,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 namespace loom::testing {
@@ -57,6 +59,14 @@ struct Launch {
 inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 // A fresh directory under /tmp, removed with everything in it at scope exit.
+// A file's bytes (the saved weights two runs must agree on to the bit); "" if it is missing.
+inline std::string read_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
 struct TempDir {
   std::filesystem::path path;
   explicit TempDir(const std::string& prefix = "loom_test") {

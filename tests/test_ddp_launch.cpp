@@ -26,13 +26,6 @@ using namespace loom::testing;
 
 namespace {
 
-std::string read(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 
 // A tiny, fast run: 5 optimizer steps of a narrow ResNet on synthetic images.
 const std::string kTrainArgs =
@@ -63,10 +56,10 @@ TEST_CASE("two nodes x 1 process train bitwise like one node x 2 processes; trac
   REQUIRE_MESSAGE(r0.code == 0, r0.output);
   REQUIRE_MESSAGE(r1.code == 0, r1.output);
 
-  std::string weights_one = read(one / "w.safetensors"), weights_two = read(two / "w.safetensors");
+  std::string weights_one = read_file(one / "w.safetensors"), weights_two = read_file(two / "w.safetensors");
   CHECK(weights_one.size() > 10000);
   CHECK(weights_one == weights_two);  // bitwise
-  json::Value m1 = json::parse(read(one / "m.json")), m2 = json::parse(read(two / "m.json"));
+  json::Value m1 = json::parse(read_file(one / "m.json")), m2 = json::parse(read_file(two / "m.json"));
   for (const char* key : {"train_loss", "train_acc", "test_loss", "test_acc"}) {
     CAPTURE(key);
     CHECK(m1[key].as_double() == m2[key].as_double());
@@ -75,7 +68,7 @@ TEST_CASE("two nodes x 1 process train bitwise like one node x 2 processes; trac
 
   // LOOM_TRACE with two ranks: one file each, with the buckets' all_reduce spans.
   for (const char* rank : {"0", "1"}) {
-    std::string trace = read(one / (std::string("trace.rank") + rank + ".json"));
+    std::string trace = read_file(one / (std::string("trace.rank") + rank + ".json"));
     CHECK(contains(trace, "\"all_reduce bucket 0\""));
     CHECK(contains(trace, "\"backward\""));
     CHECK(json::parse(trace)["traceEvents"].as_array().size() > 10);

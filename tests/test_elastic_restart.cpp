@@ -28,13 +28,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-std::string read(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 // 16 steps of 8 images per rank: an epoch of the synthetic set is 3125 steps, so the
 // kill lands mid-epoch. No --quiet: rank 0 says where it resumed.
 const std::string kTrainArgs = " --mode ddp --model tiny --synthetic --max-steps 16 --batch-size 8 --eval-limit 16 "
@@ -77,7 +70,7 @@ std::string reference_weights(const fs::path& dir) {
                     kTrainArgs + " --quiet --save " + weights.string())
                  .finish();
   REQUIRE_MESSAGE(r.code == 0, r.output);
-  cached = read(weights);
+  cached = read_file(weights);
   return cached;
 }
 
@@ -106,7 +99,7 @@ TEST_CASE("kill -9 of a rank mid-epoch under --max-restarts 1: restart, resume, 
   REQUIRE_MESSAGE(r.code == 0, r.output);
   CHECK_MESSAGE(contains(r.output, "worker rank 1 (local rank 1, pid "), r.output);
   check_resumed(r.output);
-  CHECK(read(weights) == reference);  // bitwise
+  CHECK(read_file(weights) == reference);  // bitwise
 }
 
 TEST_CASE("two nodes on localhost: each loomrun restarts its own workers; same weights bit for bit") {
@@ -130,5 +123,5 @@ TEST_CASE("two nodes on localhost: each loomrun restarts its own workers; same w
   // Node 0's worker failed too (its peer vanished mid-collective) and was restarted by
   // its own loomrun.
   CHECK_MESSAGE(contains(r0.output, "all workers exited 0 after 1 restart (attempt 0: worker rank 0"), r0.output);
-  CHECK(read(weights) == reference);
+  CHECK(read_file(weights) == reference);
 }

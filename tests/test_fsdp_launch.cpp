@@ -19,13 +19,6 @@ using namespace loom::testing;
 
 namespace {
 
-std::string read(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 const std::string kArgs =
     " --model tiny --synthetic --batch-size 8 --eval-limit 50 --threads 1 --workers 0 --quiet";
 
@@ -49,7 +42,7 @@ TEST_CASE("--mode fsdp from the same --init equals --mode ddp after 2 steps; its
   Result ddp = train("--nproc_per_node 2", " --mode ddp" + steps + " --save " + (dir.path / "ddp.safetensors").string() +
                                                " --metrics-json " + (dir.path / "ddp.json").string());
   REQUIRE_MESSAGE(ddp.code == 0, ddp.output);
-  const std::string reference = read(dir.path / "ddp.safetensors");
+  const std::string reference = read_file(dir.path / "ddp.safetensors");
   CHECK(reference.size() > 10000);
   for (const char* strategy : {"full_shard", "shard_grad_op", "no_shard"}) {
     CAPTURE(strategy);
@@ -58,11 +51,11 @@ TEST_CASE("--mode fsdp from the same --init equals --mode ddp after 2 steps; its
     Result fsdp = train("--nproc_per_node 2", std::string(" --mode fsdp --sharding-strategy ") + strategy + steps +
                                                   " --save " + saved.string() + " --metrics-json " + metrics.string());
     REQUIRE_MESSAGE(fsdp.code == 0, fsdp.output);
-    CHECK(read(saved) == reference);  // bitwise: the same names, order and values as DDP's file
+    CHECK(read_file(saved) == reference);  // bitwise: the same names, order and values as DDP's file
     // Parameters + gradients + momentum after a step: half of DDP's when sharded over 2
     // ranks (padding: at most one element per unit), all of it under no_shard.
-    const double mine = loom::json::parse(read(metrics))["model_state_mib"].as_double();
-    const double ddp_mib = loom::json::parse(read(dir.path / "ddp.json"))["model_state_mib"].as_double();
+    const double mine = loom::json::parse(read_file(metrics))["model_state_mib"].as_double();
+    const double ddp_mib = loom::json::parse(read_file(dir.path / "ddp.json"))["model_state_mib"].as_double();
     MESSAGE(std::string(strategy), ": model_state_mib ", mine, " (ddp: ", ddp_mib, ")");
     const double expected = std::string(strategy) == "no_shard" ? ddp_mib : ddp_mib / 2;
     CHECK(std::abs(mine - expected) <= 0.1 + 1e-9);  // the JSON rounds to 0.1 MiB
@@ -97,7 +90,7 @@ TEST_CASE("--mode fsdp --checkpoint-dir then --resume continues bit for bit (the
   Result part2 = train("--nproc_per_node 2", fsdp + " --max-steps 4 --checkpoint-dir " + ckpt + " --resume --save " +
                                                  (dir.path / "b.safetensors").string());
   REQUIRE_MESSAGE(part2.code == 0, part2.output);
-  const std::string a = read(dir.path / "a.safetensors"), b = read(dir.path / "b.safetensors");
+  const std::string a = read_file(dir.path / "a.safetensors"), b = read_file(dir.path / "b.safetensors");
   CHECK(a.size() > 10000);
   CHECK(a == b);
 }

@@ -116,7 +116,8 @@ TEST_CASE("pp x dp: each stage's replicas train as the in-process pipeline on th
       for (const auto& [name, t] : net->named_parameters()) whole[t.data_ptr<double>()] = name;
       std::map<std::string, std::vector<double>> renamed;
       for (const auto& chunk : stage.local_chunks())
-        for (const auto& [name, t] : chunk->named_parameters()) renamed[whole.at(t.data_ptr<double>())] = t.tolist<double>();
+        for (const auto& [name, t] : chunk->named_parameters())
+          renamed[whole.at(t.data_ptr<double>())] = t.tolist<double>();
       trained[static_cast<size_t>(r)] = renamed;
     });
     require_no_errors(errors);

@@ -22,13 +22,6 @@ using namespace loom::testing;
 
 namespace {
 
-std::string read(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 const std::string kTrainArgs =
     " --mode ddp --model tiny --synthetic --max-steps 2 --batch-size 8 --eval-limit 16 --threads 1 --workers 0 --quiet";
 
@@ -66,7 +59,7 @@ std::string loomrun_weights(int n, const fs::path& dir) {
                     path_from_env("TRAIN_CIFAR10") + kTrainArgs + " --save " + weights.string())
                  .finish();
   REQUIRE_MESSAGE(r.code == 0, r.output);
-  std::string bytes = read(weights);
+  std::string bytes = read_file(weights);
   REQUIRE(bytes.size() > 10000);
   return bytes;
 }
@@ -90,7 +83,7 @@ TEST_CASE("2 and 3 processes with only Slurm's variables, or only Open MPI's, tr
     CHECK_MESSAGE(contains(s.output, "rank 0 of " + count + " from Slurm"), s.output);
     CHECK_MESSAGE(contains(s.output, "MASTER_ADDR=127.0.0.1 "), s.output);
     CHECK(s.output.find("from Slurm") == s.output.rfind("from Slurm"));  // rank 0 says it, once
-    CHECK(read(slurm) == reference);  // bitwise
+    CHECK(read_file(slurm) == reference);  // bitwise
 
     // mpirun -np n -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=...
     fs::path mpi = dir.path / ("mpi" + count + ".safetensors");
@@ -99,7 +92,7 @@ TEST_CASE("2 and 3 processes with only Slurm's variables, or only Open MPI's, tr
                                std::to_string(distributed::net::find_free_port()), mpi);
     REQUIRE_MESSAGE(m.code == 0, m.output);
     CHECK_MESSAGE(contains(m.output, "rank 0 of " + count + " from Open MPI"), m.output);
-    CHECK(read(mpi) == reference);
+    CHECK(read_file(mpi) == reference);
   }
 }
 

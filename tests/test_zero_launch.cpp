@@ -22,13 +22,6 @@ using namespace loom::testing;
 
 namespace {
 
-std::string read(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 const std::string kTrainArgs =
     " --model tiny --synthetic --batch-size 8 --eval-limit 16 --threads 1 --workers 0 --quiet --schedule cosine";
 
@@ -54,20 +47,20 @@ TEST_CASE("--mode ddp --zero-redundancy-optimizer equals --mode ddp after 2 step
   };
   Result ddp = run("ddp", "");
   Result zero = run("zero", " --zero-redundancy-optimizer");
-  const std::string weights = read(dir.path / "ddp" / "w.safetensors");
+  const std::string weights = read_file(dir.path / "ddp" / "w.safetensors");
   CHECK(weights.size() > 10000);
-  CHECK(weights == read(dir.path / "zero" / "w.safetensors"));  // bitwise
+  CHECK(weights == read_file(dir.path / "zero" / "w.safetensors"));  // bitwise
   // The checkpoint holds rank 0's consolidated optimizer state: the same bytes as DDP's.
-  CHECK(read(dir.path / "ddp" / "ckpt" / "checkpoint.safetensors") ==
-        read(dir.path / "zero" / "ckpt" / "checkpoint.safetensors"));
+  CHECK(read_file(dir.path / "ddp" / "ckpt" / "checkpoint.safetensors") ==
+        read_file(dir.path / "zero" / "ckpt" / "checkpoint.safetensors"));
 
   // Memory: rank 0 prints every rank's figures; ZeRO-1 holds less optimizer state.
   for (const Result* r : {&ddp, &zero}) {
     CHECK_MESSAGE(contains(r->output, "memory per rank (MiB): rank 0 peak "), r->output);
     CHECK(contains(r->output, "; rank 1 peak "));
   }
-  json::Value m_ddp = json::parse(read(dir.path / "ddp" / "m.json"));
-  json::Value m_zero = json::parse(read(dir.path / "zero" / "m.json"));
+  json::Value m_ddp = json::parse(read_file(dir.path / "ddp" / "m.json"));
+  json::Value m_zero = json::parse(read_file(dir.path / "zero" / "m.json"));
   CHECK(m_zero["model_state_mib"].as_double() > 0);
   CHECK(m_zero["model_state_mib"].as_double() < m_ddp["model_state_mib"].as_double());
   CHECK(m_zero["train_loss"].as_double() == m_ddp["train_loss"].as_double());
@@ -88,7 +81,7 @@ TEST_CASE("--mode ddp --zero-redundancy-optimizer equals --mode ddp after 2 step
                    .finish();
     REQUIRE_MESSAGE(r.code == 0, r.output);
   }
-  CHECK(read(dir.path / "ddp" / "w3.safetensors") == read(dir.path / "zero" / "w3.safetensors"));
+  CHECK(read_file(dir.path / "ddp" / "w3.safetensors") == read_file(dir.path / "zero" / "w3.safetensors"));
 }
 
 TEST_CASE("--zero-redundancy-optimizer outside --mode ddp is a clear error") {

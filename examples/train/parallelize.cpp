@@ -144,7 +144,8 @@ std::shared_ptr<nn::Module> apply_fsdp(std::shared_ptr<nn::Module> model, const 
   fsdp::ShardingStrategy one_dim = strategy;
   if (strategy == fsdp::ShardingStrategy::HYBRID_SHARD)
     one_dim = has("dp_shard") ? fsdp::ShardingStrategy::FULL_SHARD : fsdp::ShardingStrategy::NO_SHARD;
-  return std::make_shared<fsdp::FullyShardedDataParallel>(model, group, fsdp::FSDPOptions{.sharding_strategy = one_dim});
+  return std::make_shared<fsdp::FullyShardedDataParallel>(model, group,
+                                                          fsdp::FSDPOptions{.sharding_strategy = one_dim});
 }
 
 std::shared_ptr<nn::Module> parallelize(std::shared_ptr<nn::Module> model, const distributed::DeviceMesh* mesh,

@@ -37,8 +37,10 @@ std::shared_ptr<nn::Module> apply_model_parallel(nn::Module& model, const TrainC
 // over `pp_group` (parallel/pipeline/pipeline_processes.h): --balance, or rank 0's
 // measured one; --chunks micro-batches under --pipeline-schedule (--virtual-stages chunks
 // per stage).
-std::shared_ptr<parallel::pipeline::PipelineStage> apply_pipeline(nn::Module& model, std::shared_ptr<distributed::Communicator> pp_group,
-                                           const TrainConfig& config, Device device, nn::CrossEntropyLoss& criterion);
+std::shared_ptr<parallel::pipeline::PipelineStage> apply_pipeline(nn::Module& model,
+                                                                  std::shared_ptr<distributed::Communicator> pp_group,
+                                                                  const TrainConfig& config, Device device,
+                                                                  nn::CrossEntropyLoss& criterion);
 
 // --mode ddp: SyncBatchNorm (--sync-bn), then DistributedDataParallel over `dp_group`.
 std::shared_ptr<nn::Module> apply_ddp(std::shared_ptr<nn::Module> model,

@@ -10,14 +10,6 @@ namespace loom::distributed {
 
 namespace {
 
-std::string list_str(const std::vector<int>& ranks) {
-  std::ostringstream out;
-  out << "[";
-  for (size_t i = 0; i < ranks.size(); ++i) out << (i ? ", " : "") << ranks[i];
-  out << "]";
-  return out.str();
-}
-
 // What a rank outside the group holds: the group's size and name, and no connection.
 // Every operation fails before it gets here (Communicator::check_member).
 class NonMemberCommunicator final : public Communicator {
@@ -37,7 +29,7 @@ class NonMemberCommunicator final : public Communicator {
 // [Groups are numbered by call order].
 void check_members_agree(World& world, const std::string& prefix, const std::string& label,
                          const std::vector<int>& ranks) {
-  const std::string mine = list_str(ranks);
+  const std::string mine = format_ranks(ranks);
   world.store->set(prefix + "/ranks/" + std::to_string(world.rank), mine);
   std::vector<std::string> keys;
   for (int r : ranks)
@@ -49,7 +41,7 @@ void check_members_agree(World& world, const std::string& prefix, const std::str
     for (int r : ranks)
       if (r != world.rank && !world.store->check({prefix + "/ranks/" + std::to_string(r)})) missing.push_back(r);
     LOOM_FAIL(label, ": world rank ", world.rank, " waited ", world.timeout.count(), " ms for the group's other "
-              "members, but world rank(s) ", list_str(missing), " never made this group. Every rank must call "
+              "members, but world rank(s) ", format_ranks(missing), " never made this group. Every rank must call "
               "new_group for every group, in the same order (Note [Groups are numbered by call order])");
   }
   for (int r : ranks) {
@@ -63,6 +55,14 @@ void check_members_agree(World& world, const std::string& prefix, const std::str
 
 }  // namespace
 
+std::string format_ranks(const std::vector<int>& ranks) {
+  std::ostringstream out;
+  out << "[";
+  for (size_t i = 0; i < ranks.size(); ++i) out << (i ? ", " : "") << ranks[i];
+  out << "]";
+  return out.str();
+}
+
 std::shared_ptr<Communicator> new_group(World& world, std::vector<int> ranks, const std::string& name) {
   LOOM_CHECK(world.store != nullptr, "new_group: the world has no store; call init_process_group() first");
   const int number = world.groups_made++;  // before any check can throw: see the Note
@@ -70,9 +70,9 @@ std::shared_ptr<Communicator> new_group(World& world, std::vector<int> ranks, co
   LOOM_CHECK(!ranks.empty(), label, ": expected at least one rank, got an empty list");
   std::sort(ranks.begin(), ranks.end());
   for (size_t i = 0; i < ranks.size(); ++i) {
-    LOOM_CHECK(ranks[i] >= 0 && ranks[i] < world.size, label, ": ranks ", list_str(ranks), " must be world ranks in "
-               "[0, ", world.size, ")");
-    LOOM_CHECK(i == 0 || ranks[i] != ranks[i - 1], label, ": ranks ", list_str(ranks), " lists rank ", ranks[i],
+    LOOM_CHECK(ranks[i] >= 0 && ranks[i] < world.size, label, ": ranks ", format_ranks(ranks),
+               " must be world ranks in [0, ", world.size, ")");
+    LOOM_CHECK(i == 0 || ranks[i] != ranks[i - 1], label, ": ranks ", format_ranks(ranks), " lists rank ", ranks[i],
                " twice");
   }
   const std::string group_name = name.empty() ? "group" + std::to_string(number) : name;

@@ -62,4 +62,7 @@ std::shared_ptr<Communicator> new_group(World& world, std::vector<int> ranks, co
 // The same on the default process group's world (after init_process_group).
 std::shared_ptr<Communicator> new_group(const std::vector<int>& ranks, const std::string& name = "");
 
+// "[0, 2, 3]": rank lists (and mesh shapes) as the messages print them.
+std::string format_ranks(const std::vector<int>& ranks);
+
 }  // namespace loom::distributed
