@@ -92,6 +92,21 @@ class Timeline(unittest.TestCase):
         self.assertEqual(timeline.pipeline_formula(rows), {0: (2, 1, 1 / 2)})
         self.assertEqual([round(r["pipeline_bubble"], 3) for r in rows], [0.5, 0.5])
 
+    def test_stage_bubbles_share_one_window_and_average_the_steps(self):
+        # The window is the run's first action to its last (0-40 us in step 1), not each
+        # process's "pipeline forward and backward" span: rank 1's starts late, at 10, and
+        # its idle 0-10 still counts. Step 2 repeats step 1 with both stages busy throughout.
+        r0 = [thread(0, 1, "train"), span("step 1", 0, 1, 0, 50), span("pipeline forward and backward", 0, 1, 0, 45),
+              span("F0 stage 0", 0, 1, 0, 10), span("B0 stage 0", 0, 1, 30, 10),
+              span("step 2", 0, 1, 100, 50), span("F0 stage 0", 0, 1, 100, 20), span("B0 stage 0", 0, 1, 120, 20)]
+        r1 = [thread(1, 1, "train"), span("step 1", 1, 1, 0, 50), span("pipeline forward and backward", 1, 1, 10, 20),
+              span("F0 stage 1", 1, 1, 10, 10), span("B0 stage 1", 1, 1, 20, 10),
+              span("step 2", 1, 1, 100, 50), span("F0 stage 1", 1, 1, 100, 20), span("B0 stage 1", 1, 1, 120, 20)]
+        events = timeline.merge([write(r0), write(r1)])
+        rows, _, _ = timeline.analyse(events, 1)
+        self.assertEqual({r["stage"]: r["pipeline_bubble"] for r in rows}, {0: 0.5, 1: 0.5})
+        self.assertEqual(timeline.stage_bubbles(events, [1, 2]), {0: 0.25, 1: 0.25})
+
     def test_kinds_by_name(self):
         for name, k in [("forward", "forward"), ("forward layer1", "forward"), ("F3 stage 1", "forward"),
                         ("B0 stage 0", "backward"), ("recompute", "recompute"), ("optimizer step", "optimizer"),

@@ -29,8 +29,9 @@ Per row, over the step's window (its process's "step K" span):
   bubble      1 - busy, for computation rows: the time the row's device stood idle
   hidden      communication rows: the fraction of their time during which their process
               was computing, i.e. the communication that overlapped work
-For pipelines also the bubble inside the "pipeline forward and backward" span, against
-(S - 1) / (M + S - 1) for S stages and M micro-batches (docs/pipeline.md).
+For pipelines also each stage's bubble in the pipeline's part of the step (from the run's
+first action to its last; stage_bubbles_of_run), against (S - 1) / (M + S - 1) for S stages
+and M micro-batches (docs/pipeline.md); bench/pipeline_bubble.py tabulates it per schedule.
 """
 import argparse
 import csv
@@ -57,6 +58,8 @@ KINDS = {
 }
 COMPUTE = {"forward", "backward", "recompute", "optimizer"}
 COMM = {"all-reduce", "all-gather", "reduce-scatter", "broadcast", "send", "recv"}
+# A pipeline action's span: "F3 stage 1", "B0 stage 0 chunk 2" (micro-batch, stage, model chunk).
+ACTION = re.compile(r"([FB])(\d+) stage (\d+)(?: chunk (\d+))?")
 
 
 def kind(name):
@@ -232,7 +235,7 @@ def analyse(events, step):
                 else f"{files[pid]} rank {pid % 1000}: {track}"
         elif several_pids:
             label = f"rank {pid}: {track}" if not track.startswith("comm") else track
-        stages = {m.group(1) for e in row for m in [re.match(r"[FB]\d+ stage (\d+)", e["name"])] if m}
+        stages = {m.group(3) for e in row for m in [ACTION.match(e["name"])] if m}
         if len(stages) == 1 and "stage" not in track:  # the trainer's thread runs stage 0
             label += f" (stage {stages.pop()})"
         kinds = {kind(e["name"]) for e in row} - {"group", "waiting"}
@@ -255,40 +258,63 @@ def analyse(events, step):
             r["busy"] = length(busy_intervals(r["spans"], t0, t1, COMPUTE)) / width
             r["bubble"] = 1 - r["busy"]
             r["hidden"] = None
-            # Inside the pipeline's own span (the trainer's "pipeline forward and backward").
-            pipe = [e for other in rows if other["pid"] == r["pid"] for e in other["spans"]
-                    if e["name"] == "pipeline forward and backward"]
-            if pipe and any(re.match(r"[FB]\d+ stage", e["name"]) for e in r["spans"]):
-                p0, p1 = pipe[0]["ts"], pipe[0]["ts"] + pipe[0]["dur"]
-                r["pipeline_bubble"] = 1 - length(busy_intervals(r["spans"], p0, p1, COMPUTE)) / max(p1 - p0, 1)
+    for run in {r["offset"] for r in rows}:
+        stage_bubbles_of_run([r for r in rows if r["offset"] == run])
     return rows, windows, offsets
 
 
+def stage_bubbles_of_run(rows):
+    """Sets "stage" and "pipeline_bubble" on each of one run's rows that runs pipeline actions.
+
+    The window is the pipeline's part of the step: from the run's first action ("F3 stage 1",
+    "B0 stage 0 chunk 2") to its last, over every stage, whether the stages are threads of
+    one process or processes (their spans share the machine's one trace clock). A stage's
+    bubble is the share of that window its row is not computing; its waits for a message
+    inside an action (a stage process's "wait for activation" / "wait for gradient") count
+    as idle. The formula's (S-1)/(V·M+S-1) assumes equal stages and free messages; this
+    measures what the step did, unequal stages, copies and messages included."""
+    actions = [(r, e, m) for r in rows for e in r["spans"] for m in [ACTION.match(e["name"])] if m]
+    if not actions:
+        return
+    p0 = min(e["ts"] for _, e, _ in actions)
+    p1 = max(e["ts"] + e["dur"] for _, e, _ in actions)
+    for r in {id(r): r for r, _, _ in actions}.values():
+        stages = {int(m.group(3)) for q, _, m in actions if q is r}
+        if len(stages) == 1:
+            r["stage"] = stages.pop()
+        r["pipeline_bubble"] = 1 - length(busy_intervals(r["spans"], p0, p1, COMPUTE)) / max(p1 - p0, 1)
+
+
+def stage_bubbles(events, steps):
+    """{stage: mean bubble over `steps`} of a trace of one pipelined run (bench/pipeline_bubble.py)."""
+    per_stage = {}
+    for step in steps:
+        rows, _, _ = analyse(events, step)
+        for r in rows:
+            if "stage" in r:
+                per_stage.setdefault(r["stage"], []).append(r["pipeline_bubble"])
+    return {s: sum(v) / len(v) for s, v in sorted(per_stage.items())}
+
+
 def pipeline_formula(rows):
-    """{run: (S, M, bubble)} for each run that has a pipeline, from its F/B span names (a
-    run: the rows sharing one time axis, their "offset"), where the bubble
-    is (S-1)/(M+S-1), or (S-1)/(V*M+S-1) under interleaved 1F1B with V chunks per stage."""
-    out = {}
+    """{run: (S, M, bubble)} for each run that has a pipeline (a run: the rows sharing one
+    time axis, their "offset"; its stages may be threads of one process or processes), from
+    its action names, where the bubble is (S-1)/(M+S-1), or (S-1)/(V*M+S-1) under
+    interleaved 1F1B with V chunks per stage."""
+    found = {}
     for r in rows:
         for e in r["spans"]:
-            m = re.match(r"[FB](\d+) stage (\d+)(?: chunk (\d+))?", e["name"])
+            m = ACTION.match(e["name"])
             if m:
-                s, mb, ch = out.setdefault(r["pid"], (set(), set(), set()))
-                mb.add(int(m.group(1)))
-                s.add(int(m.group(2)))
-                if m.group(3) is not None:
-                    ch.add(int(m.group(3)))
-    # One run's stages may be threads of one process or processes (ranks): group by run.
-    runs_of = {r["pid"]: r["offset"] for r in rows}
-    merged = {}
-    for pid, (s, mb, ch) in out.items():
-        acc = merged.setdefault(runs_of[pid], (set(), set(), set()))
-        for a, b in zip(acc, (s, mb, ch)):
-            a |= b
+                micro_batches, stages, chunks = found.setdefault(r["offset"], (set(), set(), set()))
+                micro_batches.add(m.group(2))
+                stages.add(m.group(3))
+                if m.group(4) is not None:
+                    chunks.add(m.group(4))
     result = {}
-    for run, (s, mb, ch) in merged.items():
-        S, M = len(s), len(mb)
-        V = max(1, len(ch) // max(S, 1))
+    for run, (micro_batches, stages, chunks) in found.items():
+        S, M = len(stages), len(micro_batches)
+        V = max(1, len(chunks) // S)
         result[run] = (S, M, (S - 1) / (V * M + S - 1))
     return result
 
@@ -319,8 +345,9 @@ def table(rows, windows, step):
     for run, (s, m, f) in sorted(pipeline_formula(rows).items()):
         measured = [r["pipeline_bubble"] for r in rows if r["offset"] == run and "pipeline_bubble" in r]
         name = run_name(rows, run) if several_runs else "pipeline"
-        lines.append(f"  {name}: S = {s} stages, M = {m} micro-batches: (S-1)/(M+S-1) = {100 * f:.0f}%; measured "
-                     f"bubble per stage {', '.join(fmt(b) for b in measured)} (mean {fmt(sum(measured) / len(measured))})")
+        lines.append(f"  {name}: S = {s} stages, M = {m} micro-batches: (S-1)/(V·M+S-1) = {100 * f:.0f}%; "
+                     f"measured bubble per stage {', '.join(fmt(b) for b in measured)} "
+                     f"(mean {fmt(sum(measured) / len(measured))})")
     comm = [r for r in rows if r["comm"] and r["hidden"] is not None]
     if comm:
         total = sum(r["comm_ms"] for r in comm)
@@ -346,9 +373,9 @@ def records(rows, step):
 
 def short(name):
     """The label a span gets inside its bar."""
-    m = re.match(r"([FB]\d+) stage", name)
+    m = ACTION.match(name)
     if m:
-        return m.group(1)
+        return m.group(1) + m.group(2)
     m = re.match(r"all_reduce bucket (\d+)", name)
     if m:
         return "b" + m.group(1)
