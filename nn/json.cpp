@@ -275,7 +275,16 @@ class Parser {
       }
       return Value(value);
     }
-    return Value(std::strtod(std::string(token).c_str(), nullptr));
+    // A finite double or an error: strtod turns 1e400 into inf, which dump() cannot write
+    // back and no JSON producer meant (found by tests/fuzz/fuzz_json). Underflow to 0
+    // or a subnormal is kept, as Python's json does.
+    const double value = std::strtod(std::string(token).c_str(), nullptr);
+    if (!std::isfinite(value)) {
+      pos_ = start;
+      fail(detail::str("number ", token.substr(0, 40), token.size() > 40 ? "..." : "", " is beyond the range of a "
+                       "double (about 1.8e308)"));
+    }
+    return Value(value);
   }
 
   std::string_view text_;
@@ -315,6 +324,9 @@ void dump_into(const Value& v, std::string& out) {
       char buf[32];
       std::snprintf(buf, sizeof buf, "%.17g", d);
       out += buf;
+      // A float stays a float: 3.0 is written "3.0", not "3", which parse() reads back as
+      // the integer 3 (and -0.0 as the integer 0; found by tests/fuzz/fuzz_json).
+      if (std::string_view(buf).find_first_of(".e") == std::string_view::npos) out += ".0";
       return;
     }
     case Value::Type::String: dump_string(v.as_string(), out); return;

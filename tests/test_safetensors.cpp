@@ -2,8 +2,10 @@
 // of corrupt files (each a loom::Error naming the file), atomic saves, Module save/load,
 // and the JSON reader underneath.
 #include <doctest/doctest.h>
+
 #include <unistd.h>
 
+#include <cmath>  // defines: std::signbit
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -256,6 +258,17 @@ TEST_CASE("json: values, escapes, unicode, and errors with positions") {
   CHECK_THROWS_WITH_AS(json::parse("[1 2]"), doctest::Contains("expected ']'"), json::ParseError);
   CHECK_THROWS_WITH_AS(json::parse("\"abc"), doctest::Contains("unterminated string"), json::ParseError);
   CHECK_THROWS_WITH_AS(json::parse("99999999999999999999"), doctest::Contains("64 bits"), json::ParseError);
+  // Found by tests/fuzz/fuzz_json: an exponent that overflows a double parsed to inf,
+  // which dump() then refused to write.
+  CHECK_THROWS_WITH_AS(json::parse("[0, 1e336854775808]"), doctest::Contains("beyond the range of a double"),
+                       json::ParseError);
+  CHECK_THROWS_WITH_AS(json::parse("-1e309"), doctest::Contains("beyond the range"), json::ParseError);
+  CHECK(json::parse("1e-400").as_double() == 0.0);  // underflow rounds to zero, as in Python
+  // Also found by fuzz_json: a float with an integral value was written as an integer
+  // ("-0" for -0.0), so it read back as an Int, and -0.0 as 0.
+  CHECK(json::dump(json::parse("[-0e308, 3.0, 2.5, 1e300]")) == "[-0.0,3.0,2.5,1.0000000000000001e+300]");
+  CHECK(json::parse(json::dump(json::Value(-0.0))).type() == json::Value::Type::Float);
+  CHECK(std::signbit(json::parse(json::dump(json::Value(-0.0))).as_double()));
   CHECK_THROWS_WITH_AS(json::parse("{} x"), doctest::Contains("end of the document"), json::ParseError);
   CHECK_THROWS_WITH_AS(json::parse(std::string(1000, '[')), doctest::Contains("nesting deeper"), json::ParseError);
   CHECK_THROWS_WITH_AS(json::parse("\"\x01\""), doctest::Contains("control character"), json::ParseError);
