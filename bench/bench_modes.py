@@ -72,7 +72,10 @@ def loom_pp(args, tmp, *extra):
     run(cmd, dict(os.environ, OMP_NUM_THREADS="1"))
     with open(metrics) as f:
         m = json.load(f)
-    return {"img_per_s": args.batch_size / m["median_step_s"], "peak_mib": m["peak_memory_mib"]}
+    out = {"img_per_s": args.batch_size / m["median_step_s"], "peak_mib": m["peak_memory_mib"]}
+    if "model_state_mib" in m:  # rank 0's: its stage's parameters + gradients + optimizer state
+        out["model_state_mib"] = m["model_state_mib"]
+    return out
 
 
 def torch_json(args, script, *extra):
