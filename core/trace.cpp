@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <mutex>
 #include <sstream>
 
@@ -40,9 +41,22 @@ State& state() {
 
 thread_local int t_track = 0;  // 0: not assigned yet
 
+// The first of `names` that is set and not empty, else null. A process's rank and the
+// number of processes come from whichever launcher started it: loomrun / torchrun (RANK,
+// WORLD_SIZE), Open MPI's mpirun, or Slurm's srun, in the order init_process_group reads
+// them (parallel/comm/launch_env.h; core reads the variables itself, it sits below parallel).
+const char* first_env(std::initializer_list<const char*> names) {
+  for (const char* name : names)
+    if (const char* value = std::getenv(name); value && *value) return value;
+  return nullptr;
+}
+
+const char* rank_env() { return first_env({"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"}); }
+const char* world_env() { return first_env({"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"}); }
+
 int rank_from_env() {
-  const char* rank = std::getenv("RANK");
-  return rank && *rank ? std::atoi(rank) : 0;
+  const char* rank = rank_env();
+  return rank ? std::atoi(rank) : 0;
 }
 
 std::string escape(const std::string& text) {
@@ -234,11 +248,11 @@ void flush() {
 }
 
 std::string path_for_rank(const std::string& path) {
-  const char* rank = std::getenv("RANK");
-  const char* world = std::getenv("WORLD_SIZE");
-  const std::string r = rank && *rank ? rank : "0";
+  const char* rank = rank_env();
+  const char* world = world_env();
+  const std::string r = rank ? rank : "0";
   if (auto at = path.find("{rank}"); at != std::string::npos) return path.substr(0, at) + r + path.substr(at + 6);
-  if (!(rank && *rank && world && std::atoi(world) > 1)) return path;
+  if (!(rank && world && std::atoi(world) > 1)) return path;
   const std::filesystem::path p(path);
   return (p.parent_path() / (p.stem().string() + ".rank" + r + p.extension().string())).string();
 }

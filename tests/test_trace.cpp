@@ -108,6 +108,15 @@ TEST_CASE("LOOM_TRACE paths: one file per rank") {
   CHECK(trace::path_for_rank("t-{rank}.json") == "t-1.json");
   ::unsetenv("RANK");
   ::unsetenv("WORLD_SIZE");
+  // Started by srun or mpirun instead: their variables name the file.
+  ::setenv("SLURM_PROCID", "2", 1);
+  ::setenv("SLURM_NTASKS", "3", 1);
+  CHECK(trace::path_for_rank("out/trace.json") == "out/trace.rank2.json");
+  ::setenv("OMPI_COMM_WORLD_RANK", "1", 1);  // Open MPI first, as init_process_group reads them
+  ::setenv("OMPI_COMM_WORLD_SIZE", "3", 1);
+  CHECK(trace::path_for_rank("out/trace.json") == "out/trace.rank1.json");
+  for (const char* name : {"SLURM_PROCID", "SLURM_NTASKS", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"})
+    ::unsetenv(name);
 }
 
 TEST_CASE("a span costs next to nothing while tracing is off") {
