@@ -236,21 +236,21 @@ void Runtime::finalize() {
     }
   } catch (...) {
     drain();
-    launched_.clear();
-    reduce_works_.clear();
-    reduce_launch_us_.clear();
-    for (Unit& unit : units_)
-      if (unit.flat) unit.flat->reset_ready();
-    expect_reduce_ = false;
+    forget_backward();
     throw;
   }
+  forget_backward();
+  release_all();  // no_sync() backwards, and units whose backward did not run
+}
+
+// What one backward's reduce-scatters left behind, cleared after it finished or failed.
+void Runtime::forget_backward() {
   launched_.clear();
   reduce_works_.clear();
   reduce_launch_us_.clear();
   for (Unit& unit : units_)
     if (unit.flat) unit.flat->reset_ready();
   expect_reduce_ = false;
-  release_all();  // no_sync() backwards, and units whose backward did not run
 }
 
 [[noreturn]] void Runtime::fail_unready() {

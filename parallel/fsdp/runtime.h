@@ -83,6 +83,7 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   void finalize();
   void drain() noexcept;
   [[noreturn]] void fail_unready();
+  void forget_backward();  // clears one backward's launched reduce-scatters and ready flags
 
   std::vector<Unit> units_;
   ShardingStrategy strategy_;
