@@ -41,41 +41,35 @@ from bench_ddp import free_port, run  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def loom(args, tmp, mode, *extra, processes=1):
-    """One run of train_cifar10: {"img_per_s", "peak_mib"[, "model_state_mib"]}."""
+def loom(args, tmp, mode, *extra, processes=1, replicas=None):
+    """One run of train_cifar10: {"img_per_s", "peak_mib"[, "model_state_mib"]}. The global
+    batch is split between `replicas` data-parallel replicas (default: every process is
+    one, as in ddp; a pipeline of processes (--pp) is one replica whose stages all read
+    the whole batch). Processes get a core each while there are enough cores."""
     metrics = os.path.join(tmp, "m.json")
     threads = args.devices if processes == 1 else 1
-    batch = args.batch_size // processes
+    batch = args.batch_size // (processes if replicas is None else replicas)
     cmd = [args.train, "--mode", mode, "--model", args.model, "--synthetic", "--batch-size", str(batch),
            "--max-steps", str(args.steps), "--epochs", "1", "--threads", str(threads), "--workers", "0",
            "--eval-limit", "0", "--quiet", "--metrics-json", metrics, *extra]
     if processes > 1:
-        cmd = [args.loomrun, "--standalone", "--nproc_per_node", str(processes), "--numa-binding", "exclusive", *cmd]
+        binding = ["--numa-binding", "exclusive"] if processes <= (os.cpu_count() or 1) else []
+        cmd = [args.loomrun, "--standalone", "--nproc_per_node", str(processes), *binding, *cmd]
     run(cmd, dict(os.environ, OMP_NUM_THREADS=str(threads)))
     with open(metrics) as f:
         m = json.load(f)
     out = {"img_per_s": args.batch_size / m["median_step_s"], "peak_mib": m["peak_memory_mib"]}
-    if "model_state_mib" in m:  # parameters + gradients + optimizer state per device, where reported
+    if "model_state_mib" in m:  # parameters + gradients + optimizer state per device (rank 0's)
         out["model_state_mib"] = m["model_state_mib"]
     return out
 
 
 def loom_pp(args, tmp, *extra):
-    """The pipeline with one stage per process (--pp): every stage gets the whole global
-    batch (not a share of it, as ddp's ranks do) and one thread, as the in-process
-    pipeline's --devices threads are shared by its stages."""
-    metrics = os.path.join(tmp, "m.json")
-    cmd = [args.loomrun, "--standalone", "--nproc_per_node", str(args.devices), "--numa-binding", "exclusive",
-           args.train, "--mode", "pipeline", "--pp", str(args.devices), "--model", args.model, "--synthetic", "--batch-size",
-           str(args.batch_size), "--max-steps", str(args.steps), "--epochs", "1", "--threads", "1", "--workers", "0",
-           "--eval-limit", "0", "--quiet", "--metrics-json", metrics, "--chunks", str(args.chunks), *extra]
-    run(cmd, dict(os.environ, OMP_NUM_THREADS="1"))
-    with open(metrics) as f:
-        m = json.load(f)
-    out = {"img_per_s": args.batch_size / m["median_step_s"], "peak_mib": m["peak_memory_mib"]}
-    if "model_state_mib" in m:  # rank 0's: its stage's parameters + gradients + optimizer state
-        out["model_state_mib"] = m["model_state_mib"]
-    return out
+    """The pipeline with one stage per process (--pp): each stage gets the whole global
+    batch and one thread, as the in-process pipeline's --devices threads are shared by
+    its stages."""
+    return loom(args, tmp, "pipeline", "--pp", str(args.devices), "--chunks", str(args.chunks), *extra,
+                processes=args.devices, replicas=1)
 
 
 def torch_json(args, script, *extra):
@@ -206,6 +200,10 @@ def main():
         ("loom pp processes 1f1b", lambda t: loom_pp(args, t, "--pipeline-schedule", "1f1b")),
         ("loom pp processes interleaved", lambda t: loom_pp(args, t, "--pipeline-schedule", "interleaved_1f1b",
                                                             "--virtual-stages", "2")),
+        # pp x dp: 2 pipelines of 2 stages (4 processes; on a 2-core machine they share the
+        # cores, so this row shows that it runs and what it holds, not its speed).
+        ("loom ddp --pp 2 (pp 2 x dp 2)", lambda t: loom(args, t, "ddp", "--pp", "2", "--chunks", c,
+                                                         processes=4, replicas=2)),
         # The sharded family (docs/sharding.md, docs/fsdp.md): as ddp, a process per device.
         ("loom fsdp full_shard", lambda t: loom(args, t, "fsdp", "--sharding-strategy", "full_shard",
                                                 processes=args.devices)),
