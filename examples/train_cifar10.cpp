@@ -84,7 +84,8 @@ int main(int argc, char** argv) {
     auto& balance = flags.add<std::string>("balance", "", "pipeline: layers per model chunk, a,b,... (stages x V "
                                            "entries adding up to the model's Sequential: 14 for resnet18); default: "
                                            "measured");
-    auto& pp = flags.add<int64_t>("pp", c.pp, "pipeline: stages as processes, one per rank (start P with loomrun)");
+    auto& pp = flags.add<int64_t>("pp", c.pp, "pipeline stages as processes, one per rank, under loomrun: --mode "
+                                  "pipeline (one pipeline) or --mode ddp (world / P pipelines side by side, pp x dp)");
     auto& pipeline_checkpoint = flags.add<std::string>("pipeline-checkpoint", c.pipeline_checkpoint,
                                                        "pipeline: never | except_last | always (recompute each "
                                                        "micro-batch's activations in its backward: less memory)");
