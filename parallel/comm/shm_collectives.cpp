@@ -450,7 +450,9 @@ void ShmCollectives::all_gather(const Op& op, Deadline deadline) {
 
 // Round: every rank copies, for each destination p, its chunk of in[p] into slot p of
 // its staging half; then rank r reduces slot r of every rank's half into its output.
-// Each rank reduces only its own 1/world of the data.
+// Each rank reduces only its own 1/world of the data. Its own slot is read by nobody
+// else, so it is not copied: the reduction reads it from in[r] where it is (at two
+// ranks that halves the copying; FSDP reduce-scatters every gradient each step).
 void ShmCollectives::reduce_scatter(const Op& op, Deadline deadline) {
   const Tensor& out = op.tensor;
   const size_t elem = element_size(out.dtype()), n = static_cast<size_t>(out.numel());
@@ -463,12 +465,14 @@ void ShmCollectives::reduce_scatter(const Op& op, Deadline deadline) {
     const size_t count = std::min(per_round, n - done);
     uint8_t* mine = staging(rank_, round);
     for (int p = 0; p < size_ && count; ++p)
-      std::memcpy(mine + p * per_round * elem, static_cast<const uint8_t*>(op.list[p].raw_data()) + done * elem,
-                  count * elem);
+      if (p != rank_)
+        std::memcpy(mine + p * per_round * elem, static_cast<const uint8_t*>(op.list[p].raw_data()) + done * elem,
+                    count * elem);
     if (c == 0) publish_fingerprint(op, round);
     phase(op, deadline, chunk_text("copy its data in", c, chunks));
     if (c == 0) check_fingerprints(op, round);
     for (int s = 0; s < size_; ++s) sources[s] = staging(s, round) + rank_ * per_round * elem;
+    sources[rank_] = static_cast<const uint8_t*>(op.list[rank_].raw_data()) + done * elem;
     uint8_t* const into[1] = {result + done * elem};
     reduce(out.dtype(), into, sources, count, op.reduce, size_);
     done += count;
