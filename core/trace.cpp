@@ -6,11 +6,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <initializer_list>
 #include <mutex>
 #include <sstream>
 
+#include "core/atomic_file.h"  // defines: write_file_atomically
 #include "core/error.h"
 
 namespace loom::trace {
@@ -223,18 +223,7 @@ std::string to_json() {
 
 void write(const std::string& path) {
   LOOM_CHECK(!path.empty(), "trace::write: expected a file path, got an empty string");
-  const std::string json = to_json();
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream file(tmp, std::ios::trunc);
-    LOOM_CHECK(file, "trace::write: cannot create ", tmp, " (does the directory exist and is it writable?)");
-    file << json;
-    file.flush();
-    LOOM_CHECK(file.good(), "trace::write: writing ", tmp, " failed (disk full?)");
-  }
-  std::error_code error;
-  std::filesystem::rename(tmp, path, error);
-  LOOM_CHECK(!error, "trace::write: cannot rename ", tmp, " to ", path, ": ", error.message());
+  write_file_atomically(path, to_json(), "trace::write");  // Note [Atomic files]: a viewer never sees half
 }
 
 void flush() {

@@ -66,6 +66,10 @@ int main(int argc, char** argv) {
     auto& checkpoint_dir = flags.add<std::string>("checkpoint-dir", "", "write full training state here");
     auto& checkpoint_every = flags.add<int64_t>("checkpoint-every", 100, "steps between checkpoints (also at each epoch end; 0: only then)");
     auto& resume = flags.add<bool>("resume", false, "continue from --checkpoint-dir exactly");
+    auto& checkpoint_format = flags.add<std::string>(
+        "checkpoint-format", "", "full (FULL_STATE_DICT: one file gathered on rank 0, loads at any world size) | "
+        "sharded (SHARDED_STATE_DICT: a file per rank + a manifest; same world size and strategy only) "
+        "(default: sharded under --mode fsdp or --zero-redundancy-optimizer, else full)");
     auto& eval_only = flags.add<bool>("eval-only", false, "evaluate --init on the test set and exit");
     auto& synthetic = flags.add<bool>("synthetic", false, "random CIFAR-shaped data (throughput without I/O)");
     auto& eval_limit = flags.add<int64_t>("eval-limit", -1, "evaluate on at most N test images (-1: all)");
@@ -126,6 +130,7 @@ int main(int argc, char** argv) {
     c.checkpoint_dir = checkpoint_dir;
     c.checkpoint_every = checkpoint_every;
     c.resume = resume;
+    c.checkpoint_format = checkpoint_format;
     c.eval_only = eval_only;
     c.synthetic = synthetic;
     c.eval_limit = eval_limit;

@@ -1,18 +1,14 @@
 #include "nn/safetensors.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <bit>
-#include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <sstream>
 
 #include "autograd/grad_mode.h"
+#include "core/atomic_file.h"  // defines: write_file_atomically, read_whole_file
 #include "core/factory.h"
 #include "nn/json.h"
 
@@ -39,7 +35,6 @@ const char* dtype_to_name(DType dtype) {
   LOOM_FAIL("safetensors: dtype ", dtype, " has no safetensors name");
 }
 
-std::string errno_text() { return std::strerror(errno); }
 
 }  // namespace
 
@@ -83,43 +78,7 @@ std::string serialize(const OrderedDict<Tensor>& tensors, const Metadata& metada
 }
 
 void save_file(const OrderedDict<Tensor>& tensors, const std::string& path, const Metadata& metadata) {
-  const std::string bytes = serialize(tensors, metadata);
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  LOOM_CHECK(fd >= 0, "safetensors: cannot create '", tmp, "' to save '", path, "': ", errno_text(),
-             " (does the directory exist and is it writable?)");
-  auto fail = [&](const char* step) {
-    std::string why = errno_text();
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    LOOM_FAIL("safetensors: saving '", path, "' failed while ", step, " '", tmp, "': ", why);
-  };
-  size_t written = 0;
-  while (written < bytes.size()) {
-    ssize_t w = ::write(fd, bytes.data() + written, bytes.size() - written);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) fail("writing");
-    written += static_cast<size_t>(w);
-  }
-  if (::fsync(fd) != 0) fail("syncing");
-  if (::close(fd) != 0) {
-    fd = -1;
-    std::string why = errno_text();
-    ::unlink(tmp.c_str());
-    LOOM_FAIL("safetensors: saving '", path, "' failed while closing '", tmp, "': ", why);
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::string why = errno_text();
-    ::unlink(tmp.c_str());
-    LOOM_FAIL("safetensors: cannot rename '", tmp, "' to '", path, "': ", why);
-  }
-  // Make the rename itself durable (best effort: some filesystems refuse to sync a dir).
-  std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/'));
-  int dfd = ::open(dir.empty() ? "/" : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    (void)::fsync(dfd);
-    ::close(dfd);
-  }
+  write_file_atomically(path, serialize(tensors, metadata), "safetensors");  // Note [Atomic files]
 }
 
 // ---- reading ------------------------------------------------------------------------------
@@ -234,12 +193,7 @@ File deserialize(std::string_view bytes, const std::string& source, Device devic
 }
 
 File read_file(const std::string& path, Device device) {
-  std::ifstream in(path, std::ios::binary);
-  LOOM_CHECK(in, "safetensors: cannot open '", path, "': ", errno_text());
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  LOOM_CHECK(!in.bad(), "safetensors: error reading '", path, "': ", errno_text());
-  return deserialize(buffer.view(), path, device);
+  return deserialize(read_whole_file(path, "safetensors"), path, device);
 }
 
 OrderedDict<Tensor> load_file(const std::string& path, Device device) { return read_file(path, device).tensors; }

@@ -341,6 +341,67 @@ void ZeroRedundancyOptimizer::load_state_dict(const OrderedDict<Tensor>& state) 
   consolidated_to_ = -1;
 }
 
+namespace {
+
+// What a rank's partition is, as tensors; see Note [ZeRO's sharded state].
+OrderedDict<Tensor> partition_entries(const std::vector<std::vector<std::vector<size_t>>>& owned, int rank) {
+  OrderedDict<Tensor> out;
+  out.insert("partition.world_size", scalar_tensor(static_cast<double>(owned.size()), kInt64));
+  out.insert("partition.rank", scalar_tensor(static_cast<double>(rank), kInt64));
+  for (size_t g = 0; g < owned[static_cast<size_t>(rank)].size(); ++g) {
+    std::vector<int64_t> indices(owned[static_cast<size_t>(rank)][g].begin(), owned[static_cast<size_t>(rank)][g].end());
+    out.insert("partition.owned." + std::to_string(g), from_vector(indices, {static_cast<int64_t>(indices.size())}));
+  }
+  return out;
+}
+
+std::string describe_partition(const OrderedDict<Tensor>& entries) {
+  std::string out;
+  for (const auto& [key, value] : entries) {
+    out += (out.empty() ? "" : ", ") + key.substr(10) + " ";
+    out += value.dim() == 0 ? std::to_string(value.item<int64_t>()) : value.str();
+  }
+  return out;
+}
+
+}  // namespace
+
+OrderedDict<Tensor> ZeroRedundancyOptimizer::sharded_state_dict() const {
+  OrderedDict<Tensor> out;
+  // The base's entries without any consolidated per-parameter state.
+  for (const auto& [key, value] : Optimizer::state_dict())
+    if (key.rfind("param_groups.", 0) == 0) out.insert(key, value);
+  if (local_)
+    for (const auto& [key, value] : local_->state_dict()) out.insert("local." + key, value.clone());
+  for (const auto& [key, value] : partition_entries(owned_, comm_->rank())) out.insert(key, value);
+  return out;
+}
+
+void ZeroRedundancyOptimizer::load_sharded_state_dict(const OrderedDict<Tensor>& state) {
+  // See Note [ZeRO's sharded state]: the cut must be this rank's, entry for entry.
+  const OrderedDict<Tensor> mine = partition_entries(owned_, comm_->rank());
+  OrderedDict<Tensor> saved, groups, local_state;
+  for (const auto& [key, value] : state) {
+    if (key.rfind("partition.", 0) == 0) saved.insert(key, value);
+    else if (key.rfind("param_groups.", 0) == 0) groups.insert(key, value);
+    else if (key.rfind("local.", 0) == 0) local_state.insert(key.substr(6), value);
+  }
+  bool same = saved.size() == mine.size();
+  for (const auto& [key, value] : mine) {
+    const Tensor* was = saved.find(key);
+    same = same && was && was->shape() == value.shape() && was->to(kInt64).tolist<int64_t>() == value.tolist<int64_t>();
+  }
+  LOOM_CHECK(same, "ZeroRedundancyOptimizer.load_sharded_state_dict: the state was cut for ",
+             describe_partition(saved), " but this rank's partition is ", describe_partition(mine),
+             ". A sharded state loads only at the world size and with the parameters that wrote it (resharding is "
+             "not supported); a consolidated state (consolidate_state_dict; train_cifar10 --checkpoint-format full) "
+             "loads at any world size");
+  Optimizer::load_state_dict(groups);  // the hyperparameters (a scheduler's lr among them); no state
+  if (local_) local_->load_state_dict(local_state);
+  state_.clear();
+  consolidated_to_ = -1;
+}
+
 std::vector<Tensor> ZeroRedundancyOptimizer::state_tensors() const {
   return local_ ? local_->state_tensors() : std::vector<Tensor>{};
 }

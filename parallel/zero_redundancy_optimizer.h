@@ -91,6 +91,17 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
   // A whole state (from state_dict() or a plain optimizer's); every rank keeps the state
   // of its own partition and every group's hyperparameters. Not a collective.
   void load_state_dict(const OrderedDict<Tensor>& state) override;
+  // Note [ZeRO's sharded state]
+  // This rank's partition only, as PyTorch's SHARDED_STATE_DICT keeps each rank's piece:
+  //   "param_groups.<g>.*"   every group's hyperparameters and size, as in the whole state
+  //   "local.*"              the local optimizer's own state_dict (its partition's state)
+  //   "partition.world_size", "partition.rank", "partition.owned.<g>"  the cut it belongs to
+  // Not a collective: each rank writes its own file (parallel/distributed_checkpoint.h).
+  // load_sharded_state_dict refuses a state cut for another world size or partition,
+  // naming both (resharding is not supported: consolidate_state_dict writes a whole state
+  // that any world size loads).
+  OrderedDict<Tensor> sharded_state_dict() const;
+  void load_sharded_state_dict(const OrderedDict<Tensor>& state);
   // This rank's state only: what it really holds (the consolidated copy is not counted).
   std::vector<Tensor> state_tensors() const override;
   // Not supported: build the ZeroRedundancyOptimizer with every group.

@@ -19,6 +19,8 @@
 #include <sstream>
 #include <string>
 
+#include "temp_dir.h"  // defines: TempDir
+
 namespace loom::testing {
 
 // The value of an environment variable that tests/meson.build sets, or a failed REQUIRE
@@ -66,17 +68,5 @@ inline std::string read_file(const std::filesystem::path& path) {
   text << in.rdbuf();
   return text.str();
 }
-
-struct TempDir {
-  std::filesystem::path path;
-  explicit TempDir(const std::string& prefix = "loom_test") {
-    std::string name = "/tmp/" + prefix + ".XXXXXX";
-    REQUIRE(::mkdtemp(name.data()) != nullptr);
-    path = name;
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-};
 
 }  // namespace loom::testing

@@ -79,18 +79,57 @@ TEST_CASE("--sharding-strategy hybrid_shard: 2 x 2 trains; a shard group size th
   CHECK_MESSAGE(contains(missing.output, "needs --shard-group-size N"), missing.output);
 }
 
-TEST_CASE("--mode fsdp --checkpoint-dir then --resume continues bit for bit (the optimizer state is consolidated)") {
+TEST_CASE("--mode fsdp --checkpoint-dir then --resume continues bit for bit, from sharded and from full checkpoints") {
   TempDir dir("loom_fsdp_resume");
-  const std::string ckpt = (dir.path / "ckpt").string();
   const std::string fsdp = " --mode fsdp --sharding-strategy full_shard --seed 3";
   Result straight = train("--nproc_per_node 2", fsdp + " --max-steps 4 --save " + (dir.path / "a.safetensors").string());
   REQUIRE_MESSAGE(straight.code == 0, straight.output);
-  Result part1 = train("--nproc_per_node 2", fsdp + " --max-steps 2 --checkpoint-dir " + ckpt + " --checkpoint-every 2");
-  REQUIRE_MESSAGE(part1.code == 0, part1.output);
-  Result part2 = train("--nproc_per_node 2", fsdp + " --max-steps 4 --checkpoint-dir " + ckpt + " --resume --save " +
-                                                 (dir.path / "b.safetensors").string());
-  REQUIRE_MESSAGE(part2.code == 0, part2.output);
-  const std::string a = read_file(dir.path / "a.safetensors"), b = read_file(dir.path / "b.safetensors");
+  const std::string a = read_file(dir.path / "a.safetensors");
   CHECK(a.size() > 10000);
-  CHECK(a == b);
+  // sharded (the default under fsdp): a file per rank, a manifest; full: the optimizer
+  // state consolidated on rank 0, one file.
+  for (const std::string format : {"", " --checkpoint-format full"}) {
+    CAPTURE(format);
+    const fs::path ckpt = dir.path / (format.empty() ? "sharded" : "full");
+    Result part1 = train("--nproc_per_node 2", fsdp + format + " --max-steps 2 --checkpoint-dir " + ckpt.string() +
+                                                   " --checkpoint-every 2");
+    REQUIRE_MESSAGE(part1.code == 0, part1.output);
+    if (format.empty()) {
+      CHECK(fs::exists(ckpt / "step-00000002" / ".metadata"));
+      CHECK(fs::exists(ckpt / "step-00000002" / "shard-0-of-2.safetensors"));
+      CHECK(fs::exists(ckpt / "step-00000002" / "shard-1-of-2.safetensors"));
+      CHECK(!fs::exists(ckpt / "checkpoint.safetensors"));
+    } else {
+      CHECK(fs::exists(ckpt / "checkpoint.safetensors"));
+    }
+    Result part2 = train("--nproc_per_node 2", fsdp + format + " --max-steps 4 --checkpoint-dir " + ckpt.string() +
+                                                   " --resume --save " + (ckpt / "b.safetensors").string());
+    REQUIRE_MESSAGE(part2.code == 0, part2.output);
+    CHECK(a == read_file(ckpt / "b.safetensors"));
+  }
+  // A half-written newest set (no manifest) is skipped, named, and the one before it used.
+  const std::string sharded = (dir.path / "sharded").string();
+  REQUIRE(fs::exists(dir.path / "sharded" / "step-00000002" / ".metadata"));  // part2 kept it as the fallback
+  fs::remove(dir.path / "sharded" / "step-00000004" / ".metadata");
+  Result again = train("--nproc_per_node 2", fsdp + " --max-steps 4 --checkpoint-dir " + sharded + " --resume --save " +
+                                                 (dir.path / "c.safetensors").string());
+  REQUIRE_MESSAGE(again.code == 0, again.output);
+  CHECK_MESSAGE(contains(again.output, "skipped incomplete sharded checkpoints: step-00000004 (no .metadata manifest"),
+                again.output);
+  CHECK_MESSAGE(contains(again.output, "resumed from " + sharded + "/step-00000002 at epoch 1, step 2"), again.output);
+  CHECK(a == read_file(dir.path / "c.safetensors"));
+  // A sharded checkpoint does not load at another world size or strategy, and says why.
+  Result wider = train("--nproc_per_node 3", fsdp + " --max-steps 6 --checkpoint-dir " + sharded + " --resume");
+  CHECK(wider.code != 0);
+  CHECK_MESSAGE(contains(wider.output, "was written by 2 ranks, but this run has 3"), wider.output);
+  CHECK_MESSAGE(contains(wider.output, "resharding is not supported"), wider.output);
+  Result other = train("--nproc_per_node 2", " --mode fsdp --sharding-strategy no_shard --seed 3 --max-steps 6 "
+                       "--checkpoint-dir " + sharded + " --resume");
+  CHECK(other.code != 0);
+  CHECK_MESSAGE(contains(other.output, "sharding_strategy: the checkpoint has FULL_SHARD, this run has NO_SHARD"),
+                other.output);
+  Result single = train("", " --max-steps 6 --checkpoint-dir " + sharded + " --checkpoint-format sharded --resume");
+  CHECK(single.code != 0);
+  CHECK_MESSAGE(contains(single.output, "--checkpoint-format sharded: nothing is sharded under --mode single"),
+                single.output);
 }

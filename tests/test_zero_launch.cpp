@@ -46,7 +46,12 @@ TEST_CASE("--mode ddp --zero-redundancy-optimizer equals --mode ddp after 2 step
     return r;
   };
   Result ddp = run("ddp", "");
-  Result zero = run("zero", " --zero-redundancy-optimizer");
+  Result zero = run("zero", " --zero-redundancy-optimizer --checkpoint-format full");
+  // The default under ZeRO-1: every rank writes its own partition, nothing is gathered.
+  Result zero_sharded = run("zero_sharded", " --zero-redundancy-optimizer");
+  CHECK(fs::exists(dir.path / "zero_sharded" / "ckpt" / "step-00000002" / ".metadata"));
+  CHECK(fs::exists(dir.path / "zero_sharded" / "ckpt" / "step-00000002" / "shard-1-of-2.safetensors"));
+  CHECK(read_file(dir.path / "zero_sharded" / "w.safetensors") == read_file(dir.path / "ddp" / "w.safetensors"));
   const std::string weights = read_file(dir.path / "ddp" / "w.safetensors");
   CHECK(weights.size() > 10000);
   CHECK(weights == read_file(dir.path / "zero" / "w.safetensors"));  // bitwise
@@ -71,17 +76,20 @@ TEST_CASE("--mode ddp --zero-redundancy-optimizer equals --mode ddp after 2 step
   REQUIRE_MESSAGE(single.code == 0, single.output);
   CHECK_MESSAGE(contains(single.output, "eval: test loss"), single.output);
 
-  // Resuming ZeRO-1 from the (consolidated) checkpoint for 1 more step equals resuming DDP.
-  for (const char* name : {"ddp", "zero"}) {
+  // Resuming ZeRO-1 from the consolidated or the sharded checkpoint for 1 more step
+  // equals resuming DDP.
+  for (const char* name : {"ddp", "zero", "zero_sharded"}) {
     const fs::path out = dir.path / name;
     Result r = Launch(loomrun + " --standalone --nproc_per_node 2 " + train + kTrainArgs + " --mode ddp --max-steps 3 " +
                       "--resume --checkpoint-dir " + (out / "ckpt").string() + " --save " +
                       (out / "w3.safetensors").string() +
-                      (std::string(name) == "zero" ? " --zero-redundancy-optimizer" : ""))
+                      (std::string(name) == "zero" ? " --zero-redundancy-optimizer --checkpoint-format full" : "") +
+                      (std::string(name) == "zero_sharded" ? " --zero-redundancy-optimizer" : ""))
                    .finish();
     REQUIRE_MESSAGE(r.code == 0, r.output);
   }
   CHECK(read_file(dir.path / "ddp" / "w3.safetensors") == read_file(dir.path / "zero" / "w3.safetensors"));
+  CHECK(read_file(dir.path / "ddp" / "w3.safetensors") == read_file(dir.path / "zero_sharded" / "w3.safetensors"));
 }
 
 TEST_CASE("--zero-redundancy-optimizer outside --mode ddp is a clear error") {

@@ -21,9 +21,12 @@
 // trains from scratch even when D holds an old run's checkpoint -- reusing a directory
 // never silently continues a finished or unrelated run -- and --resume stays the way to
 // continue by hand (after a requeue, say). A restart that happens before the first
-// checkpoint was written starts from scratch, as the first attempt did. Only a complete
-// checkpoint is ever seen: rank 0 writes it to a temporary file, syncs it, and renames
-// it into place, so a rank killed mid-save leaves the previous one. D must be the same
+// checkpoint was written starts from scratch, as the first attempt did (the sharded format
+// removes an earlier run's step directories at a first start for this reason). Only a
+// complete checkpoint is ever seen: rank 0 writes it to a temporary file, syncs it, and
+// renames it into place, so a rank killed mid-save leaves the previous one; a sharded one
+// is complete when its manifest vouches for every shard (Note [The manifest is written
+// last], parallel/distributed_checkpoint.h). D must be the same
 // directory for every rank (a shared file system on several nodes); the trainer checks
 // that all ranks agree on resuming.
 #pragma once
@@ -36,6 +39,7 @@
 #include "nn/optim/grad_scaler.h"
 #include "nn/optim/lr_scheduler.h"
 #include "nn/optim/optimizer.h"
+#include "nn/safetensors.h"  // defines: safetensors::File, Metadata
 
 namespace loom::examples {
 
@@ -48,9 +52,14 @@ struct TrainingPosition {
 
 std::string checkpoint_path(const std::string& dir);
 
-// True when this process is a restart (LOOM_RESTART_COUNT or TORCHELASTIC_RESTART_COUNT
-// above 0) and `dir` holds a complete checkpoint. See Note [Resuming after a restart].
-bool resume_after_restart(const std::string& dir);
+// What to resume from: with `resume` (--resume), or when this process is a restart
+// (LOOM_RESTART_COUNT or TORCHELASTIC_RESTART_COUNT above 0), the checkpoint file in
+// `dir` (full) or its newest complete step directory (sharded: Note [Sharded checkpoints
+// in train_cifar10], sharded_checkpoint.h); "" for a first start or a restart with
+// nothing complete yet. `resume` with nothing to resume is a loom::Error. With `log`,
+// incomplete sharded checkpoints that were skipped are named on stderr, with the reason.
+// See Note [Resuming after a restart].
+std::string checkpoint_to_resume(const std::string& dir, bool resume, bool sharded, bool log);
 
 void save_checkpoint(const std::string& dir, const nn::Module& model, const optim::Optimizer& optimizer,
                      const optim::LRScheduler* scheduler, const TrainingPosition& position,
@@ -70,9 +79,19 @@ void save_checkpoint(const std::string& dir, const OrderedDict<Tensor>& model_st
 struct CheckpointState {
   OrderedDict<Tensor> model, optimizer;
   TrainingPosition position;
+  safetensors::Metadata metadata;  // the file's: a sharded one's says which cut it belongs to
 };
 // Restores scheduler, scaler and generator as load_checkpoint does; returns the rest.
 CheckpointState read_checkpoint(const std::string& dir, optim::LRScheduler* scheduler,
                                 optim::GradScaler* scaler = nullptr);
+
+// Both formats' file contents: the model's and the optimizer's state (whole, or this
+// rank's shard) beside the scheduler's, the scaler's, the generator's and the position.
+safetensors::File pack_training_state(const OrderedDict<Tensor>& model_state, const OrderedDict<Tensor>& optimizer_state,
+                                      const optim::LRScheduler* scheduler, const TrainingPosition& position,
+                                      const optim::GradScaler* scaler);
+// The inverse; `path` names the file in errors. Restores scheduler, scaler and generator.
+CheckpointState unpack_training_state(const safetensors::File& file, const std::string& path,
+                                      optim::LRScheduler* scheduler, optim::GradScaler* scaler);
 
 }  // namespace loom::examples

@@ -5,12 +5,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 
 #include "autograd/grad_mode.h"             // defines: NoGradGuard, for evaluation
 #include "autograd/ops.h"                   // defines: argmax, eq, sum
 #include "core/allocator.h"                 // defines: memory_stats (the run's peak memory)
+#include "core/atomic_file.h"               // defines: write_file_atomically (--metrics-json)
 #include "core/trace.h"                     // defines: trace::Span (LOOM_TRACE=path draws the steps)
 #include "data/cifar10.h"                   // defines: CIFAR10
 #include "data/data_root.h"                 // defines: find_cifar10_root
@@ -24,6 +23,7 @@
 #include "examples/train/optimizer.h"       // defines: build_optimizer, gather_optimizer_state (--zero-redundancy-optimizer)
 #include "examples/train/parallelize.h"     // defines: parallelize, one apply_* per parallelism
 #include "examples/train/progress.h"        // defines: ProgressBar, RunningMetrics
+#include "examples/train/sharded_checkpoint.h"  // defines: save_sharded_checkpoint, what --checkpoint-format sharded changes
 #include "nn/loss.h"                        // defines: CrossEntropyLoss
 #include "nn/model_state.h"                 // defines: model_state_bytes (parameters + gradients + optimizer state)
 #include "nn/optim/lr_scheduler.h"          // defines: CosineAnnealingLR, OneCycleLR
@@ -141,6 +141,7 @@ void check_flags(const TrainConfig& c) {
              " is for the stages of one process; --pp ", c.pp, " runs them as processes (use never)");
   LOOM_CHECK(c.pp == 1 || c.checkpoint_dir.empty(), "--checkpoint-dir with --pp ", c.pp, ": each process holds only "
              "its stage's optimizer state, which the checkpoint format does not gather yet; use --save");
+  if (!c.checkpoint_format.empty()) (void)sharded_checkpoint_format(c);  // full | sharded, and only where sharded
   LOOM_CHECK(c.balance.empty() || c.mode == "pipeline" || c.mode == "mp" || c.pp > 1, "--balance cuts the model "
              "into stages: it needs --mode mp or pipeline, or --pp, got --mode ", c.mode);
   LOOM_CHECK(c.pipeline_checkpoint == "never" || c.pipeline_checkpoint == "except_last" ||
@@ -217,12 +218,18 @@ TrainResult train_cifar10(const TrainConfig& config) {
   scheduled.lr = lr;  // --lr-scaling linear: the schedule peaks at the scaled rate
   auto scheduler = make_scheduler(scheduled, optimizer, std::max<int64_t>(steps_per_epoch * config.epochs, 1));
   MixedPrecision amp(config.amp, device);
-  // fsdp: the model's parameters and the optimizer's state are sharded. Checkpoints and
-  // --save hold them whole, as every other mode writes them: every rank gathers, rank 0
-  // writes, and on resuming each rank keeps its shard (parallel/fsdp/state_dict.h).
+  // fsdp: the model's parameters and the optimizer's state are sharded; ZeRO-1: the
+  // optimizer's state. By default each rank then writes its own shard (Note [Sharded
+  // checkpoints in train_cifar10]); --checkpoint-format full holds them whole, as every
+  // other mode writes them: every rank gathers, rank 0 writes, and on resuming each rank
+  // keeps its shard (parallel/fsdp/state_dict.h).
   auto* sharded = dynamic_cast<fsdp::FullyShardedDataParallel*>(net.get());
-  auto save = [&](const TrainingPosition& at) {  // a collective under fsdp
-    if (sharded) {
+  const bool sharded_format = !config.checkpoint_dir.empty() && sharded_checkpoint_format(config);
+  auto save = [&](const TrainingPosition& at) {  // a collective under fsdp, ZeRO and sharded
+    if (sharded_format) {
+      save_sharded_checkpoint(config.checkpoint_dir, dist, sharded, *model, optimizer, scheduler.get(), at,
+                              &amp.scaler());
+    } else if (sharded) {
       OrderedDict<Tensor> model_state = fsdp::full_state_dict(*sharded);
       OrderedDict<Tensor> optimizer_state = fsdp::full_optim_state_dict(*sharded, optimizer);
       if (dist.is_main())
@@ -235,13 +242,28 @@ TrainResult train_cifar10(const TrainConfig& config) {
 
   TrainingPosition position;
   // --resume, or a restart by loomrun --max-restarts: Note [Resuming after a restart].
-  const bool resume = config.resume || resume_after_restart(config.checkpoint_dir);
+  LOOM_CHECK(!config.resume || !config.checkpoint_dir.empty(), "--resume needs --checkpoint-dir DIR");
+  // Skipped checkpoints and where a run resumed are said even under --quiet: a run that
+  // silently continued from an older step than expected would be hard to explain.
+  const std::string resume_from = checkpoint_to_resume(config.checkpoint_dir, config.resume, sharded_format, dist.is_main());
+  const bool resume = !resume_from.empty();
   LOOM_CHECK(dist.sum(resume ? 1.0 : 0.0) == (resume ? dist.world_size() : 0), "--checkpoint-dir ",
              config.checkpoint_dir, ": some ranks found a checkpoint to resume from and others did not; on several "
              "nodes the directory must be shared by every rank");
+  if (sharded_format && !resume && dist.is_main()) {
+    const int removed = clear_sharded_checkpoints(config.checkpoint_dir);
+    if (removed > 0 && config.progress)
+      std::fprintf(stderr, "%s: removed %d sharded checkpoint(s) of an earlier run (a first start trains from "
+                   "scratch; --resume continues one)\n", config.checkpoint_dir.c_str(), removed);
+  }
   if (resume) {
-    LOOM_CHECK(!config.checkpoint_dir.empty(), "--resume needs --checkpoint-dir DIR");
-    if (sharded) {
+    if (sharded_format) {
+      position = load_sharded_checkpoint(resume_from, dist, sharded, *model, optimizer, scheduler.get(), &amp.scaler());
+      // Every rank must have picked the same step (a shard written meanwhile could differ).
+      LOOM_CHECK(dist.sum(static_cast<double>(position.global_step)) == dist.world_size() * position.global_step,
+                 "--checkpoint-dir ", config.checkpoint_dir, ": the ranks resumed from different sharded checkpoints; "
+                 "on several nodes the directory must be shared by every rank");
+    } else if (sharded) {
       CheckpointState state = read_checkpoint(config.checkpoint_dir, scheduler.get(), &amp.scaler());
       fsdp::load_full_state_dict(*sharded, state.model);
       fsdp::load_full_optim_state_dict(*sharded, optimizer, state.optimizer);
@@ -251,8 +273,8 @@ TrainResult train_cifar10(const TrainConfig& config) {
     }
     // A checkpoint's epoch metrics are every rank's sum; one rank carries them on.
     if (!dist.is_main()) position.metrics = RunningMetrics{};
-    if (config.progress && dist.is_main())
-      std::fprintf(stderr, "resumed from %s at epoch %lld, step %lld\n", checkpoint_path(config.checkpoint_dir).c_str(),
+    if (dist.is_main())
+      std::fprintf(stderr, "resumed from %s at epoch %lld, step %lld\n", resume_from.c_str(),
                    static_cast<long long>(position.epoch + 1), static_cast<long long>(position.global_step));
   }
 
@@ -427,14 +449,7 @@ void write_metrics_json(const TrainResult& r, const std::string& path) {
                 r.median_step_s, static_cast<double>(r.peak_memory_bytes) / (1 << 20),
                 static_cast<double>(r.model_state_bytes) / (1 << 20), static_cast<long long>(r.steps),
                 static_cast<long long>(r.epochs));
-  std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    LOOM_CHECK(out, "--metrics-json: cannot write ", tmp);
-    out << json;
-    LOOM_CHECK(out.good(), "--metrics-json: write to ", tmp, " failed");
-  }
-  std::filesystem::rename(tmp, path);  // atomic: readers never see half a file
+  write_file_atomically(path, json, "--metrics-json");  // readers never see half a file
 }
 
 }  // namespace loom::examples

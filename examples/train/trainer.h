@@ -41,6 +41,9 @@ struct TrainConfig {
   std::string checkpoint_dir;  // full training state, written every checkpoint_every steps and each epoch
   int64_t checkpoint_every = 0;  // 0: only at epoch ends (and when --max-steps stops the run)
   bool resume = false;
+  // full | sharded (PyTorch's FULL_STATE_DICT | SHARDED_STATE_DICT); "": sharded under
+  // fsdp or ZeRO-1, full elsewhere. Note [Sharded checkpoints in train_cifar10].
+  std::string checkpoint_format;
   bool eval_only = false;
   bool synthetic = false;      // random CIFAR-shaped data: throughput without I/O
   int64_t synthetic_size = 50000;

@@ -230,8 +230,14 @@ Tensor FlatParameter::shard_of(const Tensor& full) const {
 void FlatParameter::load_full_values(const Tensor& full) {
   LOOM_CHECK(full.dtype() == shard_.dtype(), "FlatParameter::load_full_values: expected ", shard_.dtype(),
              " values, got ", full.str());
+  load_shard_values(shard_of(full.to(shard_.device())));
+}
+
+void FlatParameter::load_shard_values(const Tensor& shard) {
+  LOOM_CHECK(shard.dtype() == shard_.dtype() && shard.shape() == shard_.shape(), "FlatParameter::load_shard_values: "
+             "expected this rank's shard, ", shard_.dtype(), " ", shard_.shape(), ", got ", shard.str());
   NoGradGuard no_grad;
-  Tensor(shard_.detach()).copy_(shard_of(full.to(shard_.device())));
+  Tensor(shard_.detach()).copy_(shard.to(shard_.device()));
   shard_.bump_version();
   if (sharded()) release();  // the next forward gathers the loaded values
 }

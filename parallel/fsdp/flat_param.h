@@ -78,6 +78,9 @@ class FlatParameter {
   Tensor full_values() { return gather_full(shard_.detach()); }
   // shard <- this rank's slice of `full` (see shard_of). For loading checkpoints.
   void load_full_values(const Tensor& full);
+  // shard <- `shard` ([layout().shard_size], this rank's own, as sharded_state_dict saved
+  // it). For loading sharded checkpoints.
+  void load_shard_values(const Tensor& shard);
   // For any tensor laid out like the shard (an optimizer's momentum buffer, say): every
   // rank's piece, concatenated, without the padding ([layout().total]). Collective over
   // the shard group.
