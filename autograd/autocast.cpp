@@ -89,18 +89,24 @@ DisableGuard::~DisableGuard() {
   state_of(DeviceType::CUDA).enabled = prev_cuda_;
 }
 
-// The op lists are PyTorch's CUDA autocast lists restricted to the ops loom has, plus
-// batch norm (see the header for why it runs in float32 here).
-CastPolicy policy_of(std::string_view op) {
-  static const std::map<std::string_view, CastPolicy> policies = {
-      {"conv2d", CastPolicy::LowerPrecision},      {"mm", CastPolicy::LowerPrecision},
-      {"bmm", CastPolicy::LowerPrecision},         {"matmul", CastPolicy::LowerPrecision},
-      {"linear", CastPolicy::LowerPrecision},      {"batch_norm", CastPolicy::Float32},
-      {"batch_norm_relu", CastPolicy::Float32},    {"log_softmax", CastPolicy::Float32},
-      {"softmax", CastPolicy::Float32},            {"nll_loss", CastPolicy::Float32},
-      {"cross_entropy", CastPolicy::Float32},      {"sum", CastPolicy::Float32},
-      {"mean", CastPolicy::Float32},               {"var", CastPolicy::Float32},
+// See Note [Autocast op lists per device]. Ops on neither list of a device run in the
+// dtype that arrives (CastPolicy::None).
+CastPolicy policy_of(std::string_view op, DeviceType device) {
+  using P = CastPolicy;
+  static const std::map<std::string_view, CastPolicy> cuda = {
+      {"conv2d", P::LowerPrecision}, {"mm", P::LowerPrecision},       {"bmm", P::LowerPrecision},
+      {"matmul", P::LowerPrecision}, {"linear", P::LowerPrecision},   {"batch_norm", P::Float32},
+      {"batch_norm_relu", P::Float32}, {"sync_batch_norm", P::Float32}, {"log_softmax", P::Float32},
+      {"softmax", P::Float32},       {"nll_loss", P::Float32},        {"cross_entropy", P::Float32},
+      {"sum", P::Float32},           {"mean", P::Float32},            {"var", P::Float32},
   };
+  static const std::map<std::string_view, CastPolicy> cpu = {
+      {"conv2d", P::LowerPrecision}, {"mm", P::LowerPrecision},       {"bmm", P::LowerPrecision},
+      {"matmul", P::LowerPrecision}, {"linear", P::LowerPrecision},   {"sync_batch_norm", P::Float32},
+      {"log_softmax", P::Float32},   {"softmax", P::Float32},         {"nll_loss", P::Float32},
+      {"cross_entropy", P::Float32},
+  };
+  const auto& policies = device == DeviceType::CPU ? cpu : cuda;
   auto it = policies.find(op);
   return it == policies.end() ? CastPolicy::None : it->second;
 }
@@ -137,7 +143,7 @@ bool apply(std::string_view op, std::initializer_list<Tensor*> tensors) {
     }
   if (first == nullptr) return false;
   const DeviceType device = first->device().type;
-  const std::optional<DType> dtype = target_dtype(policy_of(op), device);
+  const std::optional<DType> dtype = target_dtype(policy_of(op, device), device);
   if (!dtype) return false;
   bool changed = false;
   for (Tensor* t : tensors) {

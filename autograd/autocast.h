@@ -7,23 +7,40 @@
 //   loss.backward();                                  // float32 gradients on float32 parameters
 //
 // Inside a scope, the op entry points of autograd/ops look up their cast policy
-// (policy_of) and cast their floating-point inputs before running:
+// (policy_of, per device type: Note [Autocast op lists per device]) and cast their
+// floating-point inputs before running:
 //   - LowerPrecision (conv2d, mm, bmm, matmul, linear): inputs go to the scope's 16-bit
-//     dtype. The kernels accumulate in float32 (cuBLAS/cuDNN compute types; the CPU
-//     kernels stage through float32, Note [16-bit CPU kernels stage through float32]).
-//   - Float32 (batch_norm, batch_norm_relu, log_softmax, softmax, nll_loss,
-//     cross_entropy, sum, mean, var): 16-bit inputs go to float32, because their sums
-//     and exponentials lose too much in 16 bits. Batch norm takes the float32 route
-//     rather than cuDNN's "16-bit input, float32 statistics" one because loom's
-//     batch-norm kernels require input and parameters of one dtype; the cost is one
-//     extra cast of each conv output.
-//   - every other op runs in whatever dtype arrives (relu, add, pooling, views).
+//     dtype. The kernels accumulate in float32 (cuBLAS/cuDNN compute types; oneDNN or
+//     float32 staging on the CPU, Note [16-bit CPU kernels stage through float32]).
+//   - Float32: 16-bit inputs go to float32, because their sums and exponentials lose too
+//     much in 16 bits (losses and softmax on both devices; more on CUDA, below).
+//   - every other op runs in whatever dtype arrives (relu, add, pooling, views; on the
+//     CPU batch norm and the reductions too).
 // float64 tensors are never cast, and only tensors on the scope's device type are.
 //
 // The casts are the differentiable to(dtype), so backward brings each gradient back
 // to its source's dtype: float32 parameters get float32 gradients. Call backward
 // outside the scope, as PyTorch recommends; the engine turns autocast off while it
 // runs anyway (Note [No autocast in backward]).
+//
+// Note [Autocast op lists per device]
+// As PyTorch, each device type has its own lists (autocast_mode.cpp's AutocastCUDA and
+// AutocastCPU), restricted to the ops loom has:
+//   CUDA  LowerPrecision  conv2d mm bmm matmul linear
+//         Float32         batch_norm batch_norm_relu log_softmax softmax nll_loss
+//                         cross_entropy sum mean var
+//   CPU   LowerPrecision  conv2d mm bmm matmul linear
+//         Float32         nll_loss cross_entropy log_softmax softmax
+// CUDA batch norm runs in float32 because loom's CUDA kernels need input and parameters
+// of one dtype (the cost: one cast of each conv output). On the CPU batch norm is on no
+// list, as in PyTorch: a bfloat16 conv output goes in as it is and meets the float32
+// weight and running statistics in the mixed kernel (Note [Mixed-precision batch norm
+// on the CPU], core/cpu/batch_norm.cpp), which saves a cast pass and half the bytes of
+// every later elementwise op. sum/mean/var are not on PyTorch's CPU lists either: they
+// run in bfloat16 with float32 accumulation. log_softmax/softmax are loom's addition to
+// the CPU float32 list (PyTorch's CPU runs them in bfloat16): loom's softmax kernels have
+// no 16-bit path, and in training they sit inside cross_entropy, which is float32 anyway.
+// sync_batch_norm (SyncBatchNorm's statistics, nn/batchnorm.cpp) is float32 on both.
 //
 // Note [Autocast at op entry]
 // Each listed op starts with
@@ -100,8 +117,9 @@ class Guard {
 
 // ---- policy (pure; tested without tensors) ------------------------------------------
 enum class CastPolicy { LowerPrecision, Float32, None };
-// The policy of an op by its PyTorch name ("conv2d", "log_softmax", ...).
-CastPolicy policy_of(std::string_view op);
+// The policy of an op by its PyTorch name ("conv2d", "log_softmax", ...) on a device
+// type: Note [Autocast op lists per device].
+CastPolicy policy_of(std::string_view op, DeviceType device);
 
 // ---- what op entry points call --------------------------------------------------------
 // The dtype `policy` casts eligible tensors on `device` to, or nullopt when autocast is

@@ -4,17 +4,30 @@
 //   build/bench/bench_train                      # batch 128 and 32, train + infer, vs PyTorch
 //   build/bench/bench_train --no-torch           # loom only
 //   build/bench/bench_train --batches=128 --steps=8 --repeat=3 --python=/usr/bin/python3
+//   build/bench/bench_train --amps=bf16 --modes=train   # the bfloat16 rows only
 //
 // One measurement = one process, so that its peak RSS (getrusage ru_maxrss) belongs to it:
 // loom runs in a child copy of this program (--worker), PyTorch in bench_train_torch.py.
-// For each (mode, batch) the three runs go back to back, so all see the same machine load:
+// For each (mode, batch, amp) the three runs go back to back, and with --repeat=N the
+// N rounds interleave (torch, tuned, loom, torch, tuned, loom, ...), so all see the same
+// machine load:
 //   torch        PyTorch as installed (glibc's default malloc settings)
 //   torch tuned  GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=16G,
 //                glibc then keeps freed memory instead of unmapping it (see Note [PyTorch
 //                and page faults] in bench_ops.cpp): PyTorch without its page-fault cost
 //   loom         its caching allocator does the same by design (Note [Caching allocator])
 // A step is the one users write: train = forward, CrossEntropyLoss, zero_grad, backward,
-// SGD(momentum 0.9, weight decay 5e-4) step; infer = eval() forward under no_grad. Data
+// SGD(momentum 0.9, weight decay 5e-4) step; infer = eval() forward under no_grad.
+//
+// Note [bfloat16 rows]
+// --amps=none,bf16 (the default) measures every (mode, batch) twice: in float32, and with
+// the forward and the loss under CPU autocast to bfloat16 -- loom's `train_cifar10 --amp
+// bf16` (autograd/autocast.h), and PyTorch's torch.autocast("cpu", torch.bfloat16) with
+// model and input in channels_last, the layout its oneDNN bfloat16 convolutions want
+// (NCHW costs it a reorder per conv). A bf16 row adds "vs f32": loom bf16 over loom
+// float32 at the same mode and batch; its "vs torch"/"vs tuned" compare with PyTorch's
+// bf16 runs, so one invocation reads both ratios the mixed-precision work is judged by.
+// Data
 // is one synthetic batch held in memory, so only the model is timed. Each number is the
 // batch size over the median step time of --steps timed steps after --warmup steps (the
 // first builds oneDNN plans and fills the allocator), and with --repeat=N the median of N
@@ -32,12 +45,14 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
 #include <unistd.h>
 #include <vector>
 
+#include "autograd/autocast.h"     // defines: autocast::Guard, for --amp=bf16
 #include "autograd/grad_mode.h"    // defines: NoGradGuard
 #include "autograd/ops.h"          // defines: randn, randint
 #include "core/allocator.h"        // defines: memory_stats
@@ -58,6 +73,7 @@ constexpr const char* kTunedEnv = "GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.
 struct Options {
   std::vector<int64_t> batches = {128, 32};
   std::vector<std::string> modes = {"train", "infer"};
+  std::vector<std::string> amps = {"none", "bf16"};  // Note [bfloat16 rows]
   int warmup = 2;
   int steps = 5;
   int repeat = 1;
@@ -85,9 +101,10 @@ std::vector<std::string> split(const std::string& s) {
 [[noreturn]] void usage(const char* arg) {
   std::fprintf(stderr,
                "bench_train: unknown argument '%s'\n"
-               "usage: bench_train [--batches=128,32] [--modes=train,infer] [--warmup=N] [--steps=N] [--repeat=N]\n"
-               "                   [--threads=N] [--python=PYTHON] [--no-torch] [--no-augment]\n"
-               "       bench_train --worker [--profile] --mode=train|infer --batch=N [--warmup=N] [--steps=N]\n"
+               "usage: bench_train [--batches=128,32] [--modes=train,infer] [--amps=none,bf16] [--warmup=N] [--steps=N]\n"
+               "                   [--repeat=N] [--threads=N] [--python=PYTHON] [--no-torch] [--no-augment]\n"
+               "       bench_train --worker [--profile] --mode=train|infer --batch=N [--amp=none|bf16] [--warmup=N]\n"
+               "                   [--steps=N]\n"
                "  PYTHON runs bench/bench_train_torch.py (default $LOOM_PYTHON, else /usr/bin/python3)\n",
                arg);
   std::exit(2);
@@ -110,6 +127,8 @@ Options parse(int argc, char** argv) {
     } else if (auto v = value("--batch=")) o.batches = {std::max(1, std::atoi(v->c_str()))};
     else if (auto v = value("--modes=")) o.modes = split(*v);
     else if (auto v = value("--mode=")) o.modes = {*v};
+    else if (auto v = value("--amps=")) o.amps = split(*v);
+    else if (auto v = value("--amp=")) o.amps = {*v};
     else if (auto v = value("--warmup=")) o.warmup = std::max(1, std::atoi(v->c_str()));
     else if (auto v = value("--steps=")) o.steps = std::max(1, std::atoi(v->c_str()));
     else if (auto v = value("--repeat=")) o.repeat = std::max(1, std::atoi(v->c_str()));
@@ -123,6 +142,8 @@ Options parse(int argc, char** argv) {
   }
   for (const auto& m : o.modes)
     if (m != "train" && m != "infer") usage(("--modes=" + m).c_str());
+  for (const auto& a : o.amps)
+    if (a != "none" && a != "bf16") usage(("--amps=" + a).c_str());
   return o;
 }
 
@@ -223,6 +244,10 @@ int run_worker(const Options& o) {
   manual_seed(0);
   const std::string mode = o.modes.at(0);
   const int64_t batch = o.batches.at(0);
+  const bool bf16 = o.amps.at(0) == "bf16";  // Note [bfloat16 rows]
+  auto autocast_scope = [bf16] {
+    return bf16 ? std::make_unique<autocast::Guard>(DeviceType::CPU, kBFloat16) : nullptr;
+  };
   auto model = nn::resnet18(10);
   Tensor images = randn({batch, 3, 32, 32});
   Tensor labels = randint(0, 10, {batch}, TensorOptions(kInt64));
@@ -235,7 +260,11 @@ int run_worker(const Options& o) {
     model->train();
     step = [&] {
       auto t0 = Clock::now();
-      Tensor loss = criterion((*model)(images), labels);
+      Tensor loss;
+      {
+        auto scope = autocast_scope();  // forward and loss only, as train_cifar10 --amp
+        loss = criterion((*model)(images), labels);
+      }
       auto t1 = Clock::now();
       optimizer.zero_grad();
       loss.backward();
@@ -251,7 +280,8 @@ int run_worker(const Options& o) {
     model->eval();
     step = [&] {
       NoGradGuard no_grad;
-      (void)sum((*model)(images)).item<float>();
+      auto scope = autocast_scope();
+      (void)sum((*model)(images)).to(kFloat32).item<float>();  // bf16 logits sum to bf16 on the CPU
     };
   }
   for (int i = 0; i < o.warmup; ++i) step();
@@ -270,8 +300,9 @@ int run_worker(const Options& o) {
     print_kernel_profile(o.steps, sum / o.steps);
   }
   if (mode == "train") {
-    std::fprintf(stderr, "#   loom train %lld: forward %.0f ms, backward %.0f ms, optimizer %.0f ms (medians)\n",
-                 static_cast<long long>(batch), 1e3 * median(forward), 1e3 * median(backward), 1e3 * median(update));
+    std::fprintf(stderr, "#   loom train %lld%s: forward %.0f ms, backward %.0f ms, optimizer %.0f ms (medians)\n",
+                 static_cast<long long>(batch), bf16 ? " bf16" : "", 1e3 * median(forward), 1e3 * median(backward),
+                 1e3 * median(update));
   }
   std::fprintf(stderr,
                "#   loom %s %lld: allocator reserved %.0f MiB, peak allocated %.0f MiB, "
@@ -310,17 +341,24 @@ std::optional<Result> run_measurement(const std::string& command) {
   return result;
 }
 
-// The median rate and the largest peak RSS over --repeat processes.
-std::optional<Result> measure(const Options& o, const std::string& command) {
-  std::vector<double> rates;
-  int64_t rss = 0;
+// The median rate and the largest peak RSS over --repeat processes of each command, the
+// commands taking turns (one process of each per round) so that a change in machine load
+// during the run hits all of them alike. Empty entries are skipped; nullopt if one fails.
+std::optional<std::vector<Result>> measure_interleaved(const Options& o, const std::vector<std::string>& commands) {
+  std::vector<std::vector<double>> rates(commands.size());
+  std::vector<Result> results(commands.size());
   for (int r = 0; r < o.repeat; ++r) {
-    auto result = run_measurement(command);
-    if (!result) return std::nullopt;
-    rates.push_back(result->img_per_s);
-    rss = std::max(rss, result->rss_kb);
+    for (size_t c = 0; c < commands.size(); ++c) {
+      if (commands[c].empty()) continue;
+      auto result = run_measurement(commands[c]);
+      if (!result) return std::nullopt;
+      rates[c].push_back(result->img_per_s);
+      results[c].rss_kb = std::max(results[c].rss_kb, result->rss_kb);
+    }
   }
-  return Result{median(rates), rss};
+  for (size_t c = 0; c < commands.size(); ++c)
+    if (!rates[c].empty()) results[c].img_per_s = median(rates[c]);
+  return results;
 }
 
 std::string self_path() {
@@ -362,40 +400,47 @@ int run_driver(const Options& o) {
               "median of %d process(es); img/s (higher is better), peak RSS in MiB\n",
               o.threads, o.warmup, o.steps, o.repeat);
   if (o.torch) std::printf("PyTorch: %s " LOOM_BENCH_DIR "/bench_train_torch.py; tuned = %s\n", o.python.c_str(), kTunedEnv);
-  std::printf("\n%-6s %5s %10s %8s", "mode", "batch", "loom", "RSS");
+  std::printf("\n%-6s %5s %5s %10s %8s %7s", "mode", "batch", "amp", "loom", "RSS", "vs f32");
   if (o.torch) std::printf(" %10s %8s %10s %8s %10s %10s %9s", "torch", "RSS", "tuned", "RSS", "vs torch", "vs tuned",
                            "RSS ratio");
   std::printf("\n");
   std::fflush(stdout);
 
   std::map<int64_t, double> train_rate;
+  std::map<std::pair<std::string, int64_t>, double> f32_rate;  // loom float32, for "vs f32"
   const std::string self = self_path();
   for (int64_t batch : o.batches) {
     for (const std::string& mode : o.modes) {
-      const std::string args = " --mode=" + mode + " --batch=" + std::to_string(batch) +
-                               " --warmup=" + std::to_string(o.warmup) + " --steps=" + std::to_string(o.steps) +
-                               " --threads=" + std::to_string(o.threads);
-      std::optional<Result> torch, tuned;
-      if (o.torch) {
-        const std::string script = o.python + " " LOOM_BENCH_DIR "/bench_train_torch.py" + args;
-        torch = measure(o, script);
-        tuned = measure(o, std::string(kTunedEnv) + " " + script);
+      for (const std::string& amp : o.amps) {
+        const std::string args = " --mode=" + mode + " --batch=" + std::to_string(batch) +
+                                 " --warmup=" + std::to_string(o.warmup) + " --steps=" + std::to_string(o.steps) +
+                                 " --threads=" + std::to_string(o.threads);
+        std::string script;
+        if (o.torch) script = o.python + " " LOOM_BENCH_DIR "/bench_train_torch.py" + args + " --amp=" + amp;
+        auto results = measure_interleaved(
+            o, {script, o.torch ? std::string(kTunedEnv) + " " + script : "", self + " --worker" + args + " --amp=" + amp});
+        if (!results) return 1;
+        const Result &torch = (*results)[0], &tuned = (*results)[1], &loom = (*results)[2];
+        if (mode == "train" && amp == "none") train_rate[batch] = loom.img_per_s;
+        if (amp == "none") f32_rate[{mode, batch}] = loom.img_per_s;
+        std::printf("%-6s %5lld %5s %10.1f %8s", mode.c_str(), static_cast<long long>(batch), amp.c_str(),
+                    loom.img_per_s, mib(loom.rss_kb).c_str());
+        auto f32 = f32_rate.find({mode, batch});
+        if (amp != "none" && f32 != f32_rate.end()) std::printf(" %6.2fx", loom.img_per_s / f32->second);
+        else std::printf(" %7s", "");
+        if (o.torch) {
+          std::printf(" %10.1f %8s %10.1f %8s %9.2fx %9.2fx %8.2fx", torch.img_per_s, mib(torch.rss_kb).c_str(),
+                      tuned.img_per_s, mib(tuned.rss_kb).c_str(), loom.img_per_s / torch.img_per_s,
+                      loom.img_per_s / tuned.img_per_s,
+                      static_cast<double>(loom.rss_kb) / static_cast<double>(std::min(torch.rss_kb, tuned.rss_kb)));
+        }
+        std::printf("\n");
+        std::fflush(stdout);
       }
-      std::optional<Result> loom = measure(o, self + " --worker" + args);
-      if (!loom) return 1;
-      if (mode == "train") train_rate[batch] = loom->img_per_s;
-      std::printf("%-6s %5lld %10.1f %8s", mode.c_str(), static_cast<long long>(batch), loom->img_per_s,
-                  mib(loom->rss_kb).c_str());
-      if (torch && tuned) {
-        std::printf(" %10.1f %8s %10.1f %8s %9.2fx %9.2fx %8.2fx", torch->img_per_s, mib(torch->rss_kb).c_str(),
-                    tuned->img_per_s, mib(tuned->rss_kb).c_str(), loom->img_per_s / torch->img_per_s,
-                    loom->img_per_s / tuned->img_per_s,
-                    static_cast<double>(loom->rss_kb) / static_cast<double>(std::min(torch->rss_kb, tuned->rss_kb)));
-      }
-      std::printf("\n");
-      std::fflush(stdout);
     }
   }
+  std::printf("(vs f32: loom bf16 over loom float32; bf16 rows compare with PyTorch's CPU bf16 autocast, "
+              "channels_last: Note [bfloat16 rows])\n");
   if (o.torch) std::printf("(RSS ratio: loom's peak RSS over the smaller of PyTorch's two)\n");
 
   if (o.augment) {

@@ -5,7 +5,10 @@
 
 On the CPU it prints one line, `result MODE BATCH IMG_PER_S MAX_RSS_KB`, which bench_train
 parses; the process measures one (mode, batch) so that its peak RSS belongs to that
-measurement. With --device=cuda it prints `result MODE BATCH PRECISION IMG_PER_S MEDIAN_MS
+measurement. On the CPU, --amp=bf16 runs forward + loss under torch.autocast("cpu",
+torch.bfloat16) with model and images in channels_last (oneDNN's bfloat16 convolutions
+want NHWC; in NCHW each conv pays a reorder): how PyTorch users run CPU mixed precision,
+and bench_train's bf16 rows (Note [bfloat16 rows] in bench_train.cpp). With --device=cuda it prints `result MODE BATCH PRECISION IMG_PER_S MEDIAN_MS
 PEAK_MIB`, as bench/bench_train_gpu.cpp does (bench_train_gpu.py parses both): PRECISION
 is fp32 (TF32 off in matmul and cuDNN), tf32 (--tf32: on in both), bf16 or fp16
 (--amp: torch.autocast around forward + loss; fp16 adds a GradScaler). Each step is
@@ -85,11 +88,11 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none",
-                        help="cuda: autocast dtype around forward + loss")
+                        help="autocast dtype around forward + loss (cpu: bf16 only, with channels_last)")
     parser.add_argument("--tf32", action="store_true", help="cuda: TF32 in matmuls and cuDNN convolutions")
     args = parser.parse_args()
-    if args.device == "cpu" and (args.amp != "none" or args.tf32):
-        parser.error("--amp and --tf32 are for --device=cuda")
+    if args.device == "cpu" and (args.amp == "fp16" or args.tf32):
+        parser.error("--amp=fp16 and --tf32 are for --device=cuda (the CPU takes --amp=bf16)")
     try:
         import torch
         import torch.nn as nn
@@ -107,13 +110,22 @@ def main():
     model = build_model(nn)
     images = torch.randn(args.batch, 3, 32, 32)
     labels = torch.randint(0, 10, (args.batch,))
+    bf16 = args.amp == "bf16"
+    if bf16:
+        model = model.to(memory_format=torch.channels_last)
+        images = images.contiguous(memory_format=torch.channels_last)
+
+    def autocast():
+        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
+
     if args.mode == "train":
         model.train()
         criterion = nn.CrossEntropyLoss()
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
 
         def step():
-            loss = criterion(model(images), labels)
+            with autocast():
+                loss = criterion(model(images), labels)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -122,7 +134,7 @@ def main():
         model.eval()
 
         def step():
-            with torch.no_grad():
+            with torch.no_grad(), autocast():
                 model(images).sum().item()
 
     for _ in range(args.warmup):

@@ -61,11 +61,12 @@ double BatchNorm2d::prepare(const Tensor& input) {
 
 namespace {
 
-// SyncBatchNorm's op is not an autocast entry point; give it batch_norm's float32 policy
-// here so that --amp works with --sync-bn (autograd/autocast.h).
+// SyncBatchNorm's op is not an autocast entry point; give it the float32 policy of
+// "sync_batch_norm" here so that --amp works with --sync-bn (Note [Autocast op lists per
+// device]: its statistics ops take one dtype, unlike the CPU's mixed batch_norm kernel).
 Tensor sync_input(const Tensor& input) {
   Tensor x = input;
-  if (autocast::any_enabled()) autocast::apply("batch_norm", {&x});
+  if (autocast::any_enabled()) autocast::apply("sync_batch_norm", {&x});
   return x;
 }
 

@@ -2,10 +2,11 @@
 // scope, nesting and the enabled flag, per-device and per-thread scopes, gradients that
 // reach float32 leaves as float32, and the weight cast cache.
 //
-// Everything runs on the CPU with bfloat16/float16: the CPU kernels stage 16-bit
-// operands through float32 (Note [16-bit CPU kernels stage through float32]), so the
-// policy is the same code path as on CUDA and is tested here. The CUDA cases at the end
-// repeat the dtype checks on cuda:0 and skip (doctest's "skipped" count) without a GPU.
+// Everything runs on the CPU with bfloat16/float16 (CPU kernels run 16-bit floats
+// natively or stage them through float32: Note [16-bit CPU kernels stage through
+// float32]), under the CPU's op lists (Note [Autocast op lists per device]); the CUDA
+// cases at the end repeat the dtype checks on cuda:0 and skip (doctest's "skipped"
+// count) without a GPU.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -47,14 +48,22 @@ double rel_error(const Tensor& a, const Tensor& b) {
 
 }  // namespace
 
-TEST_CASE("policy: matrix products in 16 bits, reductions, softmax, losses and batch norm in float32") {
-  for (const char* op : {"conv2d", "mm", "bmm", "matmul", "linear"})
-    CHECK_MESSAGE(autocast::policy_of(op) == CastPolicy::LowerPrecision, op);
-  for (const char* op : {"batch_norm", "batch_norm_relu", "log_softmax", "softmax", "nll_loss", "cross_entropy", "sum",
-                         "mean", "var"})
-    CHECK_MESSAGE(autocast::policy_of(op) == CastPolicy::Float32, op);
-  for (const char* op : {"relu", "add", "max_pool2d", "reshape", "dropout"})
-    CHECK_MESSAGE(autocast::policy_of(op) == CastPolicy::None, op);
+TEST_CASE("policy per device (Note [Autocast op lists per device]): matrix products in 16 bits everywhere") {
+  for (DeviceType device : {DeviceType::CPU, DeviceType::CUDA}) {
+    INFO(device_type_name(device));
+    for (const char* op : {"conv2d", "mm", "bmm", "matmul", "linear"})
+      CHECK_MESSAGE(autocast::policy_of(op, device) == CastPolicy::LowerPrecision, op);
+    for (const char* op : {"log_softmax", "softmax", "nll_loss", "cross_entropy", "sync_batch_norm"})
+      CHECK_MESSAGE(autocast::policy_of(op, device) == CastPolicy::Float32, op);
+    for (const char* op : {"relu", "add", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "reshape", "dropout"})
+      CHECK_MESSAGE(autocast::policy_of(op, device) == CastPolicy::None, op);
+  }
+  // CUDA: batch norm and the reductions in float32 as well. CPU: on no list, as in
+  // PyTorch's CPU autocast: batch norm takes 16-bit input with float32 parameters.
+  for (const char* op : {"batch_norm", "batch_norm_relu", "sum", "mean", "var"}) {
+    CHECK_MESSAGE(autocast::policy_of(op, DeviceType::CUDA) == CastPolicy::Float32, op);
+    CHECK_MESSAGE(autocast::policy_of(op, DeviceType::CPU) == CastPolicy::None, op);
+  }
 }
 
 TEST_CASE("16-bit CPU kernels (Note [16-bit CPU kernels stage through float32]) match float64 to 16-bit rounding") {
@@ -108,11 +117,13 @@ TEST_CASE("outside a scope nothing is cast; inside, each op gets its policy's dt
   CHECK(c.dtype() == kBFloat16);
   CHECK(rel_error(c, conv2d(x.to(kFloat64), w.to(kFloat64), Tensor(), {1, 1}, {1, 1})) < 2e-2);
 
-  // The float32 list takes the 16-bit outputs back to float32.
-  CHECK(sum(y).dtype() == kFloat32);
-  CHECK(sum(y, {1}).dtype() == kFloat32);
-  CHECK(mean(y).dtype() == kFloat32);
-  CHECK(var(y, {0}).dtype() == kFloat32);
+  // The float32 list takes the 16-bit outputs back to float32; the CPU's reductions are
+  // on no list and keep the dtype that arrives (accumulating in float32).
+  CHECK(sum(y).dtype() == kBFloat16);
+  CHECK(sum(y, {1}).dtype() == kBFloat16);
+  CHECK(mean(y).dtype() == kBFloat16);
+  CHECK(rel_error(mean(y), mean(y.to(kFloat64))) < 1e-2);
+  CHECK(var(y, {0}).dtype() == kBFloat16);
   CHECK(log_softmax(y, 1).dtype() == kFloat32);
   CHECK(softmax(y, 1).dtype() == kFloat32);
   Tensor target = from_vector<int64_t>({0, 1, 2, 3, 0, 1, 2, 3}, {8});
@@ -120,13 +131,18 @@ TEST_CASE("outside a scope nothing is cast; inside, each op gets its policy's dt
   CHECK(nll_loss(log_softmax(y, 1), target).dtype() == kFloat32);
   CHECK(nll_loss(y, target).dtype() == kFloat32);
 
-  // Batch norm: 16-bit input, float32 weight and statistics -> computed in float32.
+  // Batch norm: 16-bit input, float32 weight and statistics -> the mixed kernel, 16-bit
+  // output, float32 statistics (Note [Mixed-precision batch norm on the CPU]).
   Tensor mean_ = zeros({4}), var_ = ones({4});
   Tensor bn = batch_norm(c, mean_, var_, ones({4}), zeros({4}), /*training=*/true);
-  CHECK(bn.dtype() == kFloat32);
+  CHECK(bn.dtype() == kBFloat16);
   CHECK(mean_.dtype() == kFloat32);
   CHECK(sum(abs(mean_)).item<float>() > 0);  // the running statistics were updated in place
-  CHECK(batch_norm_relu(c, Tensor(), Tensor(), ones({4}), zeros({4}), true).dtype() == kFloat32);
+  CHECK(rel_error(mean_, mean(c.to(kFloat64), {0, 2, 3}) * 0.1) < 1e-5);  // float32 statistics of the bf16 values
+  CHECK(batch_norm_relu(c, Tensor(), Tensor(), ones({4}), zeros({4}), true).dtype() == kBFloat16);
+  CHECK(max_pool2d(bn, {2, 2}).dtype() == kBFloat16);
+  CHECK(adaptive_avg_pool2d(bn, {1, 1}).dtype() == kBFloat16);
+  CHECK(dropout(bn, 0.5, true).dtype() == kBFloat16);
 
   // Ops off both lists run in the dtype that arrives.
   CHECK(relu(a).dtype() == kFloat32);

@@ -226,7 +226,7 @@ TEST_CASE("batch_norm errors say what was expected and what came") {
   CHECK_THROWS_WITH_AS(batch_norm(x, Tensor(), Tensor(), zeros({4}), Tensor(), true),
                        doctest::Contains("expected weight of shape [3] (one value per channel of input [4, 3, 2, 2]), got [4]"), Error);
   CHECK_THROWS_WITH_AS(batch_norm(x, zeros({3}), ones({3}), Tensor(), zeros({3}, kFloat64), true),
-                       doctest::Contains("expected bias with the input's dtype and device (float32"), Error);
+                       doctest::Contains("expected bias of dtype float32 on cpu:0 (the input's), got float64"), Error);
   CHECK_THROWS_WITH_AS(batch_norm(x, zeros({3}), Tensor(), Tensor(), Tensor(), true),
                        doctest::Contains("running_mean and running_var must both be given"), Error);
   CHECK_THROWS_WITH_AS(batch_norm(zeros({1, 3, 1, 1}), zeros({3}), ones({3}), Tensor(), Tensor(), true),

@@ -8,6 +8,7 @@
 // mean, cross_entropy's label smoothing (as in PyTorch 1.13), dropout's 1/(1-p) scaling.
 #include <array>
 #include <cmath>
+#include <initializer_list>
 
 #include "autograd/autocast.h"  // defines: autocast::apply (Note [Autocast at op entry])
 #include "autograd/ops.h"
@@ -152,15 +153,35 @@ Tensor adaptive_avg_pool2d(const Tensor& input, std::vector<int64_t> output_size
 
 namespace {
 
-// A per-channel tensor (weight, bias, running stats) must be [C], like the input.
-void check_per_channel(const Tensor& input, const Tensor& t, const char* what) {
+// Note [Batch norm parameter dtype]
+// Weight, bias and running statistics share one dtype: the input's, or float32 for a
+// 16-bit input on the CPU (PyTorch's mixed-precision CPU batch norm, which CPU autocast
+// relies on: Note [Mixed-precision batch norm on the CPU], core/cpu/batch_norm.cpp).
+// The saved statistics and grad_weight / grad_bias take that dtype too; the output and
+// grad_input take the input's. The CUDA kernels have no mixed variant (CUDA autocast
+// runs batch norm in float32), so there the input's dtype is the only one accepted.
+DType parameter_dtype(const Tensor& input, std::initializer_list<const Tensor*> params) {
+  const bool mixed_ok = input.device().is_cpu() && (input.dtype() == kBFloat16 || input.dtype() == kFloat16);
+  for (const Tensor* t : params)
+    if (t->defined()) return mixed_ok && t->dtype() == kFloat32 ? kFloat32 : input.dtype();
+  return mixed_ok ? kFloat32 : input.dtype();  // no parameters: statistics in float32 all the same
+}
+
+// A per-channel tensor (weight, bias, running stats) must be [C], like the input, of
+// dtype `dtype` (Note [Batch norm parameter dtype]).
+void check_per_channel(const Tensor& input, const Tensor& t, const char* what, DType dtype) {
   if (!t.defined()) return;
   const int64_t channels = input.size(1);
   LOOM_CHECK(t.dim() == 1 && t.size(0) == channels, "batch_norm: expected ", what, " of shape [", channels,
              "] (one value per channel of input ", input.shape(), "), got ", t.shape());
-  LOOM_CHECK(t.dtype() == input.dtype() && t.device() == input.device(), "batch_norm: expected ", what,
-             " with the input's dtype and device (", input.dtype(), ", ", input.device(), "), got ", t.dtype(), ", ",
-             t.device());
+  const bool mixed = dtype != input.dtype();
+  LOOM_CHECK(t.dtype() == dtype && t.device() == input.device(), "batch_norm: expected ", what, " of dtype ", dtype,
+             " on ", input.device(), mixed ? " (a 16-bit input's float32 parameters: all of them float32)" : " (the input's)",
+             ", got ", t.dtype(), " on ", t.device(),
+             input.dtype() != kFloat32 && t.dtype() == kFloat32 && !input.device().is_cpu()
+                 ? "; float32 parameters with 16-bit input work on the CPU only: on CUDA, run batch norm in float32 "
+                   "(autocast does)"
+                 : "");
   LOOM_CHECK(t.is_contiguous(), "batch_norm: expected a contiguous ", what, ", got strides ", t.strides());
 }
 
@@ -172,10 +193,11 @@ Tensor batch_norm_fused(const Tensor& input, const Tensor& running_mean, const T
   ops::check_floating("batch_norm", input);
   LOOM_CHECK(input.dim() >= 2, "batch_norm: expected an input of shape [N, C, ...] (at least 2-D), got ",
              input.shape());
-  check_per_channel(input, running_mean, "running_mean");
-  check_per_channel(input, running_var, "running_var");
-  check_per_channel(input, weight, "weight");
-  check_per_channel(input, bias, "bias");
+  const DType param_dtype = parameter_dtype(input, {&weight, &bias, &running_mean, &running_var});
+  check_per_channel(input, running_mean, "running_mean", param_dtype);
+  check_per_channel(input, running_var, "running_var", param_dtype);
+  check_per_channel(input, weight, "weight", param_dtype);
+  check_per_channel(input, bias, "bias", param_dtype);
   LOOM_CHECK(running_mean.defined() == running_var.defined(),
              "batch_norm: running_mean and running_var must both be given or both be undefined");
   LOOM_CHECK(eps > 0, "batch_norm: expected eps > 0, got ", eps);
@@ -201,8 +223,8 @@ Tensor batch_norm_fused(const Tensor& input, const Tensor& running_mean, const T
                "grad; register them as buffers, not parameters");
   }
   Tensor out = empty(input.shape(), options_of(input));
-  Tensor save_mean = empty({channels}, options_of(input));
-  Tensor save_invstd = empty({channels}, options_of(input));
+  Tensor save_mean = empty({channels}, TensorOptions(param_dtype).device(input.device()));
+  Tensor save_invstd = empty({channels}, TensorOptions(param_dtype).device(input.device()));
   batch_norm_forward_kernel(input.device())(input, weight, bias, rm, rv, batch_stats, momentum, eps, residual, relu,
                                             out, save_mean, save_invstd);
   if (training && rm.defined()) {
@@ -218,8 +240,8 @@ Tensor batch_norm_fused(const Tensor& input, const Tensor& running_mean, const T
             save_invstd, batch_stats, rx, rw, rb](const Grads& g) {
              const Tensor& x = x_.get();
              Tensor grad_in = rx ? empty(x.shape(), options_of(x)) : Tensor();
-             Tensor grad_weight = rw ? empty(save_mean.shape(), options_of(x)) : Tensor();
-             Tensor grad_bias = rb ? empty(save_mean.shape(), options_of(x)) : Tensor();
+             Tensor grad_weight = rw ? empty(save_mean.shape(), options_of(save_mean)) : Tensor();
+             Tensor grad_bias = rb ? empty(save_mean.shape(), options_of(save_mean)) : Tensor();
              Tensor no_grad_residual;
              batch_norm_backward_kernel(x.device())(g[0], x, w_.get(), save_mean, save_invstd, batch_stats, Tensor(),
                                                     grad_in, grad_weight, grad_bias, no_grad_residual);
@@ -236,8 +258,8 @@ Tensor batch_norm_fused(const Tensor& input, const Tensor& running_mean, const T
           rr](const Grads& g) {
            const Tensor& x = x_.get();
            Tensor grad_in = rx ? empty(x.shape(), options_of(x)) : Tensor();
-           Tensor grad_weight = rw ? empty(save_mean.shape(), options_of(x)) : Tensor();
-           Tensor grad_bias = rb ? empty(save_mean.shape(), options_of(x)) : Tensor();
+           Tensor grad_weight = rw ? empty(save_mean.shape(), options_of(save_mean)) : Tensor();
+           Tensor grad_bias = rb ? empty(save_mean.shape(), options_of(save_mean)) : Tensor();
            Tensor grad_residual = rr && y_.defined() ? empty(x.shape(), options_of(x)) : Tensor();
            batch_norm_backward_kernel(x.device())(g[0], x, w_.get(), save_mean, save_invstd, batch_stats, y_.get(),
                                                   grad_in, grad_weight, grad_bias, grad_residual);

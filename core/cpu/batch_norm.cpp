@@ -35,10 +35,28 @@
 // running_var with the unbiased one; running = (1 - momentum) * running + momentum * batch.
 // In eval, save_mean / save_invstd receive the running statistics actually used, so
 // backward needs no access to the (mutable) running buffers.
+//
+// Note [Mixed-precision batch norm on the CPU]
+// Under CPU autocast the convolutions produce bfloat16 activations while the module's
+// weight, bias and running statistics stay float32 (PyTorch's CPU autocast lists no
+// batch_norm; its CPU kernel takes "bfloat16 input, float32 parameters" as here). So
+// every kernel below has two types: E, the activations' element type (x, y, dy, dx,
+// residual, the ReLU's output), and T = compute_t<E>, the type of the parameters, the
+// statistics, save_mean / save_invstd, grad_weight / grad_bias and all arithmetic.
+// E = T for float and double; for E = bfloat16, T = float: each element is widened as
+// it is loaded and rounded once as it is stored (Note [bfloat16 conversion in
+// registers]), the sums run in float and combine in double exactly as for float32
+// input, and the passes move half the bytes. The fused epilogue rounds once, after
+// bn(x) + r and the ReLU, where the separate ops would round after each (so bfloat16
+// results agree with the unfused composition to bfloat16 rounding, not to the bit).
+// float16 input (CPU autocast with float16) takes the same path, E = Half, with
+// scalar conversions.
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <vector>
 
+#include "core/cpu/bf16_convert.h"  // defines: compute_t, widen, narrow_into, dispatch_floating_16bit
 #include "core/cpu/contiguous.h"
 #include "core/kernels.h"
 
@@ -99,40 +117,40 @@ inline double* scratch(Tensor& holder, int64_t count) {
 
 // y = x * scale[c] + shift[c] (+ r), then max(0, y) with kRelu, plane by plane: the
 // normalisation and its epilogue (forward pass 2).
-template <typename T, bool kResidual, bool kRelu>
-void normalise_planes(const PlaneLayout& l, const T* x, const std::vector<T>& scale, const std::vector<T>& shift,
-                      const T* r, T* y) {
+template <typename E, bool kResidual, bool kRelu, typename T = compute_t<E>>
+void normalise_planes(const PlaneLayout& l, const E* x, const std::vector<T>& scale, const std::vector<T>& shift,
+                      const E* r, E* y) {
   const int64_t S = l.s;
 #pragma omp parallel for schedule(static) if (l.planes() * S > kBatchNormGrain && l.planes() > 1)
   for (int64_t p = 0; p < l.planes(); ++p) {
     const T a = scale[static_cast<size_t>(p % l.c)], b = shift[static_cast<size_t>(p % l.c)];
-    const T* xp = x + p * S;
-    T* yp = y + p * S;
-    [[maybe_unused]] const T* rp = kResidual ? r + p * S : nullptr;
+    const E* xp = x + p * S;
+    E* yp = y + p * S;
+    [[maybe_unused]] const E* rp = kResidual ? r + p * S : nullptr;
 #pragma omp simd
     for (int64_t i = 0; i < S; ++i) {
-      T v = xp[i] * a + b;
-      if constexpr (kResidual) v += rp[i];
+      T v = widen(xp[i]) * a + b;
+      if constexpr (kResidual) v += widen(rp[i]);
       if constexpr (kRelu) v = v > T(0) ? v : T(0);  // as UnaryOp::Relu
-      yp[i] = v;
+      narrow_into(yp[i], v);
     }
   }
 }
 
-template <typename T>
-void scale_shift(const PlaneLayout& l, const T* x, const std::vector<T>& scale, const std::vector<T>& shift,
-                 const T* residual, bool relu, T* y) {
+template <typename E, typename T = compute_t<E>>
+void scale_shift(const PlaneLayout& l, const E* x, const std::vector<T>& scale, const std::vector<T>& shift,
+                 const E* residual, bool relu, E* y) {
   if (residual != nullptr) {
-    return relu ? normalise_planes<T, true, true>(l, x, scale, shift, residual, y)
-                : normalise_planes<T, true, false>(l, x, scale, shift, residual, y);
+    return relu ? normalise_planes<E, true, true>(l, x, scale, shift, residual, y)
+                : normalise_planes<E, true, false>(l, x, scale, shift, residual, y);
   }
-  return relu ? normalise_planes<T, false, true>(l, x, scale, shift, residual, y)
-              : normalise_planes<T, false, false>(l, x, scale, shift, residual, y);
+  return relu ? normalise_planes<E, false, true>(l, x, scale, shift, residual, y)
+              : normalise_planes<E, false, false>(l, x, scale, shift, residual, y);
 }
 
 // Per-channel (mean, biased centred sum of squares) of a training batch.
-template <typename T>
-void batch_moments(const PlaneLayout& l, const T* x, std::vector<double>& mean, std::vector<double>& squares) {
+template <typename E, typename T = compute_t<E>>
+void batch_moments(const PlaneLayout& l, const E* x, std::vector<double>& mean, std::vector<double>& squares) {
   const int64_t S = l.s;
   Tensor buffer;
   double* plane_sum = scratch(buffer, 3 * l.planes());
@@ -140,13 +158,13 @@ void batch_moments(const PlaneLayout& l, const T* x, std::vector<double>& mean, 
   double* plane_squares = plane_centre + l.planes();
 #pragma omp parallel for schedule(static) if (l.planes() * S > kBatchNormGrain && l.planes() > 1)
   for (int64_t p = 0; p < l.planes(); ++p) {
-    const T* xp = x + p * S;
-    const T sum = sum_run<T>(S, [xp](int64_t i) { return xp[i]; });
+    const E* xp = x + p * S;
+    const T sum = sum_run<T>(S, [xp](int64_t i) { return widen(xp[i]); });
     const T centre = sum / static_cast<T>(S);
     plane_sum[p] = static_cast<double>(sum);
     plane_centre[p] = static_cast<double>(centre);
     plane_squares[p] = static_cast<double>(sum_run<T>(S, [xp, centre](int64_t i) {
-      const T d = xp[i] - centre;
+      const T d = widen(xp[i]) - centre;
       return d * d;
     }));
   }
@@ -162,7 +180,7 @@ void batch_moments(const PlaneLayout& l, const T* x, std::vector<double>& mean, 
   }
 }
 
-template <typename T>
+template <typename E, typename T = compute_t<E>>
 void batch_norm_forward_typed(const Tensor& in, const Tensor& weight, const Tensor& bias, Tensor& running_mean,
                               Tensor& running_var, bool training, double momentum, double eps, const Tensor& residual,
                               bool relu, Tensor& out, Tensor& save_mean, Tensor& save_invstd) {
@@ -171,7 +189,7 @@ void batch_norm_forward_typed(const Tensor& in, const Tensor& weight, const Tens
   std::vector<double> mean(C), invstd(C);
   if (training) {
     std::vector<double> squares(C);
-    batch_moments<T>(l, in.data_ptr<T>(), mean, squares);
+    batch_moments<E>(l, in.data_ptr<E>(), mean, squares);
     const double count = static_cast<double>(l.count());
     T* rm = running_mean.defined() ? running_mean.data_ptr<T>() : nullptr;
     T* rv = running_var.defined() ? running_var.data_ptr<T>() : nullptr;
@@ -197,8 +215,20 @@ void batch_norm_forward_typed(const Tensor& in, const Tensor& weight, const Tens
     scale[c] = static_cast<T>(invstd[c]) * w[c];
     shift[c] = b[c] - static_cast<T>(mean[c]) * scale[c];
   }
-  scale_shift<T>(l, in.data_ptr<T>(), scale, shift, residual.defined() ? residual.data_ptr<T>() : nullptr, relu,
-                 out.data_ptr<T>());
+  scale_shift<E>(l, in.data_ptr<E>(), scale, shift, residual.defined() ? residual.data_ptr<E>() : nullptr, relu,
+                 out.data_ptr<E>());
+}
+
+// Parameters, statistics and their gradients must have the compute type of the input's
+// element type: float32 for 16-bit input (Note [Mixed-precision batch norm on the CPU]).
+template <typename E>
+void check_parameter_dtypes(const char* kernel, const Tensor& in, std::initializer_list<const Tensor*> params) {
+  const DType want = dtype_of<compute_t<E>>();
+  for (const Tensor* t : params) {
+    LOOM_CHECK(!t->defined() || t->dtype() == want, kernel, ": a ", in.dtype(), " input needs ", want,
+               " weight, bias, running and saved statistics on the CPU, got a per-channel tensor of dtype ",
+               t->dtype(), (in.dtype() != want ? "; keep BatchNorm parameters in float32 (as autocast does)" : ""));
+  }
 }
 
 void batch_norm_forward_cpu(const Tensor& in_any, const Tensor& weight, const Tensor& bias, Tensor& running_mean,
@@ -208,76 +238,79 @@ void batch_norm_forward_cpu(const Tensor& in_any, const Tensor& weight, const Te
   LOOM_CHECK(training || (running_mean.defined() && running_var.defined()),
              "batch_norm kernel: eval mode needs running_mean and running_var");
   const Tensor in = contiguous_input(in_any);
-  dispatch_floating(in.dtype(), "batch_norm", [&]<typename T>() {
-    batch_norm_forward_typed<T>(in, contiguous_input(weight), contiguous_input(bias), running_mean, running_var,
+  dispatch_floating_16bit(in.dtype(), "batch_norm", [&]<typename E>() {
+    check_parameter_dtypes<E>("batch_norm", in, {&weight, &bias, &running_mean, &running_var, &save_mean, &save_invstd});
+    batch_norm_forward_typed<E>(in, contiguous_input(weight), contiguous_input(bias), running_mean, running_var,
                                 training, momentum, eps, contiguous_input(residual), relu, out, save_mean, save_invstd);
   });
 }
 
 // The gradient reaching the normalisation, element i of a plane: dy, or with the fused
 // ReLU dy where the output y > 0 and 0 elsewhere (ReLU's backward, as threshold_backward).
-template <typename T, bool kRelu>
+template <typename E, bool kRelu, typename T = compute_t<E>>
 struct PlaneGrad {
-  const T* dy;
-  const T* y;  // with kRelu only
+  const E* dy;
+  const E* y;  // with kRelu only
   T operator()(int64_t i) const {
-    if constexpr (kRelu) return y[i] > T(0) ? dy[i] : T(0);
-    return dy[i];
+    const T g = widen(dy[i]);  // loaded unconditionally: a load under ?: keeps bfloat16 loops scalar
+    if constexpr (kRelu) return widen(y[i]) > T(0) ? g : T(0);
+    return g;
   }
 };
 
 // Pass 1 of the backward: per-plane sum(g) and sum(g * (x - mean)). With `residual_grad`,
 // g is first written there (the residual's gradient, Note [Fused BatchNorm epilogue]), and
 // the sums read it back while the plane is still in cache.
-template <typename T, bool kRelu>
-void backward_sums(const PlaneLayout& l, const T* dy, const T* y, const T* x, const T* mean, T* residual_grad,
+template <typename E, bool kRelu, typename T = compute_t<E>>
+void backward_sums(const PlaneLayout& l, const E* dy, const E* y, const E* x, const T* mean, E* residual_grad,
                    double* plane_dy, double* plane_dot, bool parallel) {
   const int64_t S = l.s;
 #pragma omp parallel for schedule(static) if (parallel)
   for (int64_t p = 0; p < l.planes(); ++p) {
-    const T* xp = x + p * S;
+    const E* xp = x + p * S;
     const T m = mean[p % l.c];
-    PlaneGrad<T, kRelu> g{dy + p * S, kRelu ? y + p * S : nullptr};
+    PlaneGrad<E, kRelu> g{dy + p * S, kRelu ? y + p * S : nullptr};
     if (residual_grad != nullptr) {
-      T* gp = residual_grad + p * S;
+      E* gp = residual_grad + p * S;
 #pragma omp simd
-      for (int64_t i = 0; i < S; ++i) gp[i] = g(i);
-      plane_dy[p] = static_cast<double>(sum_run<T>(S, [gp](int64_t i) { return gp[i]; }));
-      plane_dot[p] = static_cast<double>(sum_run<T>(S, [gp, xp, m](int64_t i) { return gp[i] * (xp[i] - m); }));
+      for (int64_t i = 0; i < S; ++i) narrow_into(gp[i], g(i));  // exact: g is dy or 0
+      plane_dy[p] = static_cast<double>(sum_run<T>(S, [gp](int64_t i) { return widen(gp[i]); }));
+      plane_dot[p] =
+          static_cast<double>(sum_run<T>(S, [gp, xp, m](int64_t i) { return widen(gp[i]) * (widen(xp[i]) - m); }));
     } else {
       plane_dy[p] = static_cast<double>(sum_run<T>(S, g));
-      plane_dot[p] = static_cast<double>(sum_run<T>(S, [g, xp, m](int64_t i) { return g(i) * (xp[i] - m); }));
+      plane_dot[p] = static_cast<double>(sum_run<T>(S, [g, xp, m](int64_t i) { return g(i) * (widen(xp[i]) - m); }));
     }
   }
 }
 
 // Pass 2 of the backward: dx = a[c] * g + b[c] * x + c0[c].
-template <typename T, bool kRelu>
-void backward_dx(const PlaneLayout& l, const T* dy, const T* y, const T* x, const std::vector<T>& a,
-                 const std::vector<T>& bx, const std::vector<T>& c0, T* dx, bool parallel) {
+template <typename E, bool kRelu, typename T = compute_t<E>>
+void backward_dx(const PlaneLayout& l, const E* dy, const E* y, const E* x, const std::vector<T>& a,
+                 const std::vector<T>& bx, const std::vector<T>& c0, E* dx, bool parallel) {
   const int64_t S = l.s;
 #pragma omp parallel for schedule(static) if (parallel)
   for (int64_t p = 0; p < l.planes(); ++p) {
     const auto c = static_cast<size_t>(p % l.c);
     const T ap = a[c], bp = bx[c], cp = c0[c];
-    const T* xp = x + p * S;
-    PlaneGrad<T, kRelu> g{dy + p * S, kRelu ? y + p * S : nullptr};
-    T* dxp = dx + p * S;
+    const E* xp = x + p * S;
+    PlaneGrad<E, kRelu> g{dy + p * S, kRelu ? y + p * S : nullptr};
+    E* dxp = dx + p * S;
 #pragma omp simd
-    for (int64_t i = 0; i < S; ++i) dxp[i] = ap * g(i) + bp * xp[i] + cp;
+    for (int64_t i = 0; i < S; ++i) narrow_into(dxp[i], ap * g(i) + bp * widen(xp[i]) + cp);
   }
 }
 
-template <typename T>
+template <typename E, typename T = compute_t<E>>
 void batch_norm_backward_typed(const Tensor& grad_out, const Tensor& in, const Tensor& weight, const Tensor& save_mean,
                                const Tensor& save_invstd, bool training, const Tensor& relu_out, Tensor& grad_in,
                                Tensor& grad_weight, Tensor& grad_bias, Tensor& grad_residual) {
   const PlaneLayout l = layout_of(in);
   const auto C = static_cast<size_t>(l.c);
-  const T* x = in.data_ptr<T>();
-  const T* dy = grad_out.data_ptr<T>();
-  const T* y = relu_out.defined() ? relu_out.data_ptr<T>() : nullptr;
-  T* residual_grad = grad_residual.defined() ? grad_residual.data_ptr<T>() : nullptr;
+  const E* x = in.data_ptr<E>();
+  const E* dy = grad_out.data_ptr<E>();
+  const E* y = relu_out.defined() ? relu_out.data_ptr<E>() : nullptr;
+  E* residual_grad = grad_residual.defined() ? grad_residual.data_ptr<E>() : nullptr;
   const T* mean = save_mean.data_ptr<T>();
   const T* invstd = save_invstd.data_ptr<T>();
   const std::vector<T> w = per_channel<T>(weight, l.c, T(1));
@@ -290,8 +323,8 @@ void batch_norm_backward_typed(const Tensor& grad_out, const Tensor& in, const T
     Tensor buffer;
     double* plane_dy = scratch(buffer, 2 * l.planes());
     double* plane_dot = plane_dy + l.planes();
-    if (y) backward_sums<T, true>(l, dy, y, x, mean, residual_grad, plane_dy, plane_dot, parallel);
-    else backward_sums<T, false>(l, dy, y, x, mean, residual_grad, plane_dy, plane_dot, parallel);
+    if (y) backward_sums<E, true>(l, dy, y, x, mean, residual_grad, plane_dy, plane_dot, parallel);
+    else backward_sums<E, false>(l, dy, y, x, mean, residual_grad, plane_dy, plane_dot, parallel);
     for (int64_t p = 0; p < l.planes(); ++p) {
       sum_dy[p % l.c] += plane_dy[p];
       dot[p % l.c] += plane_dot[p];
@@ -318,10 +351,10 @@ void batch_norm_backward_typed(const Tensor& grad_out, const Tensor& in, const T
     bx[c] = static_cast<T>(-k * wi);
     c0[c] = static_cast<T>((static_cast<double>(mean[c]) * k - mean_dy) * wi);
   }
-  T* dx = grad_in.data_ptr<T>();
-  if (residual_grad) backward_dx<T, false>(l, residual_grad, nullptr, x, a, bx, c0, dx, parallel);  // g, as written
-  else if (y) backward_dx<T, true>(l, dy, y, x, a, bx, c0, dx, parallel);
-  else backward_dx<T, false>(l, dy, nullptr, x, a, bx, c0, dx, parallel);
+  E* dx = grad_in.data_ptr<E>();
+  if (residual_grad) backward_dx<E, false>(l, residual_grad, nullptr, x, a, bx, c0, dx, parallel);  // g, as written
+  else if (y) backward_dx<E, true>(l, dy, y, x, a, bx, c0, dx, parallel);
+  else backward_dx<E, false>(l, dy, nullptr, x, a, bx, c0, dx, parallel);
 }
 
 void batch_norm_backward_cpu(const Tensor& grad_out_any, const Tensor& in_any, const Tensor& weight,
@@ -331,8 +364,9 @@ void batch_norm_backward_cpu(const Tensor& grad_out_any, const Tensor& in_any, c
   check_output_dense("batch_norm_backward", grad_residual);
   const Tensor in = contiguous_input(in_any);
   const Tensor grad_out = contiguous_input(grad_out_any);
-  dispatch_floating(in.dtype(), "batch_norm_backward", [&]<typename T>() {
-    batch_norm_backward_typed<T>(grad_out, in, contiguous_input(weight), contiguous_input(save_mean),
+  dispatch_floating_16bit(in.dtype(), "batch_norm_backward", [&]<typename E>() {
+    check_parameter_dtypes<E>("batch_norm_backward", in, {&weight, &save_mean, &save_invstd, &grad_weight, &grad_bias});
+    batch_norm_backward_typed<E>(grad_out, in, contiguous_input(weight), contiguous_input(save_mean),
                                  contiguous_input(save_invstd), training, contiguous_input(relu_out), grad_in,
                                  grad_weight, grad_bias, grad_residual);
   });

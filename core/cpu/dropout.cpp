@@ -8,6 +8,12 @@
 // The mask is kept (by the autograd op) rather than regenerated in backward: it is
 // what dropout's gradient multiplies by, and saving it keeps backward independent of
 // the generator's later state.
+//
+// bfloat16 runs natively, with PyTorch's semantics: the mask is a bfloat16 tensor, so
+// its scale 1/(1 - p) is rounded to bfloat16 (exact for p = 0.5), and out = in * mask is
+// computed in float and rounded once. Which units are dropped depends only on the
+// counter, so a bfloat16 and a float32 run with one seed drop the same units.
+#include "core/cpu/bf16_convert.h"  // defines: widen, narrow, narrow_into, dispatch_floating_16bit
 #include "core/cpu/contiguous.h"
 #include "core/kernels.h"
 
@@ -19,20 +25,20 @@ void dropout_cpu(const Tensor& in_any, double p, Generator& gen, Tensor& out, Te
   check_output_dense("dropout", mask);
   LOOM_CHECK(p >= 0 && p < 1, "dropout kernel: expected p in [0, 1), got ", p);
   const Tensor in = contiguous_input(in_any);
-  dispatch_floating(in.dtype(), "dropout", [&]<typename T>() {
+  dispatch_floating_16bit(in.dtype(), "dropout", [&]<typename E>() {
     const int64_t n = in.numel();
     const uint64_t seed = gen.seed();
     const uint64_t first = gen.reserve(static_cast<uint64_t>(n));
     const double keep = 1.0 - p;
-    const T scale = static_cast<T>(1.0 / keep);
-    const T* x = in.data_ptr<T>();
-    T* y = out.data_ptr<T>();
-    T* m = mask.data_ptr<T>();
+    const E scale = narrow<E>(1.0 / keep);
+    const E* x = in.data_ptr<E>();
+    E* y = out.data_ptr<E>();
+    E* m = mask.data_ptr<E>();
 #pragma omp parallel for schedule(static) if (n > 32768)
     for (int64_t i = 0; i < n; ++i) {
-      const T mi = random_uniform(seed, first + static_cast<uint64_t>(i)) < keep ? scale : T(0);
+      const E mi = random_uniform(seed, first + static_cast<uint64_t>(i)) < keep ? scale : E();
       m[i] = mi;
-      y[i] = x[i] * mi;
+      narrow_into(y[i], widen(x[i]) * widen(mi));
     }
   });
 }

@@ -1,9 +1,11 @@
 // CPU pointwise kernels: unary and binary math, comparisons, where, fill, copy.
 // All are written with cpu_map (core/cpu/loops.h); see Note [Elementwise loop shapes].
+// The math kernels run on 16-bit floats directly (Note [bfloat16 conversion in
+// registers]), computing in float.
 #include <cmath>
 #include <cstring>
 
-#include "core/cpu/float32_staging.h"  // defines: float32_copy (Note [16-bit CPU kernels stage through float32])
+#include "core/cpu/bf16_convert.h"  // defines: widen, narrow, dispatch_floating_16bit
 #include "core/cpu/loops.h"
 #include "core/kernels.h"
 
@@ -11,69 +13,74 @@ namespace loom::cpu {
 namespace {
 
 void unary_cpu(UnaryOp op, const Tensor& in, Tensor& out) {
-  if (is_16bit_float(in.dtype())) {  // See Note [16-bit CPU kernels stage through float32]
-    Tensor out32 = float32_like(out);
-    unary_cpu(op, float32_copy(in), out32);
-    return round_into(out32, out);
-  }
-  dispatch_floating(in.dtype(), "unary op", [&]<typename T>() {
+  // 16-bit floats natively: Note [bfloat16 conversion in registers].
+  dispatch_floating_16bit(in.dtype(), "unary op", [&]<typename T>() {
+    using C = compute_t<T>;
+    auto map = [&](auto f) { cpu_map_typed<T, T>(out, [f](T x) { return narrow<T>(f(widen(x))); }, in); };
     switch (op) {
-      case UnaryOp::Neg: return cpu_map_typed<T, T>(out, [](T x) { return -x; }, in);
-      case UnaryOp::Exp: return cpu_map_typed<T, T>(out, [](T x) { return std::exp(x); }, in);
-      case UnaryOp::Log: return cpu_map_typed<T, T>(out, [](T x) { return std::log(x); }, in);
-      case UnaryOp::Sqrt: return cpu_map_typed<T, T>(out, [](T x) { return std::sqrt(x); }, in);
-      case UnaryOp::Rsqrt: return cpu_map_typed<T, T>(out, [](T x) { return T(1) / std::sqrt(x); }, in);
-      case UnaryOp::Abs: return cpu_map_typed<T, T>(out, [](T x) { return std::abs(x); }, in);
-      case UnaryOp::Relu: return cpu_map_typed<T, T>(out, [](T x) { return x > T(0) ? x : T(0); }, in);
-      case UnaryOp::Sigmoid: return cpu_map_typed<T, T>(out, [](T x) { return T(1) / (T(1) + std::exp(-x)); }, in);
-      case UnaryOp::Tanh: return cpu_map_typed<T, T>(out, [](T x) { return std::tanh(x); }, in);
+      case UnaryOp::Neg: return map([](C x) { return -x; });
+      case UnaryOp::Exp: return map([](C x) { return std::exp(x); });
+      case UnaryOp::Log: return map([](C x) { return std::log(x); });
+      case UnaryOp::Sqrt: return map([](C x) { return std::sqrt(x); });
+      case UnaryOp::Rsqrt: return map([](C x) { return C(1) / std::sqrt(x); });
+      case UnaryOp::Abs: return map([](C x) { return std::abs(x); });
+      case UnaryOp::Relu: return map([](C x) { return x > C(0) ? x : C(0); });
+      case UnaryOp::Sigmoid: return map([](C x) { return C(1) / (C(1) + std::exp(-x)); });
+      case UnaryOp::Tanh: return map([](C x) { return std::tanh(x); });
     }
   });
 }
 
 template <typename T>
 void compare(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
+  auto map = [&](auto f) { cpu_map_typed<bool, T, T>(out, [f](T x, T y) { return f(widen(x), widen(y)); }, a, b); };
+  using C = compute_t<T>;
   switch (op) {
-    case BinaryOp::Eq: return cpu_map_typed<bool, T, T>(out, [](T x, T y) { return x == y; }, a, b);
-    case BinaryOp::Ne: return cpu_map_typed<bool, T, T>(out, [](T x, T y) { return x != y; }, a, b);
-    case BinaryOp::Lt: return cpu_map_typed<bool, T, T>(out, [](T x, T y) { return x < y; }, a, b);
-    case BinaryOp::Le: return cpu_map_typed<bool, T, T>(out, [](T x, T y) { return x <= y; }, a, b);
-    case BinaryOp::Gt: return cpu_map_typed<bool, T, T>(out, [](T x, T y) { return x > y; }, a, b);
-    case BinaryOp::Ge: return cpu_map_typed<bool, T, T>(out, [](T x, T y) { return x >= y; }, a, b);
+    case BinaryOp::Eq: return map([](C x, C y) { return x == y; });
+    case BinaryOp::Ne: return map([](C x, C y) { return x != y; });
+    case BinaryOp::Lt: return map([](C x, C y) { return x < y; });
+    case BinaryOp::Le: return map([](C x, C y) { return x <= y; });
+    case BinaryOp::Gt: return map([](C x, C y) { return x > y; });
+    case BinaryOp::Ge: return map([](C x, C y) { return x >= y; });
     default: LOOM_FAIL("not a comparison");
   }
 }
 
-void binary_cpu(BinaryOp op, const Tensor& a, const Tensor& b, double alpha, Tensor& out) {
-  if (is_16bit_float(a.dtype())) {  // See Note [16-bit CPU kernels stage through float32]
-    Tensor a32 = float32_copy(a), b32 = float32_copy(b);
-    if (op >= BinaryOp::Eq) return binary_cpu(op, a32, b32, alpha, out);  // bool out: nothing to round
-    Tensor out32 = float32_like(out);
-    binary_cpu(op, a32, b32, alpha, out32);
-    return round_into(out32, out);
+// a (op) b elementwise in compute_t<T>, rounded to T once (bfloat16: Note [bfloat16
+// conversion in registers]; the engine accumulates gradients through Add).
+template <typename T>
+void arithmetic(BinaryOp op, const Tensor& a, const Tensor& b, double alpha, Tensor& out) {
+  using C = compute_t<T>;
+  auto map = [&](auto f) { cpu_map_typed<T, T, T>(out, [f](T x, T y) { return narrow<T>(f(widen(x), widen(y))); }, a, b); };
+  const C s = static_cast<C>(alpha);
+  switch (op) {
+    case BinaryOp::Add:
+      if (alpha == 1.0) return map([](C x, C y) { return x + y; });
+      return map([s](C x, C y) { return x + s * y; });
+    case BinaryOp::Sub:
+      if (alpha == 1.0) return map([](C x, C y) { return x - y; });
+      return map([s](C x, C y) { return x - s * y; });
+    case BinaryOp::Mul: return map([](C x, C y) { return x * y; });
+    case BinaryOp::Div: return map([](C x, C y) { return x / y; });
+    // NaN propagates from either side (x != x), as in PyTorch.
+    case BinaryOp::Maximum: return map([](C x, C y) { return x > y || x != x ? x : y; });
+    case BinaryOp::Minimum: return map([](C x, C y) { return x < y || x != x ? x : y; });
+    default: LOOM_FAIL("unhandled binary op");
   }
-  dispatch_all(a.dtype(), "binary op", [&]<typename T>() {
+}
+
+void binary_cpu(BinaryOp op, const Tensor& a, const Tensor& b, double alpha, Tensor& out) {
+  auto typed = [&]<typename T>() {
     if (op >= BinaryOp::Eq) return compare<T>(op, a, b, out);
     if constexpr (std::is_same_v<T, bool>) {
       LOOM_FAIL("arithmetic on bool tensors is not supported; convert with .to(kFloat32) first");
     } else {
-      const T s = static_cast<T>(alpha);
-      switch (op) {
-        case BinaryOp::Add:
-          if (alpha == 1.0) return cpu_map_typed<T, T, T>(out, [](T x, T y) { return x + y; }, a, b);
-          return cpu_map_typed<T, T, T>(out, [s](T x, T y) { return x + s * y; }, a, b);
-        case BinaryOp::Sub:
-          if (alpha == 1.0) return cpu_map_typed<T, T, T>(out, [](T x, T y) { return x - y; }, a, b);
-          return cpu_map_typed<T, T, T>(out, [s](T x, T y) { return x - s * y; }, a, b);
-        case BinaryOp::Mul: return cpu_map_typed<T, T, T>(out, [](T x, T y) { return x * y; }, a, b);
-        case BinaryOp::Div: return cpu_map_typed<T, T, T>(out, [](T x, T y) { return x / y; }, a, b);
-        // NaN propagates from either side (x != x), as in PyTorch.
-        case BinaryOp::Maximum: return cpu_map_typed<T, T, T>(out, [](T x, T y) { return x > y || x != x ? x : y; }, a, b);
-        case BinaryOp::Minimum: return cpu_map_typed<T, T, T>(out, [](T x, T y) { return x < y || x != x ? x : y; }, a, b);
-        default: LOOM_FAIL("unhandled binary op");
-      }
+      arithmetic<T>(op, a, b, alpha, out);
     }
-  });
+  };
+  if (a.dtype() == kBFloat16) return typed.template operator()<BFloat16>();
+  if (a.dtype() == kFloat16) return typed.template operator()<Half>();
+  dispatch_all(a.dtype(), "binary op", typed);
 }
 
 void pow_scalar_cpu(const Tensor& in, double exponent, Tensor& out) {
@@ -98,22 +105,16 @@ void where_cpu(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out
 }
 
 void threshold_backward_cpu(const Tensor& grad_out, const Tensor& ref, double threshold, Tensor& grad_in) {
-  if (is_16bit_float(grad_out.dtype())) {  // relu's gradient under autocast: Note [16-bit CPU kernels stage through float32]
-    Tensor grad_in32 = float32_like(grad_in);
-    threshold_backward_cpu(float32_copy(grad_out), float32_copy(ref), threshold, grad_in32);
-    return round_into(grad_in32, grad_in);
-  }
-  dispatch_floating(grad_out.dtype(), "threshold_backward", [&]<typename T>() {
-    const T t = static_cast<T>(threshold);
-    cpu_map_typed<T, T, T>(grad_in, [t](T g, T r) { return r > t ? g : T(0); }, grad_out, ref);
+  dispatch_floating_16bit(grad_out.dtype(), "threshold_backward", [&]<typename T>() {
+    const compute_t<T> t = static_cast<compute_t<T>>(threshold);
+    // The kept gradient is passed through bit for bit; T() is +0 for every T.
+    cpu_map_typed<T, T, T>(grad_in, [t](T g, T r) { return widen(r) > t ? g : T(); }, grad_out, ref);
   });
 }
 
 void fill_cpu(Tensor& self, double value) {
   dispatch_any(self.dtype(), "fill_", [&]<typename T>() {  // 16-bit floats too: zeros(), ones(), full()
-    T v;
-    if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) v = T(static_cast<float>(value));
-    else v = static_cast<T>(value);
+    const T v = narrow<T>(value);
     if (self.is_contiguous()) {
       T* p = self.data_ptr<T>();
       const int64_t n = self.numel();
@@ -124,11 +125,6 @@ void fill_cpu(Tensor& self, double value) {
     cpu_map_typed<T, T>(self, [v](T) { return v; }, self);
   });
 }
-
-// 16-bit floats are storage types on CPU: they are converted through float.
-template <typename T> struct Widen { using type = T; };
-template <> struct Widen<Half> { using type = float; };
-template <> struct Widen<BFloat16> { using type = float; };
 
 void copy_cpu(const Tensor& src, Tensor& dst, bool) {
   LOOM_CHECK(src.device().is_cpu() && dst.device().is_cpu(), "CPU copy got ", src.device(), " -> ", dst.device());
@@ -147,8 +143,9 @@ void copy_cpu(const Tensor& src, Tensor& dst, bool) {
   }
   dispatch_any(src.dtype(), "copy", [&]<typename Src>() {
     dispatch_any(dst.dtype(), "copy", [&]<typename Dst>() {
-      using Wide = typename Widen<Src>::type;
-      cpu_map_typed<Dst, Src>(dst, [](Src x) { return static_cast<Dst>(static_cast<Wide>(x)); }, src);
+      // 16-bit floats convert through float (Note [bfloat16 conversion in registers]):
+      // autocast's casts and the gradients they send back to float32 parameters.
+      cpu_map_typed<Dst, Src>(dst, [](Src x) { return narrow<Dst>(widen(x)); }, src);
     });
   });
 }

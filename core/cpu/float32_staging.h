@@ -11,6 +11,14 @@
 // the CPU with the same dtypes and results to 16-bit rounding as on CUDA, and its policy
 // is tested here. (oneDNN has native bf16 convolutions on CPUs with AVX512-BF16/AMX;
 // using them is the way to make this fast.)
+//
+// Exceptions, native on 16-bit floats (Note [bfloat16 conversion in registers],
+// core/cpu/bf16_convert.h): the unary/binary elementwise kernels and threshold_backward
+// (so relu, add and the engine's gradient additions), dtype copies (autocast's casts),
+// batch norm with its fused epilogue (16-bit activations with float32 parameters:
+// Note [Mixed-precision batch norm on the CPU]), max/avg/adaptive-avg pooling forward
+// and backward, and dropout. Each reads and writes 16 bits in one pass and computes in
+// float, with vectorised conversions for bfloat16 (float16's are scalar).
 #pragma once
 
 #include "core/factory.h"

@@ -121,6 +121,21 @@ void map_strided(Tensor& out, F& f, std::tuple<const In*...> in_ptrs, const Coll
   }
 }
 
+// Note [The contiguous loop takes its pointers by value]
+// The flat loop of Note [Elementwise loop shapes] step 1 is a function of its own whose
+// output pointer, length, functor and input pointers are plain parameters. Written
+// inline in a [&] lambda, it read them through the closure, and since a store through
+// the output pointer might alias that closure, GCC reloaded them every iteration and
+// vectorised nothing: float32 relu ran scalar, and bfloat16 kernels ran scalar with a
+// branch per element (the NaN check of Note [bfloat16 conversion in registers], relu's
+// compare), several times slower than float32. As parameters they are known not to
+// change, and both vectorise.
+template <typename Out, typename... In, typename F>
+void map_contiguous(Out* out, int64_t n, F f, const In*... in) {
+#pragma omp parallel for simd schedule(static) if (n > kGrain)
+  for (int64_t i = 0; i < n; ++i) out[i] = f(in[i]...);
+}
+
 }  // namespace detail
 
 template <typename Out, typename... In, typename F, typename... Tensors>
@@ -132,13 +147,8 @@ void cpu_map_typed(Tensor& out, F f, const Tensors&... ins) {
   std::tuple<const In*...> in_ptrs{static_cast<const In*>(ins.raw_data())...};
 
   if ((out.is_contiguous() && ... && ins.is_contiguous())) {
-    Out* out_ptr = out.data_ptr<Out>();
-    std::apply(
-        [&](const In*... in) {
-#pragma omp parallel for simd schedule(static) if (n > kGrain)
-          for (int64_t i = 0; i < n; ++i) out_ptr[i] = f(in[i]...);
-        },
-        in_ptrs);
+    Out* out_ptr = out.data_ptr<Out>();  // See Note [The contiguous loop takes its pointers by value]
+    std::apply([&](const In*... in) { detail::map_contiguous<Out, In...>(out_ptr, n, f, in...); }, in_ptrs);
     return;
   }
   std::array<const Shape*, N> all_strides = {&out.strides(), &ins.strides()...};

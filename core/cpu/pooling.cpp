@@ -14,10 +14,18 @@
 // - avg: the window [o*stride - pad, + kernel) is clipped to the padded image to give
 //   the count_include_pad divisor, then to the image to give the summed elements.
 // - adaptive avg: output i averages input [floor(i*H/OH), ceil((i+1)*H/OH)).
+//
+// bfloat16 runs natively: values are widened to float as they are read and rounded
+// once as they are written (Note [bfloat16 conversion in registers]). Max pooling's
+// forward only moves values, so it is exact. See Note [Pooling gradients accumulate in
+// the compute type] for the backward.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
+#include <vector>
+
+#include "core/cpu/bf16_convert.h"  // defines: compute_t, widen, narrow, dispatch_floating_16bit
 #include "core/cpu/contiguous.h"
 #include "core/kernels.h"
 #include "core/pooling_geometry.h"  // defines: PoolPlanes, pool_planes_of, first_inside
@@ -28,14 +36,47 @@ namespace {
 // Below this much work (roughly, element visits) a thread team costs more than it saves.
 constexpr int64_t kPoolGrain = 1 << 15;
 
+// Note [Pooling gradients accumulate in the compute type]
+// The backward kernels add each output's share into the input plane, and windows may
+// overlap (stride < kernel, uneven adaptive bins), so an element can receive several
+// shares. For float and double they accumulate in grad_in itself; for bfloat16 they
+// accumulate in a float plane owned by the thread and are rounded once per element, as
+// the float32 kernel's result would be, instead of once per share.
+template <typename E>
+class PlaneAccumulator {
+ public:
+  using T = compute_t<E>;
+  explicit PlaneAccumulator(int64_t size) : size_(size) {
+    if constexpr (!std::is_same_v<E, T>) buffer_.resize(static_cast<size_t>(size));
+  }
+  // A zeroed plane to add into: `plane` itself, or the float buffer for bfloat16.
+  T* zeroed(E* plane) {
+    T* acc;
+    if constexpr (std::is_same_v<E, T>) acc = plane;
+    else acc = buffer_.data();
+    std::fill_n(acc, size_, T(0));
+    return acc;
+  }
+  // Rounds the buffer into `plane` (nothing to do when the plane was the buffer).
+  void store(E* plane) const {
+    if constexpr (!std::is_same_v<E, T>) {
+#pragma omp simd
+      for (int64_t i = 0; i < size_; ++i) narrow_into(plane[i], buffer_[static_cast<size_t>(i)]);
+    }
+  }
 
+ private:
+  int64_t size_;
+  std::vector<T> buffer_;
+};
 
-template <typename T>
+template <typename E>
 void max_pool2d_forward_typed(const Tensor& in_any, const Pool2dParams& p, Tensor& out, Tensor& indices) {
+  using T = compute_t<E>;
   const Tensor in = contiguous_input(in_any);
   const PoolPlanes g = pool_planes_of(in, out);
-  const T* x = in.data_ptr<T>();
-  T* y = out.data_ptr<T>();
+  const E* x = in.data_ptr<E>();
+  E* y = out.data_ptr<E>();
   int64_t* arg = indices.data_ptr<int64_t>();
   const int64_t kh = p.kernel[0], kw = p.kernel[1], sh = p.stride[0], sw = p.stride[1];
   const int64_t ph = p.padding[0], pw = p.padding[1], dh = p.dilation[0], dw = p.dilation[1];
@@ -43,8 +84,8 @@ void max_pool2d_forward_typed(const Tensor& in_any, const Pool2dParams& p, Tenso
 
 #pragma omp parallel for schedule(static) if (work > kPoolGrain && g.count > 1)
   for (int64_t plane = 0; plane < g.count; ++plane) {
-    const T* xp = x + plane * g.in_h * g.in_w;
-    T* yp = y + plane * g.out_h * g.out_w;
+    const E* xp = x + plane * g.in_h * g.in_w;
+    E* yp = y + plane * g.out_h * g.out_w;
     int64_t* ap = arg + plane * g.out_h * g.out_w;
     for (int64_t oh = 0; oh < g.out_h; ++oh) {
       const int64_t h_end = std::min(oh * sh - ph + (kh - 1) * dh + 1, g.in_h);
@@ -56,14 +97,14 @@ void max_pool2d_forward_typed(const Tensor& in_any, const Pool2dParams& p, Tenso
         int64_t best_index = h_begin * g.in_w + w_begin;
         for (int64_t h = h_begin; h < h_end; h += dh) {
           for (int64_t w = w_begin; w < w_end; w += dw) {
-            const T v = xp[h * g.in_w + w];
+            const T v = widen(xp[h * g.in_w + w]);
             if (v > best || std::isnan(v)) {
               best = v;
               best_index = h * g.in_w + w;
             }
           }
         }
-        yp[oh * g.out_w + ow] = best;
+        yp[oh * g.out_w + ow] = narrow<E>(best);  // exact: an input value or -inf
         ap[oh * g.out_w + ow] = best_index;
       }
     }
@@ -73,28 +114,32 @@ void max_pool2d_forward_typed(const Tensor& in_any, const Pool2dParams& p, Tenso
 void max_pool2d_forward_cpu(const Tensor& in, const Pool2dParams& p, Tensor& out, Tensor& indices) {
   check_output_dense("max_pool2d", out);
   check_output_dense("max_pool2d", indices);
-  dispatch_floating(in.dtype(), "max_pool2d", [&]<typename T>() { max_pool2d_forward_typed<T>(in, p, out, indices); });
+  dispatch_floating_16bit(in.dtype(), "max_pool2d", [&]<typename E>() { max_pool2d_forward_typed<E>(in, p, out, indices); });
 }
 
 void max_pool2d_backward_cpu(const Tensor& grad_out_any, const Tensor& indices_any, Tensor& grad_in) {
   check_output_dense("max_pool2d_backward", grad_in);
   const Tensor grad_out = contiguous_input(grad_out_any);
   const Tensor indices = contiguous_input(indices_any);
-  dispatch_floating(grad_out.dtype(), "max_pool2d_backward", [&]<typename T>() {
+  dispatch_floating_16bit(grad_out.dtype(), "max_pool2d_backward", [&]<typename E>() {
     const PoolPlanes g = pool_planes_of(grad_in, grad_out);
-    const T* gy = grad_out.data_ptr<T>();
+    const E* gy = grad_out.data_ptr<E>();
     const int64_t* arg = indices.data_ptr<int64_t>();
-    T* gx = grad_in.data_ptr<T>();
+    E* gx = grad_in.data_ptr<E>();
     const int64_t in_plane = g.in_h * g.in_w, out_plane = g.out_h * g.out_w;
-#pragma omp parallel for schedule(static) if (g.count * (in_plane + out_plane) > kPoolGrain && g.count > 1)
-    for (int64_t plane = 0; plane < g.count; ++plane) {
-      T* gxp = gx + plane * in_plane;
-      for (int64_t i = 0; i < in_plane; ++i) gxp[i] = T(0);
-      const T* gyp = gy + plane * out_plane;
-      const int64_t* ap = arg + plane * out_plane;
-      // Overlapping windows (stride < kernel) can pick the same element: accumulate.
-      for (int64_t o = 0; o < out_plane; ++o) {
-        if (ap[o] >= 0 && ap[o] < in_plane) gxp[ap[o]] += gyp[o];
+#pragma omp parallel if (g.count * (in_plane + out_plane) > kPoolGrain && g.count > 1)
+    {
+      PlaneAccumulator<E> acc(in_plane);  // See Note [Pooling gradients accumulate in the compute type]
+#pragma omp for schedule(static)
+      for (int64_t plane = 0; plane < g.count; ++plane) {
+        auto* gxp = acc.zeroed(gx + plane * in_plane);
+        const E* gyp = gy + plane * out_plane;
+        const int64_t* ap = arg + plane * out_plane;
+        // Overlapping windows (stride < kernel) can pick the same element: accumulate.
+        for (int64_t o = 0; o < out_plane; ++o) {
+          if (ap[o] >= 0 && ap[o] < in_plane) gxp[ap[o]] += widen(gyp[o]);
+        }
+        acc.store(gx + plane * in_plane);
       }
     }
   });
@@ -120,23 +165,25 @@ inline AvgWindow avg_window(const Pool2dParams& p, const PoolPlanes& g, int64_t 
 void avg_pool2d_forward_cpu(const Tensor& in_any, const Pool2dParams& p, Tensor& out) {
   check_output_dense("avg_pool2d", out);
   const Tensor in = contiguous_input(in_any);
-  dispatch_floating(in.dtype(), "avg_pool2d", [&]<typename T>() {
+  dispatch_floating_16bit(in.dtype(), "avg_pool2d", [&]<typename E>() {
+    using T = compute_t<E>;
     const PoolPlanes g = pool_planes_of(in, out);
-    const T* x = in.data_ptr<T>();
-    T* y = out.data_ptr<T>();
+    const E* x = in.data_ptr<E>();
+    E* y = out.data_ptr<E>();
     const int64_t work = g.count * g.out_h * g.out_w * p.kernel[0] * p.kernel[1];
 #pragma omp parallel for schedule(static) if (work > kPoolGrain && g.count > 1)
     for (int64_t plane = 0; plane < g.count; ++plane) {
-      const T* xp = x + plane * g.in_h * g.in_w;
-      T* yp = y + plane * g.out_h * g.out_w;
+      const E* xp = x + plane * g.in_h * g.in_w;
+      E* yp = y + plane * g.out_h * g.out_w;
       for (int64_t oh = 0; oh < g.out_h; ++oh) {
         for (int64_t ow = 0; ow < g.out_w; ++ow) {
           const AvgWindow win = avg_window(p, g, oh, ow);
           T sum = T(0);
           for (int64_t h = win.h_begin; h < win.h_end; ++h)
-            for (int64_t w = win.w_begin; w < win.w_end; ++w) sum += xp[h * g.in_w + w];
+            for (int64_t w = win.w_begin; w < win.w_end; ++w) sum += widen(xp[h * g.in_w + w]);
           // An empty window (only possible when it lies wholly in the padding) is 0.
-          yp[oh * g.out_w + ow] = win.h_begin < win.h_end && win.w_begin < win.w_end ? sum / T(win.divisor) : T(0);
+          yp[oh * g.out_w + ow] =
+              narrow<E>(win.h_begin < win.h_end && win.w_begin < win.w_end ? sum / T(win.divisor) : T(0));
         }
       }
     }
@@ -146,23 +193,29 @@ void avg_pool2d_forward_cpu(const Tensor& in_any, const Pool2dParams& p, Tensor&
 void avg_pool2d_backward_cpu(const Tensor& grad_out_any, const Pool2dParams& p, Tensor& grad_in) {
   check_output_dense("avg_pool2d_backward", grad_in);
   const Tensor grad_out = contiguous_input(grad_out_any);
-  dispatch_floating(grad_out.dtype(), "avg_pool2d_backward", [&]<typename T>() {
+  dispatch_floating_16bit(grad_out.dtype(), "avg_pool2d_backward", [&]<typename E>() {
+    using T = compute_t<E>;
     const PoolPlanes g = pool_planes_of(grad_in, grad_out);
-    const T* gy = grad_out.data_ptr<T>();
-    T* gx = grad_in.data_ptr<T>();
-    const int64_t work = g.count * (g.in_h * g.in_w + g.out_h * g.out_w * p.kernel[0] * p.kernel[1]);
-#pragma omp parallel for schedule(static) if (work > kPoolGrain && g.count > 1)
-    for (int64_t plane = 0; plane < g.count; ++plane) {
-      T* gxp = gx + plane * g.in_h * g.in_w;
-      for (int64_t i = 0; i < g.in_h * g.in_w; ++i) gxp[i] = T(0);
-      const T* gyp = gy + plane * g.out_h * g.out_w;
-      for (int64_t oh = 0; oh < g.out_h; ++oh) {
-        for (int64_t ow = 0; ow < g.out_w; ++ow) {
-          const AvgWindow win = avg_window(p, g, oh, ow);
-          const T share = gyp[oh * g.out_w + ow] / T(win.divisor);
-          for (int64_t h = win.h_begin; h < win.h_end; ++h)
-            for (int64_t w = win.w_begin; w < win.w_end; ++w) gxp[h * g.in_w + w] += share;
+    const E* gy = grad_out.data_ptr<E>();
+    E* gx = grad_in.data_ptr<E>();
+    const int64_t in_plane = g.in_h * g.in_w;
+    const int64_t work = g.count * (in_plane + g.out_h * g.out_w * p.kernel[0] * p.kernel[1]);
+#pragma omp parallel if (work > kPoolGrain && g.count > 1)
+    {
+      PlaneAccumulator<E> acc(in_plane);  // See Note [Pooling gradients accumulate in the compute type]
+#pragma omp for schedule(static)
+      for (int64_t plane = 0; plane < g.count; ++plane) {
+        T* gxp = acc.zeroed(gx + plane * in_plane);
+        const E* gyp = gy + plane * g.out_h * g.out_w;
+        for (int64_t oh = 0; oh < g.out_h; ++oh) {
+          for (int64_t ow = 0; ow < g.out_w; ++ow) {
+            const AvgWindow win = avg_window(p, g, oh, ow);
+            const T share = widen(gyp[oh * g.out_w + ow]) / T(win.divisor);
+            for (int64_t h = win.h_begin; h < win.h_end; ++h)
+              for (int64_t w = win.w_begin; w < win.w_end; ++w) gxp[h * g.in_w + w] += share;
+          }
         }
+        acc.store(gx + plane * in_plane);
       }
     }
   });
@@ -175,36 +228,37 @@ inline int64_t adaptive_end(int64_t i, int64_t out, int64_t size) { return ((i +
 void adaptive_avg_pool2d_forward_cpu(const Tensor& in_any, Tensor& out) {
   check_output_dense("adaptive_avg_pool2d", out);
   const Tensor in = contiguous_input(in_any);
-  dispatch_floating(in.dtype(), "adaptive_avg_pool2d", [&]<typename T>() {
+  dispatch_floating_16bit(in.dtype(), "adaptive_avg_pool2d", [&]<typename E>() {
+    using T = compute_t<E>;
     const PoolPlanes g = pool_planes_of(in, out);
-    const T* x = in.data_ptr<T>();
-    T* y = out.data_ptr<T>();
+    const E* x = in.data_ptr<E>();
+    E* y = out.data_ptr<E>();
     const int64_t area = g.in_h * g.in_w;
     const bool parallel = g.count * area > kPoolGrain && g.count > 1;
     if (g.out_h == 1 && g.out_w == 1) {
       // Global average pooling (ResNet's head): one vectorised sum per plane.
 #pragma omp parallel for schedule(static) if (parallel)
       for (int64_t plane = 0; plane < g.count; ++plane) {
-        const T* xp = x + plane * area;
+        const E* xp = x + plane * area;
         T sum = T(0);
 #pragma omp simd reduction(+ : sum)
-        for (int64_t i = 0; i < area; ++i) sum += xp[i];
-        y[plane] = sum / T(area);
+        for (int64_t i = 0; i < area; ++i) sum += widen(xp[i]);
+        y[plane] = narrow<E>(sum / T(area));
       }
       return;
     }
 #pragma omp parallel for schedule(static) if (parallel)
     for (int64_t plane = 0; plane < g.count; ++plane) {
-      const T* xp = x + plane * area;
-      T* yp = y + plane * g.out_h * g.out_w;
+      const E* xp = x + plane * area;
+      E* yp = y + plane * g.out_h * g.out_w;
       for (int64_t oh = 0; oh < g.out_h; ++oh) {
         const int64_t h0 = adaptive_begin(oh, g.out_h, g.in_h), h1 = adaptive_end(oh, g.out_h, g.in_h);
         for (int64_t ow = 0; ow < g.out_w; ++ow) {
           const int64_t w0 = adaptive_begin(ow, g.out_w, g.in_w), w1 = adaptive_end(ow, g.out_w, g.in_w);
           T sum = T(0);
           for (int64_t h = h0; h < h1; ++h)
-            for (int64_t w = w0; w < w1; ++w) sum += xp[h * g.in_w + w];
-          yp[oh * g.out_w + ow] = sum / T((h1 - h0) * (w1 - w0));
+            for (int64_t w = w0; w < w1; ++w) sum += widen(xp[h * g.in_w + w]);
+          yp[oh * g.out_w + ow] = narrow<E>(sum / T((h1 - h0) * (w1 - w0)));
         }
       }
     }
@@ -214,36 +268,41 @@ void adaptive_avg_pool2d_forward_cpu(const Tensor& in_any, Tensor& out) {
 void adaptive_avg_pool2d_backward_cpu(const Tensor& grad_out_any, Tensor& grad_in) {
   check_output_dense("adaptive_avg_pool2d_backward", grad_in);
   const Tensor grad_out = contiguous_input(grad_out_any);
-  dispatch_floating(grad_out.dtype(), "adaptive_avg_pool2d_backward", [&]<typename T>() {
+  dispatch_floating_16bit(grad_out.dtype(), "adaptive_avg_pool2d_backward", [&]<typename E>() {
+    using T = compute_t<E>;
     const PoolPlanes g = pool_planes_of(grad_in, grad_out);
-    const T* gy = grad_out.data_ptr<T>();
-    T* gx = grad_in.data_ptr<T>();
+    const E* gy = grad_out.data_ptr<E>();
+    E* gx = grad_in.data_ptr<E>();
     const int64_t area = g.in_h * g.in_w;
     const bool parallel = g.count * area > kPoolGrain && g.count > 1;
     if (g.out_h == 1 && g.out_w == 1) {
 #pragma omp parallel for schedule(static) if (parallel)
       for (int64_t plane = 0; plane < g.count; ++plane) {
-        const T share = gy[plane] / T(area);
-        T* gxp = gx + plane * area;
+        const E share = narrow<E>(widen(gy[plane]) / T(area));
+        E* gxp = gx + plane * area;
 #pragma omp simd
         for (int64_t i = 0; i < area; ++i) gxp[i] = share;
       }
       return;
     }
-#pragma omp parallel for schedule(static) if (parallel)
-    for (int64_t plane = 0; plane < g.count; ++plane) {
-      T* gxp = gx + plane * area;
-      for (int64_t i = 0; i < area; ++i) gxp[i] = T(0);
-      const T* gyp = gy + plane * g.out_h * g.out_w;
-      for (int64_t oh = 0; oh < g.out_h; ++oh) {
-        const int64_t h0 = adaptive_begin(oh, g.out_h, g.in_h), h1 = adaptive_end(oh, g.out_h, g.in_h);
-        for (int64_t ow = 0; ow < g.out_w; ++ow) {
-          const int64_t w0 = adaptive_begin(ow, g.out_w, g.in_w), w1 = adaptive_end(ow, g.out_w, g.in_w);
-          // Windows overlap when the size does not divide evenly: accumulate.
-          const T share = gyp[oh * g.out_w + ow] / T((h1 - h0) * (w1 - w0));
-          for (int64_t h = h0; h < h1; ++h)
-            for (int64_t w = w0; w < w1; ++w) gxp[h * g.in_w + w] += share;
+#pragma omp parallel if (parallel)
+    {
+      PlaneAccumulator<E> acc(area);  // See Note [Pooling gradients accumulate in the compute type]
+#pragma omp for schedule(static)
+      for (int64_t plane = 0; plane < g.count; ++plane) {
+        T* gxp = acc.zeroed(gx + plane * area);
+        const E* gyp = gy + plane * g.out_h * g.out_w;
+        for (int64_t oh = 0; oh < g.out_h; ++oh) {
+          const int64_t h0 = adaptive_begin(oh, g.out_h, g.in_h), h1 = adaptive_end(oh, g.out_h, g.in_h);
+          for (int64_t ow = 0; ow < g.out_w; ++ow) {
+            const int64_t w0 = adaptive_begin(ow, g.out_w, g.in_w), w1 = adaptive_end(ow, g.out_w, g.in_w);
+            // Windows overlap when the size does not divide evenly: accumulate.
+            const T share = widen(gyp[oh * g.out_w + ow]) / T((h1 - h0) * (w1 - w0));
+            for (int64_t h = h0; h < h1; ++h)
+              for (int64_t w = w0; w < w1; ++w) gxp[h * g.in_w + w] += share;
+          }
         }
+        acc.store(gx + plane * area);
       }
     }
   });

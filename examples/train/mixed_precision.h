@@ -11,9 +11,9 @@
 //         no loss scaling is needed.
 //   fp16  autocast to float16, plus a GradScaler (nn/optim/grad_scaler.h) against
 //         gradient underflow; a step with inf/NaN gradients is skipped.
-// Evaluation stays in float32. On the CPU both work, more slowly than float32: the CPU
-// kernels stage 16-bit operands through float32 (Note [16-bit CPU kernels stage through
-// float32]); they are there to test the policy, the speed is on CUDA.
+// Evaluation stays in float32. On the CPU both work with CPU autocast's lists (Note
+// [Autocast op lists per device]); bfloat16 runs natively in the kernels of a ResNet
+// step (docs/mixed_precision.md, "On the CPU"), float16 partly stages through float32.
 #pragma once
 
 #include <memory>
