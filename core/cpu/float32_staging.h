@@ -1,16 +1,18 @@
 // 16-bit operands on the CPU backend, run through the float32 kernels.
 //
 // Note [16-bit CPU kernels stage through float32]
-// The CPU backend has no 16-bit arithmetic (core/dtype.h: Half and BFloat16 only carry
-// bits). mm, bmm, conv2d, the unary/binary elementwise kernels (the engine adds
-// gradients with the latter) and the reductions (sum/mean/max/min, argmax) on
-// float16/bfloat16 tensors copy their operands to float32,
+// The CPU backend has no 16-bit elementwise arithmetic (core/dtype.h: Half and BFloat16
+// only carry bits). The unary/binary elementwise kernels (the engine adds gradients with
+// the latter), the reductions (sum/mean/max/min, argmax), and every float16 mm, bmm and
+// conv2d copy their operands to float32,
 // run the float32 kernel -- float32 accumulation, as cuBLAS and cuDNN do for 16-bit
 // inputs -- and round each result to 16 bits once. Two extra passes over the data, so
 // slower than float32 itself; the point is that autocast (autograd/autocast.h) runs on
 // the CPU with the same dtypes and results to 16-bit rounding as on CUDA, and its policy
-// is tested here. (oneDNN has native bf16 convolutions on CPUs with AVX512-BF16/AMX;
-// using them is the way to make this fast.)
+// is tested here. bfloat16 conv2d (forward and both gradients), mm and bmm -- the heavy
+// kernels -- are native instead, on oneDNN's bf16 primitives wherever oneDNN has them
+// (Note [bfloat16 on the CPU], core/cpu/bf16_path.h); they stage only on CPUs without
+// AVX-512, or under LOOM_CPU_BF16=staging.
 #pragma once
 
 #include "core/factory.h"
