@@ -92,9 +92,7 @@ struct Conv2dParams {
 // NCHW input, OIHW weight (contiguous); bias may be undefined.
 LOOM_DECLARE_KERNEL(conv2d_forward_kernel, void (*)(const Tensor& input, const Tensor& weight, const Tensor& bias,
                                                     const Conv2dParams& params, Tensor& out));
-// Fills whichever of grad_input / grad_weight / grad_bias are defined. For 16-bit inputs
-// grad_weight and grad_bias may be float32 (one dtype for both): Note [Autocast conv2d
-// weight gradients], autograd/ops/conv.cpp.
+// Fills whichever of grad_input / grad_weight / grad_bias are defined.
 LOOM_DECLARE_KERNEL(conv2d_backward_kernel, void (*)(const Tensor& grad_out, const Tensor& input, const Tensor& weight,
                                                      const Conv2dParams& params, Tensor& grad_input,
                                                      Tensor& grad_weight, Tensor& grad_bias));

@@ -3,7 +3,7 @@
 //
 // A *plan* is whatever a kernel builds once per shape and reuses every step: the
 // primitive, the reorders around it, the size of its scratchpad. conv2d (core/cpu/
-// conv2d.cpp) and the bfloat16 matmul (core/cpu/matmul_onednn.cpp) each define their plan
+// conv2d.cpp) and the bfloat16 matmul (core/cpu/linalg.cpp) each define their plan
 // and its key; PlanCache keeps them (Note [oneDNN plan cache]).
 //
 // Note [oneDNN plan cache]

@@ -11,9 +11,10 @@
 //         no loss scaling is needed.
 //   fp16  autocast to float16, plus a GradScaler (nn/optim/grad_scaler.h) against
 //         gradient underflow; a step with inf/NaN gradients is skipped.
-// Evaluation stays in float32. On the CPU both work, more slowly than float32: the CPU
-// kernels stage 16-bit operands through float32 (Note [16-bit CPU kernels stage through
-// float32]); they are there to test the policy, the speed is on CUDA.
+// Evaluation stays in float32. On the CPU both work: bf16 convolutions and matrix
+// products run natively where oneDNN has bf16 kernels (Note [bfloat16 on the CPU]; the
+// trainer prints which path), everything else stages 16-bit operands through float32
+// (Note [16-bit CPU kernels stage through float32]).
 #pragma once
 
 #include <memory>
