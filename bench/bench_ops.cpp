@@ -5,6 +5,8 @@
 //   build/bench/bench_ops --torch              # ... and the same convolutions in PyTorch
 //   build/bench/bench_ops --torch-keep-memory  # ... with glibc told to keep freed memory
 //   build/bench/bench_ops --layouts            # conv2d in every layout (Note [Conv2d memory layout])
+//   build/bench/bench_ops --dtype=bf16         # conv2d in bfloat16 (Note [bfloat16 on the CPU])
+//   build/bench/bench_ops --bf16-vs-float32    # both, interleaved, and their speed ratio
 //   OMP_NUM_THREADS=1 build/bench/bench_ops --runs=3 --batch=32
 //
 // sgemm (2048^3, OpenBLAS) is the yardstick: a convolution is a matrix multiply in
@@ -44,6 +46,8 @@ struct Options {
   bool torch_keep_memory = false;  // Note [PyTorch and page faults]
   std::string python = "python3";
   bool layouts = false;
+  DType dtype = kFloat32;     // --dtype=float32|bf16
+  bool bf16_vs_float32 = false;
 };
 
 Options parse(int argc, char** argv) {
@@ -57,10 +61,14 @@ Options parse(int argc, char** argv) {
     else if (arg.rfind("--torch=", 0) == 0) options.torch = true, options.python = arg.substr(8);
     else if (arg == "--torch-keep-memory") options.torch = options.torch_keep_memory = true;
     else if (arg == "--layouts") options.layouts = true;
+    else if (arg == "--dtype=float32") options.dtype = kFloat32;
+    else if (arg == "--dtype=bf16") options.dtype = kBFloat16;
+    else if (arg == "--bf16-vs-float32") options.bf16_vs_float32 = true;
     else {
       std::fprintf(stderr,
                    "bench_ops: unknown argument '%s'\n"
                    "usage: bench_ops [--runs=N] [--batch=N] [--torch[=PYTHON]] [--torch-keep-memory] [--layouts]\n"
+                   "                 [--dtype=float32|bf16] [--bf16-vs-float32]\n"
                    "  --torch runs bench/bench_conv_torch.py with PYTHON (default $LOOM_PYTHON or python3)\n",
                    arg.c_str());
       std::exit(2);
@@ -102,13 +110,15 @@ struct ConvTiming {
   double forward_ms, backward_ms, gflops;
 };
 
-// Times the kernels directly (no autograd) so the number is the convolution alone.
-ConvTiming time_conv(const ConvShape& s, int64_t batch, int runs) {
-  Tensor x = randn({batch, s.channels, s.size, s.size});
-  Tensor w = randn({s.channels, s.channels, 3, 3});
-  Tensor y = empty({batch, s.channels, s.size, s.size});
-  Tensor grad_y = randn(y.shape());
-  Tensor grad_x = empty_like(x), grad_w = empty_like(w), no_bias;
+// Times the kernels directly (no autograd) so the number is the convolution alone. In
+// bfloat16 the weight gradient is float32, as autocast asks for it (Note [Autocast conv2d
+// weight gradients]).
+ConvTiming time_conv(const ConvShape& s, int64_t batch, int runs, DType dtype = kFloat32) {
+  Tensor x = randn({batch, s.channels, s.size, s.size}).to(dtype);
+  Tensor w = randn({s.channels, s.channels, 3, 3}).to(dtype);
+  Tensor y = empty({batch, s.channels, s.size, s.size}, TensorOptions(dtype));
+  Tensor grad_y = randn(y.shape()).to(dtype);
+  Tensor grad_x = empty_like(x), grad_w = empty(w.shape(), TensorOptions(kFloat32)), no_bias;
   Conv2dParams params;
   params.padding[0] = params.padding[1] = 1;
   auto forward = [&] { conv2d_forward_kernel(x.device())(x, w, no_bias, params, y); };
@@ -153,7 +163,7 @@ void conv_table(const Options& options, double sgemm) {
   for (const ConvShape& s : kResNetShapes) {
     std::optional<std::pair<double, double>> torch;
     if (options.torch) torch = run_torch(options, s);
-    ConvTiming t = time_conv(s, options.batch, options.runs);
+    ConvTiming t = time_conv(s, options.batch, options.runs, options.dtype);
     char shape[32];
     std::snprintf(shape, sizeof shape, "%lld, %lldx%lld", static_cast<long long>(s.channels),
                   static_cast<long long>(s.size), static_cast<long long>(s.size));
@@ -168,6 +178,41 @@ void conv_table(const Options& options, double sgemm) {
   }
 }
 
+// float32 and bfloat16 fwd+bwd per shape, alternating `repeats` times so that both see
+// the same load from the rest of the machine; the ratio is the median of the repeats'.
+void bf16_table(const Options& options) {
+  const int repeats = 3;
+  std::printf("\nconv2d 3x3 stride 1 pad 1, batch %lld, fwd + bwd, float32 vs bfloat16 (%d interleaved repeats):\n",
+              static_cast<long long>(options.batch), repeats);
+  std::printf("%-18s %13s %13s %13s %13s %11s\n", "shape (C, HxW)", "f32 fwd ms", "f32 bwd ms", "bf16 fwd ms",
+              "bf16 bwd ms", "f32/bf16");
+  for (const ConvShape& s : kResNetShapes) {
+    std::vector<ConvTiming> f32, bf16;
+    std::vector<double> ratios;
+    for (int i = 0; i < repeats; ++i) {
+      f32.push_back(time_conv(s, options.batch, options.runs, kFloat32));
+      bf16.push_back(time_conv(s, options.batch, options.runs, kBFloat16));
+      ratios.push_back((f32.back().forward_ms + f32.back().backward_ms) /
+                       (bf16.back().forward_ms + bf16.back().backward_ms));
+    }
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    auto field = [&](const std::vector<ConvTiming>& ts, double ConvTiming::*member) {
+      std::vector<double> v;
+      for (const ConvTiming& t : ts) v.push_back(t.*member);
+      return median(v);
+    };
+    char shape[32];
+    std::snprintf(shape, sizeof shape, "%lld, %lldx%lld", static_cast<long long>(s.channels),
+                  static_cast<long long>(s.size), static_cast<long long>(s.size));
+    std::printf("%-18s %13.1f %13.1f %13.1f %13.1f %10.2fx\n", shape, field(f32, &ConvTiming::forward_ms),
+                field(f32, &ConvTiming::backward_ms), field(bf16, &ConvTiming::forward_ms),
+                field(bf16, &ConvTiming::backward_ms), median(ratios));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -176,6 +221,10 @@ int main(int argc, char** argv) {
               options.runs);
   double sgemm = sgemm_gflops(options.runs);
   std::printf("sgemm 2048x2048x2048 (OpenBLAS): %.1f GFLOP/s\n", sgemm);
+  if (options.bf16_vs_float32) {
+    bf16_table(options);
+    return 0;
+  }
   if (!options.layouts) {
     conv_table(options, sgemm);
     return 0;

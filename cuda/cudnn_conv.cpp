@@ -282,7 +282,9 @@ void conv2d_backward_cuda(const Tensor& grad_out_, const Tensor& input_, const T
     if (!gi.is_same(grad_input)) copy_on_device(gi, grad_input);
   }
   if (grad_weight.defined()) {
-    Tensor gw = grad_weight.is_contiguous() ? grad_weight : empty(grad_weight.shape(), TensorOptions(dtype).device(grad_weight.device()));
+    // A float32 gradient for 16-bit operands (Note [Autocast conv2d weight gradients]) is
+    // computed in dtype and widened by copy_on_device.
+    Tensor gw = grad_weight.is_contiguous() && grad_weight.dtype() == dtype ? grad_weight : empty(grad_weight.shape(), TensorOptions(dtype).device(grad_weight.device()));
     with_algorithm<Direction::BackwardFilter>(lease.handle, desc, make_key(Direction::BackwardFilter, input, weight, p),
                                               input.device(), [&](int algo, void* workspace, size_t bytes) {
       LOOM_CUDNN_CHECK(cudnnConvolutionBackwardFilter(lease.handle, one.get(dtype), desc.x, input.raw_data(), desc.y,
@@ -294,7 +296,7 @@ void conv2d_backward_cuda(const Tensor& grad_out_, const Tensor& input_, const T
     if (!gw.is_same(grad_weight)) copy_on_device(gw, grad_weight);
   }
   if (grad_bias.defined()) {
-    Tensor gb = grad_bias.is_contiguous() ? grad_bias : empty(grad_bias.shape(), TensorOptions(dtype).device(grad_bias.device()));
+    Tensor gb = grad_bias.is_contiguous() && grad_bias.dtype() == dtype ? grad_bias : empty(grad_bias.shape(), TensorOptions(dtype).device(grad_bias.device()));
     cudnnTensorDescriptor_t bias_desc = nullptr;
     LOOM_CUDNN_CHECK(cudnnCreateTensorDescriptor(&bias_desc));
     ConvDescriptors::set_tensor(bias_desc, make_tensor(gb.storage(), {1, gb.numel(), 1, 1}, {gb.numel(), 1, 1, 1},

@@ -59,14 +59,49 @@ int64_t output_extent(const Tensor& input, const Tensor& weight, const Conv2dPar
   return (padded - span) / p.stride[axis] + 1;
 }
 
+// Note [Autocast conv2d weight gradients]
+// Under autocast the convolution runs on 16-bit casts of float32 parameters (the weight
+// cast cache, autograd/autocast.h). Recorded plainly, its weight gradient would be
+// rounded to 16 bits and then widened by the cast's backward: one bfloat16 rounding
+// (2^-9 relative) of every parameter's gradient, every step, for nothing -- the kernels
+// accumulate in float32 anyway. So when autocast cast a float32 weight (and bias), the
+// Conv2dBackward node takes its gradient edges from the float32 tensors themselves and
+// asks the kernel for float32 weight and bias gradients (core/kernels.h allows them for
+// 16-bit inputs; oneDNN writes them directly, Note [Conv2d in bfloat16]). The engine
+// sees a float32 gradient for a float32 input, as it checks; the cast's own node gets
+// nothing from this convolution, and the gradient reaching the parameter is the sum
+// over its uses as before. The input keeps its 16-bit edge: the activation gradient
+// flows on through 16-bit ops.
+struct GradTargets {
+  Tensor weight, bias;  // the tensors the weight and bias gradients go to
+};
+
+Tensor conv2d_impl(const Tensor& input, const Tensor& weight, const Tensor& bias, const GradTargets& targets,
+                   std::vector<int64_t> stride, std::vector<int64_t> padding, std::vector<int64_t> dilation,
+                   int64_t groups);
+
 }  // namespace
 
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, std::vector<int64_t> stride,
               std::vector<int64_t> padding, std::vector<int64_t> dilation, int64_t groups) {
   if (autocast::any_enabled()) {  // See Note [Autocast at op entry]
     Tensor cx = input, cw = weight, cb = bias;
-    if (autocast::apply("conv2d", {&cx, &cw, &cb})) return conv2d(cx, cw, cb, stride, padding, dilation, groups);
+    if (autocast::apply("conv2d", {&cx, &cw, &cb})) {
+      // See Note [Autocast conv2d weight gradients].
+      const bool float32_grads = !cw.is_same(weight) && weight.dtype() == kFloat32 &&
+                                 (!bias.defined() || (!cb.is_same(bias) && bias.dtype() == kFloat32));
+      const GradTargets targets = float32_grads ? GradTargets{weight, bias} : GradTargets{cw, cb};
+      return conv2d_impl(cx, cw, cb, targets, stride, padding, dilation, groups);
+    }
   }
+  return conv2d_impl(input, weight, bias, GradTargets{weight, bias}, stride, padding, dilation, groups);
+}
+
+namespace {
+
+Tensor conv2d_impl(const Tensor& input, const Tensor& weight, const Tensor& bias, const GradTargets& targets,
+                   std::vector<int64_t> stride, std::vector<int64_t> padding, std::vector<int64_t> dilation,
+                   int64_t groups) {
   ops::check_same_device_dtype("conv2d", input, weight);
   ops::check_floating("conv2d", input);
   check_shapes(input, weight, bias, groups);
@@ -85,21 +120,23 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, std
   Tensor out = empty(out_shape, TensorOptions(input.dtype()).device(input.device()));
   conv2d_forward_kernel(input.device())(x, w, b, params, out);
 
-  if (any_requires_grad({input, weight, bias})) {
+  if (any_requires_grad({input, targets.weight, targets.bias})) {
     // Both are saved whatever is needed, as PyTorch does: the kernel derives every size
     // from them, and in a network the input is usually kept alive by the previous op.
-    record("Conv2dBackward", {input, weight, bias}, {out},
+    record("Conv2dBackward", {input, targets.weight, targets.bias}, {out},
            [x_ = SavedTensor(x, "Conv2dBackward"), w_ = SavedTensor(w, "Conv2dBackward"), params,
-            need_input = input.requires_grad(), need_weight = weight.requires_grad(),
-            need_bias = bias.defined() && bias.requires_grad()](const std::vector<Tensor>& grads) {
+            need_input = input.requires_grad(), need_weight = targets.weight.requires_grad(),
+            need_bias = targets.bias.defined() && targets.bias.requires_grad(),
+            grad_dtype = targets.weight.dtype()](const std::vector<Tensor>& grads) {
              const Tensor& xs = x_.get();
              const Tensor& ws = w_.get();
              // Gradients may arrive as broadcast views (the gradient of sum() is an expanded one).
              Tensor grad_out = grads[0].contiguous();
              Tensor grad_input = need_input ? empty_like(xs) : Tensor();
-             Tensor grad_weight = need_weight ? empty_like(ws) : Tensor();
-             Tensor grad_bias = need_bias ? empty({ws.size(0)}, TensorOptions(ws.dtype()).device(ws.device()))
-                                          : Tensor();
+             // grad_dtype: float32 under Note [Autocast conv2d weight gradients], else ws's
+             const TensorOptions grad_options = TensorOptions(grad_dtype).device(ws.device());
+             Tensor grad_weight = need_weight ? empty(ws.shape(), grad_options) : Tensor();
+             Tensor grad_bias = need_bias ? empty({ws.size(0)}, grad_options) : Tensor();
              conv2d_backward_kernel(xs.device())(grad_out, xs, ws, params, grad_input, grad_weight, grad_bias);
              return std::vector<Tensor>{grad_input, grad_weight, grad_bias};
            });
@@ -107,4 +144,5 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, std
   return out;
 }
 
+}  // namespace
 }  // namespace loom

@@ -1,10 +1,11 @@
-// CPU conv2d: oneDNN for float32 (forward, backward-data, backward-weights + bias), and
+// CPU conv2d: oneDNN for float32 and bfloat16 (forward, backward-data, backward-weights +
+// bias), and
 // the direct loops of core/cpu/conv2d_reference.h for float64 (gradient checks).
 //
 // Each oneDNN call is wrapped by a *plan*: the primitive for one (pass, shape, params,
 // layout), the reorders between loom's plain NCHW/OIHW tensors and the layout the
 // primitive computes in, and the size of its scratchpad. Plans are built once per shape
-// and reused every step (Note [Conv2d plan cache]).
+// and reused every step (Note [oneDNN plan cache], core/cpu/onednn.h).
 //
 // Note [Conv2d memory layout]
 // loom tensors are plain NCHW. oneDNN's fast convolution kernels want channels blocked
@@ -29,29 +30,30 @@
 // LOOM_CONV2D_ALGO=direct selects the direct algorithm for every convolution (for
 // bit-level comparisons and benchmarks); LOOM_CONV2D_ALGO=winograd is the default.
 //
-// Note [oneDNN scratchpad]
-// Plans use oneDNN's *user* scratchpad mode: each call hands the primitive a workspace
-// instead of letting oneDNN keep one per primitive. That makes one plan safe to execute
-// from several threads at once (data-parallel replicas, pipeline stages). The
-// workspace is one buffer per calling thread, grown to the largest
-// scratchpad that thread has needed, rather than a tensor from the caching allocator:
-// Winograd's scratchpads are large and differ per shape (Note [Conv2d algorithm]: 7 to
-// 134 MiB per pass on the ResNet18 shapes at batch 128), and the cache would have kept
-// one block per size for good (~180 MiB more resident memory per training process).
-// Growing frees the old buffer to the system, which happens in the first step only.
+// Note [Conv2d in bfloat16]
+// bfloat16 convolutions run on oneDNN's bf16 primitives where the CPU has them (Note
+// [bfloat16 on the CPU], core/cpu/bf16_path.h): bf16 activations and weights in the same
+// blocked layouts as float32, float32 accumulation, and the direct algorithm -- oneDNN
+// has no bf16 Winograd, and on bf16 hardware the direct kernel does twice the work per
+// instruction anyway. The weight and bias gradients may be asked for in float32
+// (oneDNN's bf16 backward-weights kernels accumulate in float32 and can write it as it
+// is): autograd does so under autocast, so that a float32 parameter's gradient is
+// never rounded to 16 bits (Note [Autocast conv2d weight gradients], autograd/ops/conv.cpp).
+// LOOM_CONV2D_VERBOSE=1 prints each plan's oneDNN implementation as it is built.
 #include <dnnl.hpp>
 
-#include "core/cpu/float32_staging.h"  // defines: float32_copy (Note [16-bit CPU kernels stage through float32])
-
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <unordered_map>
 #include <string>
 #include <vector>
+
+#include "core/cpu/bf16_path.h"        // defines: bf16_path (Note [bfloat16 on the CPU])
+#include "core/cpu/float32_staging.h"  // defines: float32_copy (Note [16-bit CPU kernels stage through float32])
+#include "core/cpu/onednn.h"           // defines: PlanCache, cpu_engine, scratchpad (Note [oneDNN plan cache])
 
 #include "core/cpu/conv2d_reference.h"
 #include "core/kernels.h"
@@ -83,22 +85,16 @@ Algorithm algorithm_from_env() {
   LOOM_FAIL("LOOM_CONV2D_ALGO: expected 'winograd' or 'direct', got '", value, "'");
 }
 
-const dnnl::engine& cpu_engine() {
-  static const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-  return engine;
-}
+using onednn::cpu_engine;
 
-// Note [Conv2d plan cache]
-// A plan depends only on this key: the pass, the layout and algorithm policies, the dtype, whether a
-// bias (gradient) takes part, and the geometry. The cache is a mutex-guarded map of
-// immutable shared plans: lookups are rare next to the convolutions themselves, and a
-// plan may be used by any number of threads once built (Note [oneDNN scratchpad]).
-// It never evicts: a network has a handful of conv shapes (plus a smaller last batch).
+// A plan depends only on this key (Note [oneDNN plan cache]): the pass, the layout and
+// algorithm policies, the dtypes, whether a bias (gradient) takes part, and the geometry.
 struct PlanKey {
   Pass pass;
   Layout layout;
   Algorithm algorithm;
-  memory::data_type dtype;
+  memory::data_type dtype;       // input, weight, output (and the forward's bias)
+  memory::data_type grad_dtype;  // the weight and bias gradients: dtype, or f32 (Note [Conv2d in bfloat16])
   bool with_bias;
   Conv2dGeometry geometry;
   auto operator<=>(const PlanKey&) const = default;
@@ -160,6 +156,12 @@ std::shared_ptr<const Plan> build_plan_with(const PlanKey& key, dnnl::algorithm 
   const memory::desc src_any(d.src, dt, act_tag), dst_any(d.dst, dt, act_tag);
   const memory::desc weights_any = key.layout == Layout::Nchw ? weights_user : memory::desc(d.weights, dt, Tag::any);
   const memory::desc no_bias;
+  // Backward-weights writes its gradients in grad_dtype.
+  const auto gdt = key.grad_dtype;
+  const memory::desc grad_weights_user(d.weights, gdt, grouped ? Tag::goihw : Tag::oihw);
+  const memory::desc grad_weights_any =
+      key.layout == Layout::Nchw ? grad_weights_user : memory::desc(d.weights, gdt, Tag::any);
+  const memory::desc grad_bias_user(d.bias, gdt, Tag::x);
 
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // Note [oneDNN scratchpad]
@@ -198,15 +200,15 @@ std::shared_ptr<const Plan> build_plan_with(const PlanKey& key, dnnl::algorithm 
     }
     case Pass::BackwardWeights: {
       dnnl::convolution_backward_weights::primitive_desc pd(
-          dnnl::convolution_backward_weights::desc(algo, src_any, weights_any, key.with_bias ? bias_user : no_bias,
-                                                   dst_any, d.strides, d.dilates, d.padding, d.padding),
+          dnnl::convolution_backward_weights::desc(algo, src_any, grad_weights_any,
+                                                   key.with_bias ? grad_bias_user : no_bias, dst_any, d.strides, d.dilates, d.padding, d.padding),
           attr, engine, fwd);
       plan->primitive = dnnl::convolution_backward_weights(pd);
       plan->args = {plan_arg(DNNL_ARG_SRC, false, src_user, pd.src_desc()),
                     plan_arg(DNNL_ARG_DIFF_DST, false, dst_user, pd.diff_dst_desc()),
-                    plan_arg(DNNL_ARG_DIFF_WEIGHTS, true, weights_user, pd.diff_weights_desc())};
+                    plan_arg(DNNL_ARG_DIFF_WEIGHTS, true, grad_weights_user, pd.diff_weights_desc())};
       if (key.with_bias)
-        plan->args.push_back(plan_arg(DNNL_ARG_DIFF_BIAS, true, bias_user, pd.diff_bias_desc()));
+        plan->args.push_back(plan_arg(DNNL_ARG_DIFF_BIAS, true, grad_bias_user, pd.diff_bias_desc()));
       plan->scratchpad = pd.scratchpad_desc();
       break;
     }
@@ -214,12 +216,13 @@ std::shared_ptr<const Plan> build_plan_with(const PlanKey& key, dnnl::algorithm 
   return plan;
 }
 
-// Note [Conv2d algorithm]: Winograd for 3x3 stride-1 convolutions where oneDNN implements
-// it for this shape and CPU, the direct algorithm otherwise.
+// Note [Conv2d algorithm]: Winograd for float32 3x3 stride-1 convolutions where oneDNN
+// implements it for this shape and CPU, the direct algorithm otherwise (and for bf16:
+// Note [Conv2d in bfloat16]).
 std::shared_ptr<const Plan> build_plan(const PlanKey& key) {
   const Conv2dGeometry& g = key.geometry;
-  const bool winograd = key.algorithm == Algorithm::Winograd && g.kh == 3 && g.kw == 3 && g.sh == 1 && g.sw == 1 &&
-                        g.dh == 1 && g.dw == 1 && g.groups == 1;
+  const bool winograd = key.algorithm == Algorithm::Winograd && key.dtype == memory::data_type::f32 && g.kh == 3 &&
+                        g.kw == 3 && g.sh == 1 && g.sw == 1 && g.dh == 1 && g.dw == 1 && g.groups == 1;
   if (winograd) {
     try {
       return build_plan_with(key, dnnl::algorithm::convolution_winograd);
@@ -239,32 +242,42 @@ const char* pass_name(Pass pass) {
   return "?";
 }
 
+const char* dtype_name(memory::data_type dt) {
+  return dt == memory::data_type::bf16 ? "bfloat16" : dt == memory::data_type::f16 ? "float16" : "float32";
+}
+
 [[noreturn]] void fail_dnnl(const char* file, int line, const char* stage, const PlanKey& key,
                             const dnnl::error& e) {
-  detail::throw_error(file, line,
-                      detail::str("conv2d ", pass_name(key.pass), ": oneDNN could not ", stage, " the convolution for ",
-                                  key.geometry.str(), ": ", e.what(), " (dnnl_status_t ", static_cast<int>(e.status),
-                                  "). Run with ONEDNN_VERBOSE=1 to see what oneDNN tried."));
+  onednn::fail(file, line,
+               detail::str("conv2d ", pass_name(key.pass), ": oneDNN could not ", stage, " the ", dtype_name(key.dtype),
+                           " convolution for ", key.geometry.str()),
+               e);
+}
+
+// See Note [Conv2d in bfloat16]: which kernel oneDNN picked, for LOOM_CONV2D_VERBOSE=1.
+void report_plan(const PlanKey& key, const Plan& plan) {
+  static const bool verbose = [] {
+    const char* value = std::getenv("LOOM_CONV2D_VERBOSE");
+    return value != nullptr && *value != '\0' && std::strcmp(value, "0") != 0;
+  }();
+  if (!verbose) return;
+  const char* impl = nullptr;
+  dnnl_primitive_desc_query(plan.primitive.get_primitive_desc(), dnnl_query_impl_info_str, 0, &impl);
+  std::fprintf(stderr, "loom conv2d %s %s %s: %s\n", pass_name(key.pass), dtype_name(key.dtype),
+               key.geometry.str().c_str(), impl ? impl : "?");
 }
 
 std::shared_ptr<const Plan> get_plan(const PlanKey& key) {
-  static std::mutex mutex;
-  static std::map<PlanKey, std::shared_ptr<const Plan>> cache;
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto it = cache.find(key);
-    if (it != cache.end()) return it->second;
-  }
-  // Built outside the lock so that threads warming up different shapes don't queue;
-  // if two threads build the same plan, the first one stored wins.
-  std::shared_ptr<const Plan> plan;
-  try {
-    plan = build_plan(key);
-  } catch (const dnnl::error& e) {
-    fail_dnnl(__FILE__, __LINE__, "create", key, e);
-  }
-  std::lock_guard<std::mutex> lock(mutex);
-  return cache.emplace(key, std::move(plan)).first->second;
+  static onednn::PlanCache<PlanKey, Plan> cache;
+  return cache.get(key, [](const PlanKey& k) {
+    try {
+      std::shared_ptr<const Plan> plan = build_plan(k);
+      report_plan(k, *plan);
+      return plan;
+    } catch (const dnnl::error& e) {
+      fail_dnnl(__FILE__, __LINE__, "create", k, e);
+    }
+  });
 }
 
 // Inputs already reordered during this kernel call, so that backward-data and
@@ -281,24 +294,6 @@ struct ReorderedInputs {
 
 Tensor workspace(const memory::desc& desc) {
   return empty({static_cast<int64_t>(desc.get_size())}, TensorOptions(kUInt8));
-}
-
-// This thread's scratchpad buffer, at least `size` bytes (Note [oneDNN scratchpad]).
-void* scratchpad(size_t size) {
-  struct Buffer {
-    void* data = nullptr;
-    size_t size = 0;
-    ~Buffer() { std::free(data); }
-  };
-  thread_local Buffer buffer;
-  if (size > buffer.size) {
-    std::free(buffer.data);
-    buffer.size = (size + 4095) / 4096 * 4096;
-    buffer.data = std::aligned_alloc(4096, buffer.size);
-    if (buffer.data == nullptr) buffer.size = 0;
-    LOOM_CHECK(buffer.data, "conv2d: out of CPU memory for a ", size, "-byte oneDNN scratchpad");
-  }
-  return buffer.data;
 }
 
 // Runs a plan on loom tensors given in the plan's argument order.
@@ -341,7 +336,7 @@ void run_plan(const PlanKey& key, const Plan& plan, const std::vector<const Tens
     }
     if (plan.scratchpad.get_size() > 0) {
       exec_args.emplace(DNNL_ARG_SCRATCHPAD,
-                        memory(plan.scratchpad, engine, scratchpad(plan.scratchpad.get_size())));
+                        memory(plan.scratchpad, engine, onednn::scratchpad(plan.scratchpad.get_size(), "conv2d")));
     }
     plan.primitive.execute(stream, exec_args);
     for (auto& [arg, mems] : write_back) arg->reorder->execute(stream, mems.first, mems.second);
@@ -351,26 +346,45 @@ void run_plan(const PlanKey& key, const Plan& plan, const std::vector<const Tens
   }
 }
 
-PlanKey make_key(Pass pass, bool with_bias, const Conv2dGeometry& geometry) {
-  return PlanKey{pass, layout_from_env(), algorithm_from_env(), memory::data_type::f32, with_bias, geometry};
+PlanKey make_key(Pass pass, bool with_bias, const Conv2dGeometry& geometry, DType dtype,
+                 DType grad_dtype = DType::Float32) {
+  const memory::data_type dt = onednn::data_type(dtype);
+  const memory::data_type gdt = pass == Pass::BackwardWeights ? onednn::data_type(grad_dtype) : dt;
+  return PlanKey{pass, layout_from_env(), algorithm_from_env(), dt, gdt, with_bias, geometry};
+}
+
+// float32 always, bfloat16 where oneDNN has kernels for it (Note [bfloat16 on the CPU]);
+// float16, and bfloat16 elsewhere, stage through float32.
+bool runs_on_onednn(DType dtype) {
+  return dtype == kFloat32 || (dtype == kBFloat16 && bf16_path() != Bf16Path::Staging);
+}
+
+// Note [Conv2d in bfloat16]: the weight and bias gradients of a 16-bit convolution may
+// be float32; any other dtype mismatch is a caller's bug.
+void check_grad_dtype(const char* which, const Tensor& grad, DType dtype) {
+  if (!grad.defined()) return;
+  LOOM_CHECK(grad.dtype() == dtype || (cpu::is_16bit_float(dtype) && grad.dtype() == kFloat32),
+             "conv2d backward: expected a ", dtype, which, " gradient (or float32 for 16-bit inputs), got ",
+             grad.dtype());
 }
 
 void conv2d_forward_cpu(const Tensor& input, const Tensor& weight, const Tensor& bias, const Conv2dParams& params,
                         Tensor& out) {
   const Conv2dGeometry g(input.shape(), weight.shape(), params);
   if (out.numel() == 0) return;
-  if (cpu::is_16bit_float(input.dtype())) {  // See Note [16-bit CPU kernels stage through float32]
-    Tensor out32 = cpu::float32_like(out);
-    conv2d_forward_cpu(cpu::float32_copy(input), cpu::float32_copy(weight), cpu::float32_copy(bias), params, out32);
-    return cpu::round_into(out32, out);
-  }
   if (input.dtype() == kFloat64) {
     return conv2d_reference_forward<double>(g, input.data_ptr<double>(), weight.data_ptr<double>(),
                                             bias.defined() ? bias.data_ptr<double>() : nullptr,
                                             out.data_ptr<double>());
   }
-  LOOM_CHECK(input.dtype() == kFloat32, "conv2d: expected float32 or float64 tensors, got ", input.dtype());
-  const PlanKey key = make_key(Pass::Forward, bias.defined(), g);
+  if (!runs_on_onednn(input.dtype())) {
+    LOOM_CHECK(cpu::is_16bit_float(input.dtype()), "conv2d: expected float32, float64, bfloat16 or float16 tensors, got ",
+               input.dtype());
+    Tensor out32 = cpu::float32_like(out);  // See Note [16-bit CPU kernels stage through float32]
+    conv2d_forward_cpu(cpu::float32_copy(input), cpu::float32_copy(weight), cpu::float32_copy(bias), params, out32);
+    return cpu::round_into(out32, out);
+  }
+  const PlanKey key = make_key(Pass::Forward, bias.defined(), g, input.dtype());
   ReorderedInputs reordered;
   run_plan(key, *get_plan(key), {&input, &weight, &out, &bias}, reordered);
 }
@@ -378,18 +392,11 @@ void conv2d_forward_cpu(const Tensor& input, const Tensor& weight, const Tensor&
 void conv2d_backward_cpu(const Tensor& grad_out, const Tensor& input, const Tensor& weight,
                          const Conv2dParams& params, Tensor& grad_input, Tensor& grad_weight, Tensor& grad_bias) {
   const Conv2dGeometry g(input.shape(), weight.shape(), params);
+  check_grad_dtype(" weight", grad_weight, input.dtype());
+  check_grad_dtype(" bias", grad_bias, input.dtype());
   if (grad_out.numel() == 0) {  // nothing flowed back: every gradient is zero
     for (Tensor* t : {&grad_input, &grad_weight, &grad_bias})
       if (t->defined()) fill_kernel(DeviceType::CPU)(*t, 0.0);
-    return;
-  }
-  if (cpu::is_16bit_float(input.dtype())) {  // See Note [16-bit CPU kernels stage through float32]
-    Tensor gi = cpu::float32_like(grad_input), gw = cpu::float32_like(grad_weight), gb = cpu::float32_like(grad_bias);
-    conv2d_backward_cpu(cpu::float32_copy(grad_out), cpu::float32_copy(input), cpu::float32_copy(weight), params, gi,
-                        gw, gb);
-    cpu::round_into(gi, grad_input);
-    cpu::round_into(gw, grad_weight);
-    cpu::round_into(gb, grad_bias);
     return;
   }
   if (input.dtype() == kFloat64) {
@@ -401,16 +408,33 @@ void conv2d_backward_cpu(const Tensor& grad_out, const Tensor& input, const Tens
     if (grad_bias.defined()) conv2d_reference_backward_bias<double>(g, gy, grad_bias.data_ptr<double>());
     return;
   }
-  LOOM_CHECK(input.dtype() == kFloat32, "conv2d backward: expected float32 or float64 tensors, got ", input.dtype());
+  if (!runs_on_onednn(input.dtype())) {
+    LOOM_CHECK(cpu::is_16bit_float(input.dtype()),
+               "conv2d backward: expected float32, float64, bfloat16 or float16 tensors, got ", input.dtype());
+    // See Note [16-bit CPU kernels stage through float32]. round_into also writes float32
+    // weight/bias gradients as they are.
+    Tensor gi = cpu::float32_like(grad_input), gw = cpu::float32_like(grad_weight), gb = cpu::float32_like(grad_bias);
+    conv2d_backward_cpu(cpu::float32_copy(grad_out), cpu::float32_copy(input), cpu::float32_copy(weight), params, gi,
+                        gw, gb);
+    cpu::round_into(gi, grad_input);
+    cpu::round_into(gw, grad_weight);
+    cpu::round_into(gb, grad_bias);
+    return;
+  }
   ReorderedInputs reordered;  // grad_out is reordered once for both passes
   if (grad_input.defined()) {
-    const PlanKey key = make_key(Pass::BackwardData, false, g);
+    const PlanKey key = make_key(Pass::BackwardData, false, g, input.dtype());
     run_plan(key, *get_plan(key), {&grad_out, &weight, &grad_input}, reordered);
   }
   if (grad_weight.defined() || grad_bias.defined()) {
-    // oneDNN computes the bias gradient only together with the weight gradient.
-    Tensor weight_sink = grad_weight.defined() ? grad_weight : empty(weight.shape(), TensorOptions(kFloat32));
-    const PlanKey key = make_key(Pass::BackwardWeights, grad_bias.defined(), g);
+    // oneDNN computes the bias gradient only together with the weight gradient, and
+    // writes both in one dtype.
+    const DType grad_dtype = grad_weight.defined() ? grad_weight.dtype() : grad_bias.dtype();
+    LOOM_CHECK(!grad_weight.defined() || !grad_bias.defined() || grad_weight.dtype() == grad_bias.dtype(),
+               "conv2d backward: expected the weight and bias gradients in one dtype, got ", grad_weight.dtype(),
+               " and ", grad_bias.dtype());
+    Tensor weight_sink = grad_weight.defined() ? grad_weight : empty(weight.shape(), TensorOptions(grad_dtype));
+    const PlanKey key = make_key(Pass::BackwardWeights, grad_bias.defined(), g, input.dtype(), grad_dtype);
     run_plan(key, *get_plan(key), {&input, &grad_out, &weight_sink, &grad_bias}, reordered);
   }
 }

@@ -1,24 +1,24 @@
 // 16-bit operands on the CPU backend, run through the float32 kernels.
 //
 // Note [16-bit CPU kernels stage through float32]
-// The CPU backend has no 16-bit arithmetic (core/dtype.h: Half and BFloat16 only carry
-// bits). mm, bmm, conv2d, the unary/binary elementwise kernels (the engine adds
-// gradients with the latter) and the reductions (sum/mean/max/min, argmax) on
-// float16/bfloat16 tensors copy their operands to float32,
-// run the float32 kernel -- float32 accumulation, as cuBLAS and cuDNN do for 16-bit
-// inputs -- and round each result to 16 bits once. Two extra passes over the data, so
-// slower than float32 itself; the point is that autocast (autograd/autocast.h) runs on
-// the CPU with the same dtypes and results to 16-bit rounding as on CUDA, and its policy
-// is tested here. (oneDNN has native bf16 convolutions on CPUs with AVX512-BF16/AMX;
-// using them is the way to make this fast.)
+// What stages: the reductions (sum/mean/max/min, argmax) on 16-bit floats, and every
+// float16 mm, bmm and conv2d (and bfloat16 ones on CPUs without AVX-512, or under
+// LOOM_CPU_BF16=staging). They copy their operands to float32, run the float32 kernel --
+// float32 accumulation, as cuBLAS and cuDNN do for 16-bit inputs -- and round each result
+// to 16 bits once: two extra passes over the data, slower than float32 itself, but
+// autocast (autograd/autocast.h) runs on the CPU with the same dtypes and results to
+// 16-bit rounding as on CUDA, and its policy is tested here.
 //
-// Exceptions, native on 16-bit floats (Note [bfloat16 conversion in registers],
-// core/cpu/bf16_convert.h): the unary/binary elementwise kernels and threshold_backward
-// (so relu, add and the engine's gradient additions), dtype copies (autocast's casts),
-// batch norm with its fused epilogue (16-bit activations with float32 parameters:
-// Note [Mixed-precision batch norm on the CPU]), max/avg/adaptive-avg pooling forward
-// and backward, and dropout. Each reads and writes 16 bits in one pass and computes in
-// float, with vectorised conversions for bfloat16 (float16's are scalar).
+// What is native (a ResNet step under --amp bf16 stages nothing on the hot path):
+// - bfloat16 conv2d (forward and both gradients), mm and bmm, on oneDNN's bf16
+//   primitives (Note [bfloat16 on the CPU], core/cpu/bf16_path.h);
+// - on 16-bit floats of both kinds (Note [bfloat16 conversion in registers],
+//   core/cpu/bf16_convert.h): the unary/binary elementwise kernels and threshold_backward
+//   (so relu, add and the engine's gradient additions), dtype copies (autocast's casts),
+//   batch norm with its fused epilogue (16-bit activations with float32 parameters:
+//   Note [Mixed-precision batch norm on the CPU]), max/avg/adaptive-avg pooling forward
+//   and backward, and dropout. Each reads and writes 16 bits in one pass and computes in
+//   float, with vectorised conversions for bfloat16 (float16's are scalar).
 #pragma once
 
 #include "core/factory.h"

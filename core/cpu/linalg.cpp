@@ -1,4 +1,5 @@
-// CPU matrix multiplication: mm and bmm on OpenBLAS's gemm (float32 and float64).
+// CPU matrix multiplication: mm and bmm on OpenBLAS's gemm (float32 and float64), and on
+// oneDNN's matmul primitive for bfloat16 (Note [bfloat16 matmul]).
 //
 // Note [BLAS operand layout]
 // gemm reads each matrix as (pointer, leading dimension, transpose flag). A row-major
@@ -19,13 +20,27 @@
 // bmm from oversubscribing the cores: it either parallelises over the batch (each gemm
 // then runs on one thread) or calls gemm serially and lets BLAS use every thread, never
 // both.
+//
+// Note [bfloat16 matmul]
+// bfloat16 mm and bmm run on oneDNN's matmul primitive where the CPU has bf16 kernels
+// (Note [bfloat16 on the CPU], core/cpu/bf16_path.h): bf16 operands, float32
+// accumulation, a bf16 result (as PyTorch's autocast mm gives), beta = 1 as oneDNN's sum
+// post-op. oneDNN reads each operand through explicit strides, described from the same
+// (transpose, leading dimension) pair as gemm's (Note [BLAS operand layout]), and a
+// batch stride of 0 as a broadcast batch of one. (OpenBLAS's sbgemm would do as well,
+// but writes float32 only, so the result would need a rounding pass.) Primitives are
+// cached per shape and layout (Note [oneDNN plan cache]).
 #include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <climits>
+#include <tuple>
+#include <unordered_map>
 
+#include "core/cpu/bf16_path.h"        // defines: bf16_path (Note [bfloat16 on the CPU])
 #include "core/cpu/float32_staging.h"  // defines: float32_copy (Note [16-bit CPU kernels stage through float32])
+#include "core/cpu/onednn.h"           // defines: PlanCache, cpu_engine, scratchpad (Note [oneDNN plan cache])
 #include "core/kernels.h"
 
 namespace loom::cpu {
@@ -91,10 +106,102 @@ void empty_product(T* out, int64_t rows, int64_t cols, int64_t row_stride, int64
     for (int64_t j = 0; j < cols; ++j) out[i * row_stride + j * col_stride] = T(0);
 }
 
+// ---- bfloat16 on oneDNN: Note [bfloat16 matmul] ---------------------------------------------
+
+using dnnl::memory;
+
+// One matmul operand as oneDNN reads it: [batch, rows, cols] and their strides.
+struct MatmulOperand {
+  memory::dims dims, strides;
+  auto operator<=>(const MatmulOperand&) const = default;
+};
+
+// A batch stride of 0 (one matrix for the whole batch) is oneDNN's broadcast: batch 1.
+MatmulOperand matmul_operand(const Operand& layout, int64_t batch, int64_t batch_stride, int64_t rows,
+                             int64_t cols) {
+  const int64_t span = std::max<int64_t>(int64_t{layout.ld} * (layout.trans == CblasNoTrans ? rows : cols), 1);
+  const bool broadcast = batch_stride == 0 || batch == 1;
+  return MatmulOperand{{broadcast ? 1 : batch, rows, cols},
+                       {broadcast ? span : batch_stride, layout.trans == CblasNoTrans ? layout.ld : 1,
+                        layout.trans == CblasNoTrans ? 1 : layout.ld}};
+}
+
+struct MatmulKey {
+  MatmulOperand a, b, out;
+  memory::data_type dtype;
+  bool accumulate;  // beta == 1
+  auto operator<=>(const MatmulKey&) const = default;
+};
+
+struct MatmulPlan {
+  dnnl::matmul primitive;
+  memory::desc a, b, out, scratchpad;
+};
+
+std::shared_ptr<const MatmulPlan> build_matmul_plan(const MatmulKey& key) {
+  auto desc = [&](const MatmulOperand& x) { return memory::desc(x.dims, key.dtype, x.strides); };
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // Note [oneDNN scratchpad]
+  if (key.accumulate) {
+    dnnl::post_ops post;
+    post.append_sum(1.0f);
+    attr.set_post_ops(post);
+  }
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(desc(key.a), desc(key.b), desc(key.out)), attr,
+                                  onednn::cpu_engine());
+  auto plan = std::make_shared<MatmulPlan>();
+  plan->primitive = dnnl::matmul(pd);
+  plan->a = pd.src_desc();
+  plan->b = pd.weights_desc();
+  plan->out = pd.dst_desc();
+  plan->scratchpad = pd.scratchpad_desc();
+  return plan;
+}
+
+// out[batch, m, n] (+)= a[batch, m, k] @ b[batch, k, n]; mm passes batch 1 and zero batch strides.
+void matmul_onednn(const char* op, const Tensor& a, const Tensor& b, double beta, Tensor& out, int64_t batch,
+                   const int64_t a_strides[3], const int64_t b_strides[3], const int64_t out_strides[3]) {
+  const int64_t m = out.size(out.dim() - 2), n = out.size(out.dim() - 1), k = a.size(a.dim() - 1);
+  const Operand la = operand_layout(op, "the first operand", m, k, a_strides[1], a_strides[2]);
+  const Operand lb = operand_layout(op, "the second operand", k, n, b_strides[1], b_strides[2]);
+  const blasint ldc = out_leading_dim(op, m, n, out_strides[1], out_strides[2]);
+  const MatmulKey key{matmul_operand(la, batch, a_strides[0], m, k), matmul_operand(lb, batch, b_strides[0], k, n),
+                      MatmulOperand{{batch, m, n}, {batch == 1 ? m * ldc : out_strides[0], ldc, 1}},
+                      onednn::data_type(a.dtype()), beta == 1.0};
+  auto describe = [&] {
+    return detail::str(op, ": oneDNN could not multiply ", a.dtype(), " matrices ", a.shape(), " @ ", b.shape());
+  };
+  static onednn::PlanCache<MatmulKey, MatmulPlan> cache;
+  try {
+    const std::shared_ptr<const MatmulPlan> plan = cache.get(key, build_matmul_plan);
+    const dnnl::engine& engine = onednn::cpu_engine();
+    dnnl::stream stream(engine);
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, memory(plan->a, engine, a.raw_data())},
+                                         {DNNL_ARG_WEIGHTS, memory(plan->b, engine, b.raw_data())},
+                                         {DNNL_ARG_DST, memory(plan->out, engine, out.raw_data())}};
+    if (plan->scratchpad.get_size() > 0)
+      args.emplace(DNNL_ARG_SCRATCHPAD,
+                   memory(plan->scratchpad, engine, onednn::scratchpad(plan->scratchpad.get_size(), op)));
+    plan->primitive.execute(stream, args);
+    stream.wait();
+  } catch (const dnnl::error& e) {
+    onednn::fail(__FILE__, __LINE__, describe(), e);
+  }
+}
+
+bool matmul_on_onednn(DType dtype) { return dtype == kBFloat16 && bf16_path() != Bf16Path::Staging; }
+
+// ---- the kernels ------------------------------------------------------------------------
+
 void mm_cpu(const Tensor& a, const Tensor& b, double beta, Tensor& out) {
   LOOM_CHECK(beta == 0.0 || beta == 1.0, "mm: beta must be 0 or 1, got ", beta);
   const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
   if (m == 0 || n == 0) return;
+  if (matmul_on_onednn(a.dtype()) && k > 0) {
+    const int64_t sa[3] = {0, a.stride(0), a.stride(1)}, sb[3] = {0, b.stride(0), b.stride(1)},
+                  so[3] = {0, out.stride(0), out.stride(1)};
+    return matmul_onednn("mm", a, b, beta, out, 1, sa, sb, so);
+  }
   if (cpu::is_16bit_float(a.dtype())) {  // See Note [16-bit CPU kernels stage through float32]
     Tensor out32 = beta == 0.0 ? cpu::float32_like(out) : cpu::float32_copy(out);
     mm_cpu(cpu::float32_copy(a), cpu::float32_copy(b), beta, out32);
@@ -116,6 +223,11 @@ void mm_cpu(const Tensor& a, const Tensor& b, double beta, Tensor& out) {
 void bmm_cpu(const Tensor& a, const Tensor& b, Tensor& out) {
   const int64_t batch = a.size(0), m = a.size(1), k = a.size(2), n = b.size(2);
   if (batch == 0 || m == 0 || n == 0) return;
+  if (matmul_on_onednn(a.dtype()) && k > 0) {
+    const int64_t sa[3] = {a.stride(0), a.stride(1), a.stride(2)}, sb[3] = {b.stride(0), b.stride(1), b.stride(2)},
+                  so[3] = {out.stride(0), out.stride(1), out.stride(2)};
+    return matmul_onednn("bmm", a, b, 0.0, out, batch, sa, sb, so);
+  }
   if (cpu::is_16bit_float(a.dtype())) {  // See Note [16-bit CPU kernels stage through float32]
     Tensor out32 = cpu::float32_like(out);
     bmm_cpu(cpu::float32_copy(a), cpu::float32_copy(b), out32);

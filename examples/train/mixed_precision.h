@@ -12,8 +12,9 @@
 //   fp16  autocast to float16, plus a GradScaler (nn/optim/grad_scaler.h) against
 //         gradient underflow; a step with inf/NaN gradients is skipped.
 // Evaluation stays in float32. On the CPU both work with CPU autocast's lists (Note
-// [Autocast op lists per device]); bfloat16 runs natively in the kernels of a ResNet
-// step (docs/mixed_precision.md, "On the CPU"), float16 partly stages through float32.
+// [Autocast op lists per device]); bfloat16 runs natively in every kernel of a ResNet
+// step where oneDNN has bf16 kernels (Note [bfloat16 on the CPU]; the trainer prints
+// which path), float16 partly stages through float32 (docs/mixed_precision.md).
 #pragma once
 
 #include <memory>

@@ -10,6 +10,7 @@
 #include "autograd/ops.h"                   // defines: argmax, eq, sum
 #include "core/allocator.h"                 // defines: memory_stats (the run's peak memory)
 #include "core/atomic_file.h"               // defines: write_file_atomically (--metrics-json)
+#include "core/cpu/bf16_path.h"              // defines: bf16_path_description (--amp bf16 on the CPU)
 #include "core/trace.h"                     // defines: trace::Span (LOOM_TRACE=path draws the steps)
 #include "data/cifar10.h"                   // defines: CIFAR10
 #include "data/data_root.h"                 // defines: find_cifar10_root
@@ -218,6 +219,8 @@ TrainResult train_cifar10(const TrainConfig& config) {
   scheduled.lr = lr;  // --lr-scaling linear: the schedule peaks at the scaled rate
   auto scheduler = make_scheduler(scheduled, optimizer, std::max<int64_t>(steps_per_epoch * config.epochs, 1));
   MixedPrecision amp(config.amp, device);
+  if (config.amp == "bf16" && device.type == DeviceType::CPU && dist.is_main())
+    std::printf("--amp bf16 on the CPU: %s\n", cpu::bf16_path_description());
   // fsdp: the model's parameters and the optimizer's state are sharded; ZeRO-1: the
   // optimizer's state. By default each rank then writes its own shard (Note [Sharded
   // checkpoints in train_cifar10]); --checkpoint-format full holds them whole, as every
