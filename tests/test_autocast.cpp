@@ -334,7 +334,8 @@ TEST_CASE("nn modules under autocast: ResNet-style block, float32 parameters and
   }
   CHECK(loss.dtype() == kFloat32);
   loss.backward();
-  for (const auto& [name, p] : model->named_parameters()) {
+  for (const auto& [key, p] : model->named_parameters()) {
+    const std::string& name = key;  // See Note [doctest messages name no structured binding]
     INFO(name);
     CHECK(p.dtype() == kFloat32);
     REQUIRE(p.grad().defined());

@@ -142,7 +142,8 @@ TEST_CASE("reductions match the CPU for every layout path" * doctest::skip(!kGpu
       {{1 << 20}, {{0}}},
   };
   for (DType dtype : {kFloat32, kFloat64, kInt64}) {
-    for (const auto& [shape, dim_sets] : cases) {
+    for (const auto& [case_shape, dim_sets] : cases) {
+      const Shape& shape = case_shape;  // See Note [doctest messages name no structured binding]
       Tensor x = random_cpu(shape, dtype, -5, 5, 10);
       Tensor x_gpu = to_device(x, kCuda0);
       for (const Shape& dims : dim_sets) {

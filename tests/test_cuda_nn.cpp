@@ -390,7 +390,8 @@ TEST_CASE("Module::to(cuda) moves parameters and buffers, keeping values and ide
   REQUIRE(moved.size() == params.size());
   for (size_t i = 0; i < params.size(); ++i) CHECK(moved[i].is_same(params[i]));  // same tensors, new data
   size_t i = 0;
-  for (auto& [name, t] : model->state_dict()) {
+  for (auto& [key, t] : model->state_dict()) {
+    const std::string& name = key;  // See Note [doctest messages name no structured binding]
     INFO(name);
     CHECK(t.device() == kCuda0);
     check_close(name, t, cpu_state[i++], 0.0);

@@ -177,7 +177,8 @@ TEST_CASE("BatchNorm: the module's running statistics come from the first device
   dp(images);
   (*reference)(images.narrow(0, 0, 3));  // what device 0's replica (the module itself) saw
   auto got = base->named_buffers(), want = reference->named_buffers();
-  for (const auto& [name, t] : want) {
+  for (const auto& [key, t] : want) {
+    const std::string& name = key;  // See Note [doctest messages name no structured binding]
     CAPTURE(name);
     CHECK(max_abs_diff(got[name].to(kFloat64), t.to(kFloat64)) < 1e-6);
   }

@@ -258,7 +258,8 @@ TEST_CASE("float16 autocast + GradScaler: a training step matches float32 traini
     CHECK(scaler.step(opt16));
     scaler.update();
   }
-  for (const auto& [name, p] : model16->named_parameters()) {
+  for (const auto& [key, p] : model16->named_parameters()) {
+    const std::string& name = key;  // See Note [doctest messages name no structured binding]
     INFO(name);
     CHECK(p.dtype() == kFloat32);
     const auto got = p.tolist<float>();

@@ -97,6 +97,9 @@ TEST_CASE("balance_by_time: one count per stage covering every layer, and the mo
   }
   CHECK(total == static_cast<int64_t>(seq->size()));
   size_t k = 0;
-  for (const auto& [name, t] : model->state_dict()) CHECK_MESSAGE(max_abs_diff(t.to(kFloat64), copies[k++].to(kFloat64)) == 0, name);
+  for (const auto& [key, t] : model->state_dict()) {
+    const std::string& name = key;  // See Note [doctest messages name no structured binding]
+    CHECK_MESSAGE(max_abs_diff(t.to(kFloat64), copies[k++].to(kFloat64)) == 0, name);
+  }
   for (const Tensor& p : model->parameters()) CHECK_FALSE(p.grad().defined());
 }

@@ -138,7 +138,8 @@ TEST_CASE("checkpointing recomputes exactly: 'always' and 'except_last' give 'ne
     // Running statistics and num_batches_tracked: updated once per micro-batch forward,
     // not again by the recomputation.
     auto bw = plain_net->state_dict(), bc = checkpointed_net->state_dict();
-    for (const auto& [name, tensor] : bw) {
+    for (const auto& [key, tensor] : bw) {
+      const std::string& name = key;  // See Note [doctest messages name no structured binding]
       CAPTURE(name);
       CHECK(max_abs_diff(tensor.to(Device("cpu:0")), bc.find(name)->to(Device("cpu:0"))) == 0);
     }

@@ -123,7 +123,8 @@ TEST_CASE("pp x dp: each stage's replicas train as the in-process pipeline on th
     require_no_errors(errors);
     size_t compared = 0;
     for (int r = 0; r < world; ++r) {
-      for (const auto& [name, got] : trained[static_cast<size_t>(r)]) {
+      for (const auto& [key, got] : trained[static_cast<size_t>(r)]) {
+        const std::string& name = key;  // See Note [doctest messages name no structured binding]
         CAPTURE(r);
         CAPTURE(name);
         const auto& expected = want.at(name);

@@ -44,7 +44,8 @@ TEST_CASE("--mode ddp --pp 2 on 4 processes with one micro-batch saves --mode dd
   CHECK(progress_line(ddp.output) == progress_line(pp_dp.output));
   auto a = safetensors::load_file(want), b = safetensors::load_file(got);
   REQUIRE(a.size() == b.size());
-  for (const auto& [name, tensor] : a) {
+  for (const auto& [key, tensor] : a) {
+    const std::string& name = key;  // See Note [doctest messages name no structured binding]
     CAPTURE(name);
     REQUIRE(b.find(name) != nullptr);
     CHECK(tensor.to(kFloat64).tolist<double>() == b.find(name)->to(kFloat64).tolist<double>());

@@ -109,7 +109,8 @@ TEST_CASE("every dtype, scalars, empty and strided tensors round-trip through a 
   CHECK(file.metadata["epoch"] == "3");
   CHECK(file.metadata["note"] == "quote \" and\nnewline");
   REQUIRE(file.tensors.keys() == tensors.keys());
-  for (const auto& [name, t] : tensors) {
+  for (const auto& [key, t] : tensors) {
+    const std::string& name = key;  // See Note [doctest messages name no structured binding]
     const Tensor& got = file.tensors[name];
     CHECK_MESSAGE(got.shape() == t.shape(), name);
     CHECK_MESSAGE(got.dtype() == t.dtype(), name);
@@ -228,7 +229,8 @@ TEST_CASE("nn::save and nn::load move a model's whole state") {
   auto b = nn::resnet_tiny(10, 4);
   nn::load(*b, path);
   auto sa = a->state_dict(), sb = b->state_dict();
-  for (const auto& [name, t] : sa) {
+  for (const auto& [key, t] : sa) {
+    const std::string& name = key;  // See Note [doctest messages name no structured binding]
     if (t.dtype() == kInt64) CHECK(sb[name].tolist<int64_t>() == t.tolist<int64_t>());
     else CHECK_MESSAGE(sb[name].tolist<float>() == t.tolist<float>(), name);
   }

@@ -177,7 +177,8 @@ TEST_CASE("transparency with batch statistics: DDP + SyncBatchNorm ResNet = one 
     CAPTURE(r);
     for (size_t i = 0; i < reference_grads.size(); ++i) CHECK(max_abs_diff(grads[r][i], reference_grads[i]) < 1e-10);
     auto got = replicas[r]->state_dict(), want = reference->state_dict();
-    for (const auto& [name, t] : want) {
+    for (const auto& [key, t] : want) {
+      const std::string& name = key;  // See Note [doctest messages name no structured binding]
       CAPTURE(name);
       CHECK(max_abs_diff((*got.find(name)).to(kFloat64), t.to(kFloat64)) < 1e-10);  // parameters and running stats
     }

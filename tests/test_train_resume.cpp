@@ -43,7 +43,8 @@ TrainConfig small_run() {
 void check_same_weights(const std::string& a, const std::string& b) {
   auto wa = safetensors::load_file(a), wb = safetensors::load_file(b);
   REQUIRE(wa.size() == wb.size());
-  for (const auto& [name, tensor] : wa) {
+  for (const auto& [key, tensor] : wa) {
+    const std::string& name = key;  // See Note [doctest messages name no structured binding]
     const Tensor* other = wb.find(name);
     REQUIRE_MESSAGE(other, "missing ", name);
     Tensor x = tensor.to(kFloat64), y = other->to(kFloat64);

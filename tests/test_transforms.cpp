@@ -166,7 +166,8 @@ TEST_CASE("the fused path equals the reference chain bit for bit") {
                                            Compose(ToTensor(), Normalize(kMean, kStd)))},
   };
   const auto indices = iota(64);
-  for (const auto& [name, transform] : chains) {
+  for (const auto& [key, transform] : chains) {
+    const std::string& name = key;  // See Note [doctest messages name no structured binding]
     CAPTURE(name);
     SyntheticCIFAR dataset(64, /*seed=*/2, transform);
     CHECK(dataset.uses_fused_path());
