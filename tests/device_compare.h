@@ -4,6 +4,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -34,6 +35,19 @@ inline std::vector<double> host_values(const Tensor& t) {
   Tensor host = empty(t.shape(), TensorOptions(kFloat64));
   copy_into(host, t);
   return host.tolist<double>();
+}
+
+// max |a - b| / max |b| over every element, in float64 on the host: the error of a
+// reduced-precision result against a reference, relative to the reference's scale.
+inline double rel_error(const Tensor& a, const Tensor& b) {
+  const std::vector<double> x = host_values(a.detach()), y = host_values(b.detach());
+  REQUIRE(x.size() == y.size());
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    diff = std::max(diff, std::abs(x[i] - y[i]));
+    scale = std::max(scale, std::abs(y[i]));
+  }
+  return diff / std::max(scale, 1e-30);
 }
 
 // Random CPU values in [low, high) (integers for int64).

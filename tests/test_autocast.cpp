@@ -16,10 +16,12 @@
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
 #include "core/factory.h"
+#include "device_compare.h"  // defines: rel_error
 #include "cuda/device.h"  // defines: is_available
 #include "nn/nn.h"
 
 using namespace loom;
+using loom::testing::rel_error;
 using autocast::CastPolicy;
 
 namespace {
@@ -31,19 +33,6 @@ Tensor rnd(const Shape& shape, uint64_t seed, DType dtype = kFloat32, bool requi
   Tensor t = randn(shape, TensorOptions(kFloat32), &gen).to(dtype);
   if (requires_grad) t.requires_grad_(true);
   return t;
-}
-
-// max |a - b| / max |b|, on the host in float64.
-double rel_error(const Tensor& a, const Tensor& b) {
-  auto x = a.detach().to(Device("cpu")).to(kFloat64).tolist<double>();
-  auto y = b.detach().to(Device("cpu")).to(kFloat64).tolist<double>();
-  REQUIRE(x.size() == y.size());
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    diff = std::max(diff, std::abs(x[i] - y[i]));
-    scale = std::max(scale, std::abs(y[i]));
-  }
-  return diff / std::max(scale, 1e-30);
 }
 
 }  // namespace

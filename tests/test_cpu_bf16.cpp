@@ -17,9 +17,11 @@
 #include "autograd/ops.h"
 #include "core/cpu/bf16_path.h"  // defines: bf16_path, bf16_path_description
 #include "core/factory.h"
+#include "device_compare.h"  // defines: rel_error
 #include "core/kernels.h"         // defines: conv2d_backward_kernel (the float32-gradient contract)
 
 using namespace loom;
+using loom::testing::rel_error;
 
 namespace {
 
@@ -31,19 +33,6 @@ Tensor rnd(const Shape& shape, uint64_t seed, DType dtype = kFloat32) {
 
 // A fresh leaf holding t's values in dtype.
 Tensor leaf(const Tensor& t, DType dtype) { return t.to(dtype).detach().requires_grad_(true); }
-
-// max |a - b| / max |b|, in float64.
-double rel_error(const Tensor& a, const Tensor& b) {
-  auto x = a.detach().to(kFloat64).tolist<double>();
-  auto y = b.detach().to(kFloat64).tolist<double>();
-  REQUIRE(x.size() == y.size());
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    diff = std::max(diff, std::abs(x[i] - y[i]));
-    scale = std::max(scale, std::abs(y[i]));
-  }
-  return diff / std::max(scale, 1e-30);
-}
 
 // One rounding of a float32-accumulated result to bfloat16 is off by at most 2^-8 of
 // the value (half of bfloat16's 2^-7 spacing); a bfloat16 accumulation over these
