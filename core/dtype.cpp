@@ -94,22 +94,4 @@ Half::operator float() const {
   return value;
 }
 
-BFloat16::BFloat16(float value) {
-  uint32_t f;
-  std::memcpy(&f, &value, 4);
-  if ((f & 0x7fffffffu) > 0x7f800000u) {
-    bits = 0x7fc0;  // canonical nan
-    return;
-  }
-  uint32_t rounding_bias = 0x7fff + ((f >> 16) & 1);
-  bits = static_cast<uint16_t>((f + rounding_bias) >> 16);
-}
-
-BFloat16::operator float() const {
-  uint32_t f = static_cast<uint32_t>(bits) << 16;
-  float value;
-  std::memcpy(&value, &f, 4);
-  return value;
-}
-
 }  // namespace loom

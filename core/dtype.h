@@ -7,6 +7,7 @@
 // for mixed precision on CUDA (the CPU backend only copies/casts them).
 #pragma once
 
+#include <bit>  // defines: std::bit_cast (BFloat16's conversions)
 #include <cstdint>
 #include <cstring>
 #include <utility>
@@ -41,11 +42,23 @@ struct Half {
   explicit Half(float value);
   explicit operator float() const;
 };
+// bfloat16 is the top half of a float32: widening is a 16-bit shift, narrowing rounds the
+// dropped 16 bits to nearest even (add 0x7fff plus the lowest kept bit, then shift), NaN
+// to the canonical quiet NaN 0x7fc0 -- bit for bit PyTorch's c10::BFloat16 and oneDNN.
+// Inline and branch-free (a mask select, not an if), so that a CPU loop converting
+// bfloat16 vectorises around it (Note [bfloat16 conversion in registers],
+// core/cpu/bf16_convert.h).
 struct BFloat16 {
   uint16_t bits = 0;
   BFloat16() = default;
-  explicit BFloat16(float value);  // round to nearest even, as PyTorch does
-  explicit operator float() const;
+  explicit BFloat16(float value) : bits(round_to_bits(value)) {}
+  explicit operator float() const { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); }
+  static uint16_t round_to_bits(float value) {
+    const uint32_t u = std::bit_cast<uint32_t>(value);
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const uint32_t nan = 0u - static_cast<uint32_t>((u & 0x7fffffffu) > 0x7f800000u);  // all ones for NaN
+    return static_cast<uint16_t>((rounded & ~nan) | (0x7fc0u & nan));
+  }
 };
 
 template <typename T> constexpr DType dtype_of();

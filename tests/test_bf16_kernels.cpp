@@ -128,7 +128,7 @@ TEST_CASE("the in-register conversion (Note [bfloat16 conversion in registers]) 
                           1e-40f, -1e-42f, 3.4e38f, -3.4e38f, inf, -inf, std::nanf(""), -std::nanf("")};
   for (int i = 0; i < 1000; ++i) v.push_back(std::ldexp(static_cast<float>(i * 7919 % 1000) / 1000.0f - 0.5f, i % 60 - 30));
   Tensor f = from_vector<float>(v, {static_cast<int64_t>(v.size())});
-  Tensor b = f.to(kBFloat16);  // the CPU copy kernel: bf16_bits
+  Tensor b = f.to(kBFloat16);  // the CPU copy kernel: BFloat16::round_to_bits
   Tensor back = b.to(kFloat32);  // and back: a shift
   const BFloat16* got = b.data_ptr<BFloat16>();
   const float* wide = back.data_ptr<float>();
