@@ -4,13 +4,9 @@
 #include <cstdlib>  // defines: getenv, atoi
 
 #include "cuda/device.h"                             // defines: cuda::is_available
-#include "data/cifar10.h"                            // defines: CIFAR10
-#include "data/data_root.h"                          // defines: find_cifar10_root
 #include "data/dataloader.h"                         // defines: DataLoader
 #include "data/distributed_sampler.h"                // defines: DistributedSampler
-#include "data/synthetic_cifar.h"                    // defines: SyntheticCIFAR (--synthetic)
-#include "data/transforms.h"                         // defines: Compose, RandomCrop, ...
-#include "examples/minimal.h"                        // defines: --steps N, --synthetic
+#include "examples/minimal.h"                        // defines: --steps N, --synthetic, cifar10_train_set
 #include "nn/loss.h"                                 // defines: CrossEntropyLoss
 #include "nn/optim/sgd.h"                            // defines: SGD
 #include "nn/resnet.h"                               // defines: resnet18
@@ -18,7 +14,6 @@
 #include "parallel/ddp/distributed_data_parallel.h"  // defines: DistributedDataParallel
 
 using namespace loom;
-namespace T = data::transforms;
 
 int main(int argc, char** argv) try {
   const auto flags = examples::parse_minimal_flags(argc, argv);
@@ -32,14 +27,9 @@ int main(int argc, char** argv) try {
   model->to(device);
   // model = DDP(model, device_ids=[local_rank])
   auto ddp = std::make_shared<ddp::DistributedDataParallel>(model, distributed::default_group());
-  // transform = T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor(),
-  //                        T.Normalize((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010))])
-  auto transform = std::make_shared<T::Compose>(T::RandomCrop(32, 4), T::RandomHorizontalFlip(), T::ToTensor(),
-                                                T::Normalize({0.4914, 0.4822, 0.4465}, {0.2023, 0.1994, 0.2010}));
+  // transform = T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(...)])
   // dataset = torchvision.datasets.CIFAR10(root="./data", train=True, transform=transform)
-  std::shared_ptr<data::Dataset> dataset;
-  if (flags.synthetic) dataset = std::make_shared<data::SyntheticCIFAR>(2048, 0, transform);
-  else dataset = std::make_shared<data::CIFAR10>(data::find_cifar10_root(), true, transform);
+  auto dataset = examples::cifar10_train_set(flags);  // (examples/minimal.h; --synthetic: random images)
   // sampler = DistributedSampler(dataset)
   auto sampler = std::make_shared<data::DistributedSampler>(dataset->size(), distributed::get_world_size(),
                                                             distributed::get_rank());
