@@ -103,6 +103,8 @@ Tensor squeeze(const Tensor& x, int64_t dim);
 Tensor unsqueeze(const Tensor& x, int64_t dim);
 Tensor flatten(const Tensor& x, int64_t start_dim = 0, int64_t end_dim = -1);
 Tensor contiguous(const Tensor& x);
+// x in `format` (a differentiable copy, or x itself if it already is); Note [Channels-last activations].
+Tensor contiguous(const Tensor& x, MemoryFormat format);
 Tensor clone(const Tensor& x);
 // Differentiable moves: gradients flow back to the source device / dtype.
 Tensor to(const Tensor& x, Device device, bool non_blocking = false);

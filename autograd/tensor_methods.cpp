@@ -25,6 +25,7 @@ Tensor Tensor::squeeze(int64_t dim) const { return loom::squeeze(*this, dim); }
 Tensor Tensor::unsqueeze(int64_t dim) const { return loom::unsqueeze(*this, dim); }
 Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim) const { return loom::flatten(*this, start_dim, end_dim); }
 Tensor Tensor::contiguous() const { return loom::contiguous(*this); }
+Tensor Tensor::contiguous(MemoryFormat format) const { return loom::contiguous(*this, format); }
 Tensor Tensor::clone() const { return loom::clone(*this); }
 Tensor Tensor::to(Device device, bool non_blocking) const { return loom::to(*this, device, non_blocking); }
 Tensor Tensor::to(DType dtype) const { return loom::to(*this, dtype); }

@@ -250,6 +250,8 @@ int run_worker(const Options& o) {
   };
   auto model = nn::resnet18(10);
   Tensor images = randn({batch, 3, 32, 32});
+  // As PyTorch's bf16 rows: channels-last images, so every activation is (Note [bfloat16 rows]).
+  if (bf16) images = images.contiguous(MemoryFormat::ChannelsLast);
   Tensor labels = randint(0, 10, {batch}, TensorOptions(kInt64));
   nn::CrossEntropyLoss criterion;
   optim::SGD optimizer(model->parameters(), {.lr = 0.1, .momentum = 0.9, .weight_decay = 5e-4});

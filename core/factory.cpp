@@ -30,9 +30,20 @@ Tensor full(const Shape& shape, double value, TensorOptions options) {
 
 Tensor zeros(const Shape& shape, TensorOptions options) { return full(shape, 0.0, options); }
 Tensor ones(const Shape& shape, TensorOptions options) { return full(shape, 1.0, options); }
-Tensor zeros_like(const Tensor& like) { return zeros(like.shape(), TensorOptions(like.dtype()).device(like.device())); }
-Tensor ones_like(const Tensor& like) { return ones(like.shape(), TensorOptions(like.dtype()).device(like.device())); }
-Tensor empty_like(const Tensor& like) { return empty(like.shape(), TensorOptions(like.dtype()).device(like.device())); }
+namespace {
+Tensor full_like(const Tensor& like, double value) {  // in like's format, as PyTorch's *_like
+  Tensor t = empty_like(like);
+  if (t.numel() > 0) fill_kernel(t.device())(t, value);
+  return t;
+}
+}  // namespace
+
+Tensor zeros_like(const Tensor& like) { return full_like(like, 0.0); }
+Tensor ones_like(const Tensor& like) { return full_like(like, 1.0); }
+Tensor empty_like(const Tensor& like, MemoryFormat format) {
+  if (format == MemoryFormat::Preserve) format = like.suggest_memory_format();
+  return empty(like.shape(), TensorOptions(like.dtype()).device(like.device()), format);
+}
 Tensor scalar_tensor(double value, TensorOptions options) { return full({}, value, options); }
 
 Tensor arange(double start, double end, double step, TensorOptions options) {

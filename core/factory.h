@@ -18,7 +18,9 @@ Tensor full(const Shape& shape, double value, TensorOptions options = {});
 void check_scalar_fits(double value, DType dtype, const char* what);
 Tensor zeros_like(const Tensor& like);
 Tensor ones_like(const Tensor& like);
-Tensor empty_like(const Tensor& like);
+// Preserve (the default, as PyTorch's): channels-last if `like` is (Note [Channels-last
+// activations]), else contiguous.
+Tensor empty_like(const Tensor& like, MemoryFormat format = MemoryFormat::Preserve);
 // A 0-dim tensor holding `value`.
 Tensor scalar_tensor(double value, TensorOptions options = {});
 

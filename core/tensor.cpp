@@ -31,6 +31,13 @@ bool Tensor::is_contiguous() const {
   return true;
 }
 
+bool Tensor::is_contiguous(MemoryFormat format) const {
+  if (format == MemoryFormat::Preserve) return true;  // every tensor is in its own format
+  return is_contiguous_as(shape(), strides(), format);
+}
+
+MemoryFormat Tensor::suggest_memory_format() const { return loom::suggest_memory_format(shape(), strides()); }
+
 void* Tensor::raw_data() const {
   const TensorImpl& self = impl();
   return static_cast<char*>(self.storage->data()) + self.offset * static_cast<int64_t>(loom::element_size(self.dtype));
@@ -71,14 +78,16 @@ Tensor make_tensor(Storage storage, Shape shape, Shape strides, int64_t offset, 
   return Tensor(std::make_shared<TensorImpl>(std::move(storage), std::move(shape), std::move(strides), offset, dtype));
 }
 
-Tensor empty(const Shape& shape, TensorOptions options) {
+Tensor empty(const Shape& shape, TensorOptions options) { return empty(shape, options, MemoryFormat::Contiguous); }
+
+Tensor empty(const Shape& shape, TensorOptions options, MemoryFormat format) {
   for (int64_t size : shape)
     LOOM_CHECK(size >= 0, "empty: sizes must be non-negative, got shape ", shape);
   const auto count = static_cast<size_t>(numel(shape));
   LOOM_CHECK(count <= SIZE_MAX / element_size(options.dtype_), "empty: shape ", shape, " of ", options.dtype_,
              " needs more bytes than a size_t can count");
   auto storage = std::make_shared<StorageImpl>(count * element_size(options.dtype_), options.device_);
-  Tensor t = make_tensor(std::move(storage), shape, contiguous_strides(shape), 0, options.dtype_);
+  Tensor t = make_tensor(std::move(storage), shape, strides_for(shape, format), 0, options.dtype_);
   if (options.requires_grad_) t.requires_grad_(true);
   return t;
 }

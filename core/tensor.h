@@ -21,6 +21,7 @@
 
 #include "core/device.h"
 #include "core/dtype.h"
+#include "core/memory_format.h"  // defines: MemoryFormat (Note [Channels-last activations])
 #include "core/shape.h"
 #include "core/storage.h"
 
@@ -77,7 +78,10 @@ class Tensor {
   int64_t storage_offset() const { return impl().offset; }
   size_t element_size() const { return loom::element_size(dtype()); }
   size_t nbytes() const { return static_cast<size_t>(numel()) * element_size(); }
-  bool is_contiguous() const;
+  bool is_contiguous() const;  // NCHW-contiguous for 4-D tensors (MemoryFormat::Contiguous)
+  bool is_contiguous(MemoryFormat format) const;
+  // ChannelsLast when the strides can only mean NHWC, else Contiguous (core/memory_format.h).
+  MemoryFormat suggest_memory_format() const;
   bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
   const Storage& storage() const { return impl().storage; }
   TensorImpl* unsafe_impl() const { return impl_.get(); }
@@ -129,6 +133,7 @@ class Tensor {
   Tensor unsqueeze(int64_t dim) const;
   Tensor flatten(int64_t start_dim = 0, int64_t end_dim = -1) const;
   Tensor contiguous() const;
+  Tensor contiguous(MemoryFormat format) const;  // Note [Channels-last activations]
   Tensor clone() const;
   Tensor to(Device device, bool non_blocking = false) const;
   Tensor to(DType dtype) const;
@@ -181,6 +186,8 @@ class Tensor {
 Tensor make_tensor(Storage storage, Shape shape, Shape strides, int64_t offset, DType dtype);
 // A fresh contiguous tensor with uninitialised data.
 Tensor empty(const Shape& shape, TensorOptions options = {});
+// ... laid out in `format` (Contiguous or ChannelsLast).
+Tensor empty(const Shape& shape, TensorOptions options, MemoryFormat format);
 
 std::ostream& operator<<(std::ostream& out, const Tensor& tensor);
 

@@ -113,26 +113,29 @@ Tensor conv2d_impl(const Tensor& input, const Tensor& weight, const Tensor& bias
   const Shape out_shape = {input.size(0), weight.size(0), output_extent(input, weight, params, 0),
                            output_extent(input, weight, params, 1)};
 
-  // Kernels take contiguous NCHW / OIHW; detached so making them contiguous records nothing.
-  Tensor x = input.detach().contiguous();
+  // Kernels take dense activations, NCHW or (on the CPU) channels-last, which the output
+  // and the input gradient then share (Note [Channels-last activations]), and OIHW
+  // weights; detached so that making them dense records nothing.
+  const MemoryFormat format = input.device().is_cpu() ? input.suggest_memory_format() : MemoryFormat::Contiguous;
+  Tensor x = input.detach().contiguous(format);
   Tensor w = weight.detach().contiguous();
   Tensor b = bias.defined() ? bias.detach().contiguous() : Tensor();
-  Tensor out = empty(out_shape, TensorOptions(input.dtype()).device(input.device()));
+  Tensor out = empty(out_shape, TensorOptions(input.dtype()).device(input.device()), format);
   conv2d_forward_kernel(input.device())(x, w, b, params, out);
 
   if (any_requires_grad({input, targets.weight, targets.bias})) {
     // Both are saved whatever is needed, as PyTorch does: the kernel derives every size
     // from them, and in a network the input is usually kept alive by the previous op.
     record("Conv2dBackward", {input, targets.weight, targets.bias}, {out},
-           [x_ = SavedTensor(x, "Conv2dBackward"), w_ = SavedTensor(w, "Conv2dBackward"), params,
+           [x_ = SavedTensor(x, "Conv2dBackward"), w_ = SavedTensor(w, "Conv2dBackward"), params, format,
             need_input = input.requires_grad(), need_weight = targets.weight.requires_grad(),
             need_bias = targets.bias.defined() && targets.bias.requires_grad(),
             grad_dtype = targets.weight.dtype()](const std::vector<Tensor>& grads) {
              const Tensor& xs = x_.get();
              const Tensor& ws = w_.get();
              // Gradients may arrive as broadcast views (the gradient of sum() is an expanded one).
-             Tensor grad_out = grads[0].contiguous();
-             Tensor grad_input = need_input ? empty_like(xs) : Tensor();
+             Tensor grad_out = grads[0].contiguous(format);
+             Tensor grad_input = need_input ? empty_like(xs, format) : Tensor();
              // grad_dtype: float32 under Note [Autocast conv2d weight gradients], else ws's
              const TensorOptions grad_options = TensorOptions(grad_dtype).device(ws.device());
              Tensor grad_weight = need_weight ? empty(ws.shape(), grad_options) : Tensor();

@@ -10,6 +10,14 @@ namespace {
 using ops::check_same_device_dtype;
 using Grads = std::vector<Tensor>;
 
+// The result keeps its inputs' memory format, as PyTorch's TensorIterator: channels-last
+// if an input of the result's shape is (Note [Channels-last activations]).
+MemoryFormat result_format(const Shape& shape, std::initializer_list<const Tensor*> inputs) {
+  for (const Tensor* t : inputs)
+    if (t->shape() == shape && t->suggest_memory_format() == MemoryFormat::ChannelsLast) return MemoryFormat::ChannelsLast;
+  return MemoryFormat::Contiguous;
+}
+
 Tensor binary_forward(const char* name, BinaryOp op, const Tensor& a, const Tensor& b, double alpha) {
   check_same_device_dtype(name, a, b);
   if (alpha != 1.0) check_scalar_fits(alpha, a.dtype(), "alpha");
@@ -20,7 +28,7 @@ Tensor binary_forward(const char* name, BinaryOp op, const Tensor& a, const Tens
              "a.to(kFloat32) / b.to(kFloat32)");
   Shape shape = broadcast_shapes(a.shape(), b.shape());
   bool compare = op >= BinaryOp::Eq;
-  Tensor out = empty(shape, TensorOptions(compare ? kBool : a.dtype()).device(a.device()));
+  Tensor out = empty(shape, TensorOptions(compare ? kBool : a.dtype()).device(a.device()), result_format(shape, {&a, &b}));
   binary_kernel(a.device())(op, a.detach().expand(shape), b.detach().expand(shape), alpha, out);
   return out;
 }
@@ -253,7 +261,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   LOOM_CHECK(cond.dtype() == kBool, "where: condition must be a bool tensor, got ", cond.dtype());
   LOOM_CHECK(cond.device() == a.device(), "where: condition is on ", cond.device(), " but values are on ", a.device());
   Shape shape = broadcast_shapes(broadcast_shapes(cond.shape(), a.shape()), b.shape());
-  Tensor out = empty(shape, TensorOptions(a.dtype()).device(a.device()));
+  Tensor out = empty(shape, TensorOptions(a.dtype()).device(a.device()), result_format(shape, {&a, &b}));
   where_kernel(a.device())(cond.expand(shape), a.detach().expand(shape), b.detach().expand(shape), out);
   if (any_requires_grad({a, b})) {
     record("WhereBackward", {a, b}, {out},

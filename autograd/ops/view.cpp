@@ -234,15 +234,26 @@ Tensor flatten(const Tensor& x, int64_t start_dim, int64_t end_dim) {
   return reshape(x, shape);
 }
 
-Tensor clone(const Tensor& x) {
-  ops::check_defined("clone", x, "input");
-  Tensor out = empty_like(x);
+namespace {
+Tensor copy_as(const Tensor& x, MemoryFormat format) {
+  Tensor out = empty_like(x, format);
   copy_into(out, x);
   if (any_requires_grad({x})) record("CloneBackward", {x}, {out}, [](const Grads& g) { return Grads{g[0]}; });
   return out;
 }
+}  // namespace
 
-Tensor contiguous(const Tensor& x) { return x.is_contiguous() ? x : clone(x); }
+Tensor clone(const Tensor& x) {
+  ops::check_defined("clone", x, "input");
+  return copy_as(x, MemoryFormat::Preserve);
+}
+
+Tensor contiguous(const Tensor& x) { return contiguous(x, MemoryFormat::Contiguous); }
+
+Tensor contiguous(const Tensor& x, MemoryFormat format) {
+  ops::check_defined("contiguous", x, "input");
+  return x.is_contiguous(format) ? x : copy_as(x, format);
+}
 
 Tensor to(const Tensor& x, Device device, bool non_blocking) {
   ops::check_defined("to", x, "input");
@@ -259,7 +270,7 @@ Tensor to(const Tensor& x, Device device, bool non_blocking) {
 Tensor to(const Tensor& x, DType dtype) {
   ops::check_defined("to", x, "input");
   if (x.dtype() == dtype) return x;
-  Tensor out = empty(x.shape(), TensorOptions(dtype).device(x.device()));
+  Tensor out = empty(x.shape(), TensorOptions(dtype).device(x.device()), x.suggest_memory_format());
   copy_into(out, x);
   if (any_requires_grad({x}) && is_floating(dtype)) {
     record("ToDTypeBackward", {x}, {out}, [from = x.dtype()](const Grads& g) { return Grads{g[0].to(from)}; },

@@ -57,6 +57,7 @@
 #include <vector>
 
 #include "core/cpu/bf16_convert.h"  // defines: compute_t, widen, narrow_into, dispatch_floating_16bit
+#include "core/cpu/batch_norm_channels_last.h"  // defines: channels_last:: passes (rows instead of planes)
 #include "core/cpu/contiguous.h"
 #include "core/kernels.h"
 
@@ -185,11 +186,14 @@ void batch_norm_forward_typed(const Tensor& in, const Tensor& weight, const Tens
                               Tensor& running_var, bool training, double momentum, double eps, const Tensor& residual,
                               bool relu, Tensor& out, Tensor& save_mean, Tensor& save_invstd) {
   const PlaneLayout l = layout_of(in);
+  const bool rows = in.suggest_memory_format() == MemoryFormat::ChannelsLast;  // core/cpu/batch_norm_channels_last.h
+  const channels_last::RowLayout rl{l.n * l.s, l.c};
   const auto C = static_cast<size_t>(l.c);
   std::vector<double> mean(C), invstd(C);
   if (training) {
     std::vector<double> squares(C);
-    batch_moments<E>(l, in.data_ptr<E>(), mean, squares);
+    if (rows) channels_last::batch_moments<E>(rl, in.data_ptr<E>(), mean, squares);
+    else batch_moments<E>(l, in.data_ptr<E>(), mean, squares);
     const double count = static_cast<double>(l.count());
     T* rm = running_mean.defined() ? running_mean.data_ptr<T>() : nullptr;
     T* rv = running_var.defined() ? running_var.data_ptr<T>() : nullptr;
@@ -215,8 +219,9 @@ void batch_norm_forward_typed(const Tensor& in, const Tensor& weight, const Tens
     scale[c] = static_cast<T>(invstd[c]) * w[c];
     shift[c] = b[c] - static_cast<T>(mean[c]) * scale[c];
   }
-  scale_shift<E>(l, in.data_ptr<E>(), scale, shift, residual.defined() ? residual.data_ptr<E>() : nullptr, relu,
-                 out.data_ptr<E>());
+  const E* r = residual.defined() ? residual.data_ptr<E>() : nullptr;
+  if (rows) channels_last::scale_shift<E>(rl, in.data_ptr<E>(), scale, shift, r, relu, out.data_ptr<E>());
+  else scale_shift<E>(l, in.data_ptr<E>(), scale, shift, r, relu, out.data_ptr<E>());
 }
 
 // Parameters, statistics and their gradients must have the compute type of the input's
@@ -234,14 +239,17 @@ void check_parameter_dtypes(const char* kernel, const Tensor& in, std::initializ
 void batch_norm_forward_cpu(const Tensor& in_any, const Tensor& weight, const Tensor& bias, Tensor& running_mean,
                             Tensor& running_var, bool training, double momentum, double eps, const Tensor& residual,
                             bool relu, Tensor& out, Tensor& save_mean, Tensor& save_invstd) {
-  check_output_dense("batch_norm", out);
+  // NCHW or channels-last: the input's format, which the output and residual share.
+  const MemoryFormat format = in_any.suggest_memory_format();
+  check_output_dense("batch_norm", out, format);
   LOOM_CHECK(training || (running_mean.defined() && running_var.defined()),
              "batch_norm kernel: eval mode needs running_mean and running_var");
-  const Tensor in = contiguous_input(in_any);
+  const Tensor in = contiguous_input(in_any, format);
   dispatch_floating_16bit(in.dtype(), "batch_norm", [&]<typename E>() {
     check_parameter_dtypes<E>("batch_norm", in, {&weight, &bias, &running_mean, &running_var, &save_mean, &save_invstd});
     batch_norm_forward_typed<E>(in, contiguous_input(weight), contiguous_input(bias), running_mean, running_var,
-                                training, momentum, eps, contiguous_input(residual), relu, out, save_mean, save_invstd);
+                                training, momentum, eps, contiguous_input(residual, format), relu, out, save_mean,
+                                save_invstd);
   });
 }
 
@@ -315,11 +323,17 @@ void batch_norm_backward_typed(const Tensor& grad_out, const Tensor& in, const T
   const T* invstd = save_invstd.data_ptr<T>();
   const std::vector<T> w = per_channel<T>(weight, l.c, T(1));
   const bool parallel = l.planes() * l.s > kBatchNormGrain && l.planes() > 1;
+  const bool rows = in.suggest_memory_format() == MemoryFormat::ChannelsLast;  // core/cpu/batch_norm_channels_last.h
+  const channels_last::RowLayout rl{l.n * l.s, l.c};
 
   // Pass 1: sum(g) and sum(g * (x - mean)) per channel. Eval-mode dx needs neither, but
   // the residual's gradient is written here.
   std::vector<double> sum_dy(C, 0.0), dot(C, 0.0);
-  if (grad_weight.defined() || grad_bias.defined() || (grad_in.defined() && training) || residual_grad) {
+  const bool sums = grad_weight.defined() || grad_bias.defined() || (grad_in.defined() && training) || residual_grad;
+  if (sums && rows) {
+    if (y) channels_last::backward_sums<E, true>(rl, dy, y, x, mean, residual_grad, sum_dy, dot);
+    else channels_last::backward_sums<E, false>(rl, dy, y, x, mean, residual_grad, sum_dy, dot);
+  } else if (sums) {
     Tensor buffer;
     double* plane_dy = scratch(buffer, 2 * l.planes());
     double* plane_dot = plane_dy + l.planes();
@@ -352,6 +366,12 @@ void batch_norm_backward_typed(const Tensor& grad_out, const Tensor& in, const T
     c0[c] = static_cast<T>((static_cast<double>(mean[c]) * k - mean_dy) * wi);
   }
   E* dx = grad_in.data_ptr<E>();
+  if (rows) {
+    if (residual_grad) channels_last::backward_dx<E, false>(rl, residual_grad, nullptr, x, a, bx, c0, dx);
+    else if (y) channels_last::backward_dx<E, true>(rl, dy, y, x, a, bx, c0, dx);
+    else channels_last::backward_dx<E, false>(rl, dy, nullptr, x, a, bx, c0, dx);
+    return;
+  }
   if (residual_grad) backward_dx<E, false>(l, residual_grad, nullptr, x, a, bx, c0, dx, parallel);  // g, as written
   else if (y) backward_dx<E, true>(l, dy, y, x, a, bx, c0, dx, parallel);
   else backward_dx<E, false>(l, dy, nullptr, x, a, bx, c0, dx, parallel);
@@ -360,14 +380,16 @@ void batch_norm_backward_typed(const Tensor& grad_out, const Tensor& in, const T
 void batch_norm_backward_cpu(const Tensor& grad_out_any, const Tensor& in_any, const Tensor& weight,
                              const Tensor& save_mean, const Tensor& save_invstd, bool training, const Tensor& relu_out,
                              Tensor& grad_in, Tensor& grad_weight, Tensor& grad_bias, Tensor& grad_residual) {
-  check_output_dense("batch_norm_backward", grad_in);
-  check_output_dense("batch_norm_backward", grad_residual);
-  const Tensor in = contiguous_input(in_any);
-  const Tensor grad_out = contiguous_input(grad_out_any);
+  // NCHW or channels-last: the input's format, which every activation-shaped tensor shares.
+  const MemoryFormat format = in_any.suggest_memory_format();
+  check_output_dense("batch_norm_backward", grad_in, format);
+  check_output_dense("batch_norm_backward", grad_residual, format);
+  const Tensor in = contiguous_input(in_any, format);
+  const Tensor grad_out = contiguous_input(grad_out_any, format);
   dispatch_floating_16bit(in.dtype(), "batch_norm_backward", [&]<typename E>() {
     check_parameter_dtypes<E>("batch_norm_backward", in, {&weight, &save_mean, &save_invstd, &grad_weight, &grad_bias});
     batch_norm_backward_typed<E>(grad_out, in, contiguous_input(weight), contiguous_input(save_mean),
-                                 contiguous_input(save_invstd), training, contiguous_input(relu_out), grad_in,
+                                 contiguous_input(save_invstd), training, contiguous_input(relu_out, format), grad_in,
                                  grad_weight, grad_bias, grad_residual);
   });
 }

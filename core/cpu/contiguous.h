@@ -12,17 +12,20 @@
 
 namespace loom::cpu {
 
-inline Tensor contiguous_input(const Tensor& t) {
-  if (!t.defined() || t.is_contiguous()) return t;
-  Tensor dense = empty(t.shape(), TensorOptions(t.dtype()).device(t.device()));
+// `format`: kernels that also compute on channels-last activations (batch norm) ask for
+// the input's own format (Note [Channels-last activations], core/memory_format.h).
+inline Tensor contiguous_input(const Tensor& t, MemoryFormat format = MemoryFormat::Contiguous) {
+  if (!t.defined() || t.is_contiguous(format)) return t;
+  Tensor dense = empty(t.shape(), TensorOptions(t.dtype()).device(t.device()), format);
   copy_into(dense, t);
   return dense;
 }
 
-// Outputs are allocated by the caller (core/kernels.h), always with empty(): dense.
-inline void check_output_dense(const char* kernel, const Tensor& out) {
-  LOOM_CHECK(!out.defined() || out.is_contiguous(), kernel, ": expected a contiguous output tensor, got strides ",
-             out.strides(), " for shape ", out.shape());
+// Outputs are allocated by the caller (core/kernels.h), dense in the format the kernel
+// computes in.
+inline void check_output_dense(const char* kernel, const Tensor& out, MemoryFormat format = MemoryFormat::Contiguous) {
+  LOOM_CHECK(!out.defined() || out.is_contiguous(format), kernel, ": expected a dense ", format,
+             " output tensor, got strides ", out.strides(), " for shape ", out.shape());
 }
 
 }  // namespace loom::cpu

@@ -55,7 +55,9 @@
 #include "core/cpu/float32_staging.h"  // defines: float32_copy (Note [16-bit CPU kernels stage through float32])
 #include "core/cpu/onednn.h"           // defines: PlanCache, cpu_engine, scratchpad (Note [oneDNN plan cache])
 
+#include "core/cpu/contiguous.h"  // defines: contiguous_input (NCHW copies for the direct loops)
 #include "core/cpu/conv2d_reference.h"
+#include "core/copy.h"
 #include "core/kernels.h"
 
 namespace loom::cpu {
@@ -91,7 +93,8 @@ using onednn::cpu_engine;
 // algorithm policies, the dtypes, whether a bias (gradient) takes part, and the geometry.
 struct PlanKey {
   Pass pass;
-  Layout layout;
+  bool channels_last;  // loom's activations are NHWC in memory (else NCHW): Note [Conv2d memory layout]
+  Layout layout;       // the layout the primitive computes its activations in
   Algorithm algorithm;
   memory::data_type dtype;       // input, weight, output (and the forward's bias)
   memory::data_type grad_dtype;  // the weight and bias gradients: dtype, or f32 (Note [Conv2d in bfloat16])
@@ -150,7 +153,8 @@ std::shared_ptr<const Plan> build_plan_with(const PlanKey& key, dnnl::algorithm 
   const auto dt = key.dtype;
   const bool grouped = key.geometry.groups > 1;
   const Tag act_tag = key.layout == Layout::Nchw ? Tag::nchw : key.layout == Layout::Nhwc ? Tag::nhwc : Tag::any;
-  const memory::desc src_user(d.src, dt, Tag::nchw), dst_user(d.dst, dt, Tag::nchw);
+  const Tag user_tag = key.channels_last ? Tag::nhwc : Tag::nchw;
+  const memory::desc src_user(d.src, dt, user_tag), dst_user(d.dst, dt, user_tag);
   const memory::desc weights_user(d.weights, dt, grouped ? Tag::goihw : Tag::oihw);
   const memory::desc bias_user(d.bias, dt, Tag::x);
   const memory::desc src_any(d.src, dt, act_tag), dst_any(d.dst, dt, act_tag);
@@ -346,11 +350,30 @@ void run_plan(const PlanKey& key, const Plan& plan, const std::vector<const Tens
   }
 }
 
-PlanKey make_key(Pass pass, bool with_bias, const Conv2dGeometry& geometry, DType dtype,
+// See Note [Conv2d memory layout]: channels-last bfloat16 activations are computed on as
+// they are; everything else in the layout policy's (blocked, unless overridden).
+PlanKey make_key(Pass pass, bool with_bias, const Conv2dGeometry& geometry, DType dtype, bool channels_last,
                  DType grad_dtype = DType::Float32) {
   const memory::data_type dt = onednn::data_type(dtype);
   const memory::data_type gdt = pass == Pass::BackwardWeights ? onednn::data_type(grad_dtype) : dt;
-  return PlanKey{pass, layout_from_env(), algorithm_from_env(), dt, gdt, with_bias, geometry};
+  const Layout layout = channels_last && dtype == kBFloat16 && std::getenv("LOOM_CONV2D_LAYOUT") == nullptr
+                            ? Layout::Nhwc
+                            : layout_from_env();
+  return PlanKey{pass, channels_last, layout, algorithm_from_env(), dt, gdt, with_bias, geometry};
+}
+
+// The activations' memory format (Note [Channels-last activations], core/memory_format.h):
+// the input's, which every other activation tensor of the call must share (the autograd
+// op makes them so).
+bool activations_channels_last(const char* op, const Tensor& input, std::initializer_list<const Tensor*> others) {
+  const MemoryFormat format = input.suggest_memory_format();
+  LOOM_CHECK(input.is_contiguous(format), op, ": expected a dense NCHW or channels-last input, got strides ",
+             input.strides(), " for shape ", input.shape());
+  for (const Tensor* t : others) {
+    LOOM_CHECK(!t->defined() || t->is_contiguous(format), op, ": expected every activation tensor in the input's ",
+               format, " layout, got strides ", t->strides(), " for shape ", t->shape());
+  }
+  return format == MemoryFormat::ChannelsLast;
 }
 
 // float32 always, bfloat16 where oneDNN has kernels for it (Note [bfloat16 on the CPU]);
@@ -372,6 +395,12 @@ void conv2d_forward_cpu(const Tensor& input, const Tensor& weight, const Tensor&
                         Tensor& out) {
   const Conv2dGeometry g(input.shape(), weight.shape(), params);
   if (out.numel() == 0) return;
+  const bool channels_last = activations_channels_last("conv2d", input, {&out});
+  if (channels_last && !runs_on_onednn(input.dtype())) {  // the direct loops index NCHW
+    Tensor out_nchw = empty(out.shape(), TensorOptions(out.dtype()));
+    conv2d_forward_cpu(contiguous_input(input), weight, bias, params, out_nchw);
+    return copy_into(out, out_nchw);
+  }
   if (input.dtype() == kFloat64) {
     return conv2d_reference_forward<double>(g, input.data_ptr<double>(), weight.data_ptr<double>(),
                                             bias.defined() ? bias.data_ptr<double>() : nullptr,
@@ -384,7 +413,7 @@ void conv2d_forward_cpu(const Tensor& input, const Tensor& weight, const Tensor&
     conv2d_forward_cpu(cpu::float32_copy(input), cpu::float32_copy(weight), cpu::float32_copy(bias), params, out32);
     return cpu::round_into(out32, out);
   }
-  const PlanKey key = make_key(Pass::Forward, bias.defined(), g, input.dtype());
+  const PlanKey key = make_key(Pass::Forward, bias.defined(), g, input.dtype(), channels_last);
   ReorderedInputs reordered;
   run_plan(key, *get_plan(key), {&input, &weight, &out, &bias}, reordered);
 }
@@ -397,6 +426,14 @@ void conv2d_backward_cpu(const Tensor& grad_out, const Tensor& input, const Tens
   if (grad_out.numel() == 0) {  // nothing flowed back: every gradient is zero
     for (Tensor* t : {&grad_input, &grad_weight, &grad_bias})
       if (t->defined()) fill_kernel(DeviceType::CPU)(*t, 0.0);
+    return;
+  }
+  const bool channels_last = activations_channels_last("conv2d backward", input, {&grad_out, &grad_input});
+  if (channels_last && !runs_on_onednn(input.dtype())) {  // the direct loops index NCHW
+    Tensor gi = grad_input.defined() ? empty(grad_input.shape(), TensorOptions(grad_input.dtype())) : Tensor();
+    conv2d_backward_cpu(contiguous_input(grad_out), contiguous_input(input), weight, params, gi, grad_weight,
+                        grad_bias);
+    if (gi.defined()) copy_into(grad_input, gi);
     return;
   }
   if (input.dtype() == kFloat64) {
@@ -423,7 +460,7 @@ void conv2d_backward_cpu(const Tensor& grad_out, const Tensor& input, const Tens
   }
   ReorderedInputs reordered;  // grad_out is reordered once for both passes
   if (grad_input.defined()) {
-    const PlanKey key = make_key(Pass::BackwardData, false, g, input.dtype());
+    const PlanKey key = make_key(Pass::BackwardData, false, g, input.dtype(), channels_last);
     run_plan(key, *get_plan(key), {&grad_out, &weight, &grad_input}, reordered);
   }
   if (grad_weight.defined() || grad_bias.defined()) {
@@ -434,7 +471,8 @@ void conv2d_backward_cpu(const Tensor& grad_out, const Tensor& input, const Tens
                "conv2d backward: expected the weight and bias gradients in one dtype, got ", grad_weight.dtype(),
                " and ", grad_bias.dtype());
     Tensor weight_sink = grad_weight.defined() ? grad_weight : empty(weight.shape(), TensorOptions(grad_dtype));
-    const PlanKey key = make_key(Pass::BackwardWeights, grad_bias.defined(), g, input.dtype(), grad_dtype);
+    const PlanKey key =
+        make_key(Pass::BackwardWeights, grad_bias.defined(), g, input.dtype(), channels_last, grad_dtype);
     run_plan(key, *get_plan(key), {&input, &grad_out, &weight_sink, &grad_bias}, reordered);
   }
 }

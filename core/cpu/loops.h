@@ -8,9 +8,12 @@
 // Note [Elementwise loop shapes]
 // 1. All operands contiguous: one flat loop the compiler vectorises, split across
 //    OpenMP threads in chunks of at least kGrain elements.
-// 2. Otherwise dims are first *collapsed*: adjacent dims d, d+1 merge when every operand
-//    has stride[d] == stride[d+1] * size[d+1] (true for contiguous runs and for fully
-//    broadcast runs alike). What remains is iterated as outer rows x one inner dim;
+// 2. Otherwise dims are first put in the output's memory order (largest stride first,
+//    as PyTorch's TensorIterator does: a channels-last NCHW output is walked as N, H, W,
+//    C; Note [Channels-last activations]), then *collapsed*: adjacent dims d, d+1 merge
+//    when every operand has stride[d] == stride[d+1] * size[d+1] (true for contiguous
+//    runs and for fully broadcast runs alike; operands that share the output's format
+//    collapse to one flat run). What remains is iterated as outer rows x one inner dim;
 //    rows are split across threads (a long single row in pieces). The inner loop runs
 //    unit-stride when every operand has step 1 or 0 there (Note [Broadcast scalars in
 //    the inner loop]), strided otherwise.
@@ -21,7 +24,7 @@
 #include <cstdint>
 #include <tuple>
 #include <utility>
-
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -39,7 +42,13 @@ struct CollapsedLayout {
 template <size_t N>
 CollapsedLayout<N> collapse_dims(const Shape& shape, const std::array<const Shape*, N>& strides) {
   CollapsedLayout<N> layout;
-  for (size_t d = 0; d < shape.size(); ++d) {
+  // Note [Elementwise loop shapes] step 2: dims in the output's memory order.
+  std::vector<size_t> order(shape.size());
+  for (size_t d = 0; d < shape.size(); ++d) order[d] = d;
+  const Shape& out_strides = *strides[0];
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return out_strides[a] > out_strides[b]; });
+  for (size_t k = 0; k < shape.size(); ++k) {
+    const size_t d = order[k];
     if (shape[d] == 1) continue;  // size-1 dims never move the pointer
     bool merge = !layout.sizes.empty();
     for (size_t k = 0; k < N && merge; ++k)
