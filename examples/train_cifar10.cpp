@@ -59,6 +59,9 @@ int main(int argc, char** argv) {
     auto& seed = flags.add<int64_t>("seed", static_cast<int64_t>(c.seed), "seed for init, shuffling, augmentation");
     auto& device = flags.add<std::string>("device", c.device, "cpu | cpu:N | cuda | cuda:N");
     auto& amp = flags.add<std::string>("amp", c.amp, "mixed precision: none | bf16 | fp16 (autocast; fp16 adds a GradScaler)");
+    auto& memory_format = flags.add<std::string>(
+        "memory-format", c.memory_format,
+        "auto | contiguous | channels_last: the images' layout (auto: channels_last under --amp bf16 on the CPU)");
     auto& no_augment = flags.add<bool>("no-augment", false, "no random crop/flip");
     auto& no_shuffle = flags.add<bool>("no-shuffle", false, "sequential training order");
     auto& init = flags.add<std::string>("init", "", "load weights (safetensors) before training");
@@ -123,6 +126,7 @@ int main(int argc, char** argv) {
     c.seed = static_cast<uint64_t>(seed);
     c.device = device;
     c.amp = amp;
+    c.memory_format = memory_format;
     c.augment = !no_augment;
     c.shuffle = !no_shuffle;
     c.init = init;

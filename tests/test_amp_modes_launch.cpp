@@ -75,3 +75,20 @@ TEST_CASE("--amp bf16 trains in every mode with float32 weights; FSDP = DDP and 
   CHECK(single_moved);
   CHECK(ddp_moved);
 }
+
+TEST_CASE("--memory-format: auto is channels-last under --amp bf16 on the CPU, said once; a wrong value is named") {
+  const std::string train = path_from_env("TRAIN_CIFAR10");
+  const std::string args = train + kTrainArgs + " --seed 5 --mode single";
+  Result automatic = Launch(args + " --amp bf16").finish();
+  REQUIRE_MESSAGE(automatic.code == 0, automatic.output);
+  CHECK_MESSAGE(contains(automatic.output, "; channels-last activations (--memory-format)"), automatic.output);
+  Result nchw = Launch(args + " --amp bf16 --memory-format contiguous").finish();
+  REQUIRE_MESSAGE(nchw.code == 0, nchw.output);
+  CHECK_MESSAGE(contains(nchw.output, "; NCHW activations (--memory-format)"), nchw.output);
+  Result float32_cl = Launch(args + " --memory-format channels_last").finish();  // float32 runs channels-last too
+  CHECK_MESSAGE(float32_cl.code == 0, float32_cl.output);
+  Result wrong = Launch(args + " --memory-format nhwc").finish();
+  CHECK(wrong.code != 0);
+  CHECK_MESSAGE(contains(wrong.output, "--memory-format: expected auto, contiguous or channels_last, got 'nhwc'"),
+                wrong.output);
+}

@@ -27,10 +27,21 @@ Device training_device(const std::string& flag, int default_index) {
   return device;
 }
 
-Tensor to_training_device(const Tensor& batch, Device device) {
-  if (batch.device() == device) return batch;
-  if (device.is_cuda() && batch.device().is_cpu()) return cuda::copy_to_device_async(batch, device);
-  return batch.to(device);
+MemoryFormat input_memory_format(const std::string& flag, const std::string& amp, Device device) {
+  if (flag == "contiguous") return MemoryFormat::Contiguous;
+  if (flag == "channels_last") return MemoryFormat::ChannelsLast;
+  LOOM_CHECK(flag == "auto", "--memory-format: expected auto, contiguous or channels_last, got '", flag, "'");
+  return amp == "bf16" && device.is_cpu() ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
+}
+
+Tensor to_training_device(const Tensor& batch, Device device, MemoryFormat format) {
+  Tensor on_device = batch;
+  if (batch.device() != device) {
+    on_device = device.is_cuda() && batch.device().is_cpu() ? cuda::copy_to_device_async(batch, device)
+                                                             : batch.to(device);
+  }
+  // Labels and other non-image tensors stay as they are.
+  return format == MemoryFormat::ChannelsLast && on_device.dim() == 4 ? on_device.contiguous(format) : on_device;
 }
 
 std::pair<float, int64_t> read_loss_and_correct(const Tensor& loss, const Tensor& logits, const Tensor& labels) {

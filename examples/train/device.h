@@ -26,9 +26,18 @@ namespace loom::examples {
 // script. Nothing is allocated on the device.
 Device training_device(const std::string& flag, int default_index = 0);
 
-// `batch` (CPU) on `device`: a non-blocking copy through pinned memory for CUDA, a
-// plain .to(device) otherwise.
-Tensor to_training_device(const Tensor& batch, Device device);
+// --memory-format auto | contiguous | channels_last: the layout images enter the model
+// in (Note [Channels-last activations], core/memory_format.h). auto is channels_last for
+// --amp bf16 on the CPU, where oneDNN's bfloat16 convolutions compute in NHWC and NCHW
+// activations would be reordered around every one (as PyTorch users write
+// model(images.contiguous(memory_format=torch.channels_last))), and contiguous otherwise:
+// float32 convolutions compute in a blocked layout either way, and on CUDA loom's
+// kernels take NCHW.
+MemoryFormat input_memory_format(const std::string& flag, const std::string& amp, Device device);
+
+// `batch` (CPU) on `device`, in `format`: a non-blocking copy through pinned memory for
+// CUDA, a plain .to(device) otherwise.
+Tensor to_training_device(const Tensor& batch, Device device, MemoryFormat format = MemoryFormat::Contiguous);
 
 // The loss (a 0-dim tensor) and the number of rows whose argmax equals the label,
 // computed on the logits' device and read back to the host in one copy.

@@ -76,13 +76,13 @@ std::unique_ptr<optim::LRScheduler> make_scheduler(const TrainConfig& config, op
 // Counts only the first `real` examples, running every batch (ddp: the rest is padding,
 // Note [Evaluating a shard without double counting]).
 RunningMetrics evaluate(nn::Module& model, nn::CrossEntropyLoss& criterion, data::DataLoader& loader, Device device,
-                        int64_t real) {
+                        MemoryFormat format, int64_t real) {
   trace::Span span("evaluate", "train");
   NoGradGuard no_grad;
   model.eval();
   RunningMetrics metrics;
   for (data::Batch& batch : loader) {
-    Tensor images = to_training_device(batch.data, device), labels = to_training_device(batch.target, device);
+    Tensor images = to_training_device(batch.data, device, format), labels = to_training_device(batch.target, device);
     Tensor logits = model(images);
     labels = labels.to(logits.device());  // --mode mp: the logits are on the last stage's device
     int64_t n = batch.size();
@@ -198,10 +198,11 @@ TrainResult train_cifar10(const TrainConfig& config) {
   auto* pipeline = dynamic_cast<parallel::pipeline::Pipeline*>(net.get());
   // --pp: this process's stage; the whole model is on every rank only after share_weights.
   auto* stage = dynamic_cast<parallel::pipeline::PipelineStage*>(net.get());
+  const MemoryFormat input_format = input_memory_format(config.memory_format, config.amp, device);
   auto evaluate_model = [&] {
-    if (!stage) return evaluate(*net, criterion, test_loader, device, eval_real);
+    if (!stage) return evaluate(*net, criterion, test_loader, device, input_format, eval_real);
     stage->share_weights();  // every rank evaluates the whole model on its shard, stage 0 counts
-    RunningMetrics m = evaluate(*model, criterion, test_loader, device, eval_real);
+    RunningMetrics m = evaluate(*model, criterion, test_loader, device, input_format, eval_real);
     return dist.counts_examples() ? m : RunningMetrics{};
   };
   LOOM_CHECK(config.lr_scaling == "none" || config.lr_scaling == "linear", "--lr-scaling: expected none or linear, "
@@ -220,7 +221,8 @@ TrainResult train_cifar10(const TrainConfig& config) {
   auto scheduler = make_scheduler(scheduled, optimizer, std::max<int64_t>(steps_per_epoch * config.epochs, 1));
   MixedPrecision amp(config.amp, device);
   if (config.amp == "bf16" && device.type == DeviceType::CPU && dist.is_main())
-    std::printf("--amp bf16 on the CPU: %s\n", cpu::bf16_path_description());
+    std::printf("--amp bf16 on the CPU: %s; %s activations (--memory-format)\n", cpu::bf16_path_description(),
+                input_format == MemoryFormat::ChannelsLast ? "channels-last" : "NCHW");
   // fsdp: the model's parameters and the optimizer's state are sharded; ZeRO-1: the
   // optimizer's state. By default each rank then writes its own shard (Note [Sharded
   // checkpoints in train_cifar10]); --checkpoint-format full holds them whole, as every
@@ -320,7 +322,8 @@ TrainResult train_cifar10(const TrainConfig& config) {
       auto step_start = Clock::now();
       trace::Span step_span("step " + std::to_string(position.global_step + 1), "train");
       // On a GPU: queued copies from pinned memory; the host runs ahead to the forward.
-      Tensor images = to_training_device(batch.data, device), labels = to_training_device(batch.target, device);
+      Tensor images = to_training_device(batch.data, device, input_format);
+      Tensor labels = to_training_device(batch.target, device);
       Tensor logits, loss;
       int64_t stage_correct = -1;  // --pp: the step's all-reduced accuracy
       if (stage) {

@@ -34,6 +34,7 @@ struct TrainConfig {
   uint64_t seed = 0;
   std::string device = "cpu";
   std::string amp = "none";    // none | bf16 | fp16 (examples/train/mixed_precision.h)
+  std::string memory_format = "auto";  // auto | contiguous | channels_last (examples/train/device.h)
   bool augment = true;
   bool shuffle = true;
   std::string init;            // safetensors weights to start from
