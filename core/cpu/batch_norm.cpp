@@ -22,6 +22,10 @@
 // in a ResNet activation) keeps the hardware prefetchers busy and touches each byte
 // once per pass: on a [128, 64, 32, 32] float32 tensor this is ~2x faster.
 //
+// A channels-last input (Note [Channels-last activations], core/memory_format.h) has no
+// planes: its passes walk [N*H*W, C] rows instead (core/cpu/batch_norm_channels_last.h),
+// and the output and every gradient share the input's format.
+//
 // Note [Batch-norm accumulation]
 // A plane's sums run in T over four vectors' worth of independent accumulators (fast,
 // and on <= a few thousand elements as accurate as float needs); planes are combined in
