@@ -84,10 +84,12 @@ TEST_CASE("empty_like, clone, zeros_like, to(dtype) and the elementwise ops keep
   CHECK(is_channels_last(x.to(kFloat64)));
   Tensor plain = x.contiguous();
   Tensor bias = rnd({4, 1, 1}, 5);
-  for (auto [name, op] : std::initializer_list<std::pair<const char*, Tensor (*)(const Tensor&, const Tensor&)>>{
+  for (const auto& entry : std::initializer_list<std::pair<const char*, Tensor (*)(const Tensor&, const Tensor&)>>{
            {"x + y", [](const Tensor& a, const Tensor& b) { return a + b; }},
            {"x * y", [](const Tensor& a, const Tensor& b) { return a * b; }},
            {"relu(x) - y", [](const Tensor& a, const Tensor& b) { return relu(a) - b; }}}) {
+    const char* name = entry.first;  // Note [doctest messages name no structured binding]
+    const auto op = entry.second;
     CAPTURE(name);
     Tensor cl = op(x, x);
     CHECK(is_channels_last(cl));
