@@ -24,7 +24,8 @@
 // the forward and the loss under CPU autocast to bfloat16 -- loom's `train_cifar10 --amp
 // bf16` (autograd/autocast.h), and PyTorch's torch.autocast("cpu", torch.bfloat16) with
 // model and input in channels_last, the layout its oneDNN bfloat16 convolutions want
-// (NCHW costs it a reorder per conv). A bf16 row adds "vs f32": loom bf16 over loom
+// (NCHW costs it a reorder per conv); loom's bf16 rows feed channels-last images too, as
+// train_cifar10 --amp bf16 does (Note [Channels-last activations]). A bf16 row adds "vs f32": loom bf16 over loom
 // float32 at the same mode and batch; its "vs torch"/"vs tuned" compare with PyTorch's
 // bf16 runs, so one invocation reads both ratios the mixed-precision work is judged by.
 // Data

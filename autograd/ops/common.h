@@ -9,6 +9,14 @@
 
 namespace loom::ops {
 
+// The memory format an activation op computes in and gives its outputs (Note
+// [Channels-last activations], core/memory_format.h): the input's on the CPU, whose conv2d
+// and batch-norm kernels compute on channels-last data; NCHW on CUDA, whose kernels read
+// NCHW (a channels-last input is converted first).
+inline MemoryFormat activation_format(const Tensor& input) {
+  return input.device().is_cpu() ? input.suggest_memory_format() : MemoryFormat::Contiguous;
+}
+
 inline void check_defined(const char* op, const Tensor& t, const char* what) {
   LOOM_CHECK(t.defined(), op, ": ", what, " is an undefined tensor");
 }

@@ -116,7 +116,7 @@ Tensor conv2d_impl(const Tensor& input, const Tensor& weight, const Tensor& bias
   // Kernels take dense activations, NCHW or (on the CPU) channels-last, which the output
   // and the input gradient then share (Note [Channels-last activations]), and OIHW
   // weights; detached so that making them dense records nothing.
-  const MemoryFormat format = input.device().is_cpu() ? input.suggest_memory_format() : MemoryFormat::Contiguous;
+  const MemoryFormat format = ops::activation_format(input);
   Tensor x = input.detach().contiguous(format);
   Tensor w = weight.detach().contiguous();
   Tensor b = bias.defined() ? bias.detach().contiguous() : Tensor();

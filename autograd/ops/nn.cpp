@@ -185,13 +185,6 @@ void check_per_channel(const Tensor& input, const Tensor& t, const char* what, D
   LOOM_CHECK(t.is_contiguous(), "batch_norm: expected a contiguous ", what, ", got strides ", t.strides());
 }
 
-// The format batch norm's outputs take (Note [Channels-last activations]): the input's on
-// the CPU, whose kernel computes on channels-last rows; NCHW on CUDA, whose kernel reads
-// NCHW planes (a channels-last input is copied there).
-MemoryFormat activation_format(const Tensor& input) {
-  return input.device().is_cpu() ? input.suggest_memory_format() : MemoryFormat::Contiguous;
-}
-
 // batch_norm(input, ...) + residual (if defined), then relu if `relu`: both public ops.
 Tensor batch_norm_fused(const Tensor& input, const Tensor& running_mean, const Tensor& running_var,
                         const Tensor& weight, const Tensor& bias, bool training, double momentum, double eps,
@@ -229,7 +222,7 @@ Tensor batch_norm_fused(const Tensor& input, const Tensor& running_mean, const T
                "batch_norm: running_mean and running_var are updated in place in training and must not require "
                "grad; register them as buffers, not parameters");
   }
-  Tensor out = empty(input.shape(), options_of(input), activation_format(input));
+  Tensor out = empty(input.shape(), options_of(input), ops::activation_format(input));
   Tensor save_mean = empty({channels}, TensorOptions(param_dtype).device(input.device()));
   Tensor save_invstd = empty({channels}, TensorOptions(param_dtype).device(input.device()));
   batch_norm_forward_kernel(input.device())(input, weight, bias, rm, rv, batch_stats, momentum, eps, residual, relu,
@@ -246,7 +239,7 @@ Tensor batch_norm_fused(const Tensor& input, const Tensor& running_mean, const T
            [x_ = SavedTensor(input, "BatchNormBackward"), w_ = SavedTensor(weight, "BatchNormBackward"), save_mean,
             save_invstd, batch_stats, rx, rw, rb](const Grads& g) {
              const Tensor& x = x_.get();
-             Tensor grad_in = rx ? empty(x.shape(), options_of(x), activation_format(x)) : Tensor();
+             Tensor grad_in = rx ? empty(x.shape(), options_of(x), ops::activation_format(x)) : Tensor();
              Tensor grad_weight = rw ? empty(save_mean.shape(), options_of(save_mean)) : Tensor();
              Tensor grad_bias = rb ? empty(save_mean.shape(), options_of(save_mean)) : Tensor();
              Tensor no_grad_residual;
@@ -264,10 +257,10 @@ Tensor batch_norm_fused(const Tensor& input, const Tensor& running_mean, const T
           y_ = SavedTensor(relu ? out : Tensor(), name), save_mean, save_invstd, batch_stats, rx, rw, rb,
           rr](const Grads& g) {
            const Tensor& x = x_.get();
-           Tensor grad_in = rx ? empty(x.shape(), options_of(x), activation_format(x)) : Tensor();
+           Tensor grad_in = rx ? empty(x.shape(), options_of(x), ops::activation_format(x)) : Tensor();
            Tensor grad_weight = rw ? empty(save_mean.shape(), options_of(save_mean)) : Tensor();
            Tensor grad_bias = rb ? empty(save_mean.shape(), options_of(save_mean)) : Tensor();
-           Tensor grad_residual = rr && y_.defined() ? empty(x.shape(), options_of(x), activation_format(x)) : Tensor();
+           Tensor grad_residual = rr && y_.defined() ? empty(x.shape(), options_of(x), ops::activation_format(x)) : Tensor();
            batch_norm_backward_kernel(x.device())(g[0], x, w_.get(), save_mean, save_invstd, batch_stats, y_.get(),
                                                   grad_in, grad_weight, grad_bias, grad_residual);
            if (rr && !y_.defined()) grad_residual = g[0];

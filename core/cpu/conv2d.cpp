@@ -15,6 +15,10 @@
 // Measured on the ResNet18-CIFAR shapes at batch 128 (bench/bench_ops --layouts), (b)
 // wins clearly despite its reorders, so it is the default; LOOM_CONV2D_LAYOUT=nchw|nhwc|
 // blocked overrides it (for benchmarks and for bisecting a numerical difference).
+// Channels-last tensors (Note [Channels-last activations], core/memory_format.h) are
+// handed to oneDNN as nhwc user memory; in bfloat16 the primitive then computes in nhwc
+// too, with no reorder at all (at batch 32 the step's reorders went from 54 to 17 ms,
+// docs/benchmarks.md), while float32 keeps the blocked layout its Winograd needs.
 //
 // Note [Conv2d algorithm]
 // 3x3 convolutions with stride 1 (most of a ResNet's work) run as Winograd F(4x4, 3x3)
@@ -70,10 +74,13 @@ enum class Pass : int8_t { Forward, BackwardData, BackwardWeights };
 enum class Layout : int8_t { Nchw, Blocked, Nhwc };
 enum class Algorithm : int8_t { Direct, Winograd };
 
-// See Note [Conv2d memory layout].
-Layout layout_from_env() {
+// See Note [Conv2d memory layout]: LOOM_CONV2D_LAYOUT if set (read per call, so that
+// benchmarks and tests can switch it), else nhwc for channels-last bfloat16 activations
+// (computed on as they are) and blocked for everything else.
+Layout layout_policy(bool channels_last, DType dtype) {
   const char* value = std::getenv("LOOM_CONV2D_LAYOUT");
-  if (value == nullptr || *value == '\0' || std::strcmp(value, "blocked") == 0) return Layout::Blocked;
+  if (value == nullptr || *value == '\0') return channels_last && dtype == kBFloat16 ? Layout::Nhwc : Layout::Blocked;
+  if (std::strcmp(value, "blocked") == 0) return Layout::Blocked;
   if (std::strcmp(value, "nchw") == 0) return Layout::Nchw;
   if (std::strcmp(value, "nhwc") == 0) return Layout::Nhwc;
   LOOM_FAIL("LOOM_CONV2D_LAYOUT: expected 'blocked', 'nchw' or 'nhwc', got '", value, "'");
@@ -350,16 +357,12 @@ void run_plan(const PlanKey& key, const Plan& plan, const std::vector<const Tens
   }
 }
 
-// See Note [Conv2d memory layout]: channels-last bfloat16 activations are computed on as
-// they are; everything else in the layout policy's (blocked, unless overridden).
 PlanKey make_key(Pass pass, bool with_bias, const Conv2dGeometry& geometry, DType dtype, bool channels_last,
                  DType grad_dtype = DType::Float32) {
   const memory::data_type dt = onednn::data_type(dtype);
   const memory::data_type gdt = pass == Pass::BackwardWeights ? onednn::data_type(grad_dtype) : dt;
-  const Layout layout = channels_last && dtype == kBFloat16 && std::getenv("LOOM_CONV2D_LAYOUT") == nullptr
-                            ? Layout::Nhwc
-                            : layout_from_env();
-  return PlanKey{pass, channels_last, layout, algorithm_from_env(), dt, gdt, with_bias, geometry};
+  return PlanKey{pass, channels_last, layout_policy(channels_last, dtype), algorithm_from_env(), dt, gdt, with_bias,
+                 geometry};
 }
 
 // The activations' memory format (Note [Channels-last activations], core/memory_format.h):
