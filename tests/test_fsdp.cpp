@@ -165,6 +165,14 @@ TEST_CASE("transparency: ResNet (tiny, BatchNorm, float32) under every strategy 
       CHECK(diff == 0.0);
     }
   }
+  // Which units stay gathered from forward to backward changes only when they are
+  // gathered, never the values (Note [Which units stay gathered]).
+  for (int keep : {0, 2, 100}) {
+    CAPTURE(keep);
+    auto states = fsdp_run(start, data, world, {.sharding_strategy = ShardingStrategy::FULL_SHARD,
+                                                .keep_last_gathered = keep});
+    for (int r = 0; r < world; ++r) CHECK(max_state_diff(states[r], reference[r]) == 0.0);
+  }
 }
 
 TEST_CASE("transparency: HYBRID_SHARD on 4 ranks as 2 replicas x 2 shards ends with DDP's weights") {
@@ -467,6 +475,52 @@ TEST_CASE("FULL_SHARD really frees: a unit's gathered pages go back after its fo
     CHECK(after_forward[r][1] >= 10 * 1025 * 8 - 8);   // the last unit: kept for its backward
     CHECK(after_backward[r] == std::vector<size_t>{0, 0});
   }
+}
+
+TEST_CASE("keep_last_gathered: the last units stay gathered from forward to backward; the others are freed") {
+  // Three 512 x 512 float64 units (2 MiB gathered each).
+  auto net = std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Linear>(512, 512), std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(512, 512),
+      std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(512, 10)});
+  net->to(kFloat64);
+  Tensor x = randn({4, 512}, kFloat64);
+  Tensor y = randint(0, 10, {4});
+  for (int keep : {0, 1, 2, 3}) {
+    CAPTURE(keep);
+    std::vector<std::shared_ptr<nn::Module>> models = {net->clone(), net->clone()};
+    std::vector<std::vector<bool>> kept(2);
+    std::vector<size_t> after_backward(2, 1);
+    std::vector<int64_t> all_gathers(2, 0);
+    trace::clear();
+    trace::enable();
+    require_no_errors(run_ranks(2, [&](std::shared_ptr<Communicator> comm) {
+      const int r = comm->rank();
+      FullyShardedDataParallel fsdp(models[r], comm, {.auto_wrap_policy = {{"Linear"}}, .keep_last_gathered = keep});
+      Tensor loss = cross_entropy(fsdp(shard(x, r, 2)), shard(y, r, 2));
+      for (const Unit& unit : fsdp.units())
+        if (unit.flat) kept[r].push_back(unit.flat->gathered_resident_bytes() > 0);
+      loss.backward();
+      after_backward[r] = 0;
+      for (const Unit& unit : fsdp.units())
+        if (unit.flat) after_backward[r] += unit.flat->gathered_resident_bytes();
+    }));
+    trace::disable();
+    for (const trace::Event& e : trace::events())
+      if (e.name.rfind("all_gather ", 0) == 0) ++all_gathers[e.track == trace::track("comm (rank 0)") ? 0 : 1];
+    trace::clear();
+    for (int r = 0; r < 2; ++r) {
+      CAPTURE(r);
+      std::vector<bool> expected = {keep >= 3, keep >= 2, keep >= 1};
+      CHECK(kept[r] == expected);
+      CHECK(after_backward[r] == 0);  // every unit freed once its gradient is reduced
+      // Each unit is gathered for its forward, and again for its backward unless kept.
+      CHECK(all_gathers[r] == 3 + (3 - std::min(keep, 3)));
+    }
+  }
+  auto bad = run_ranks(2, [&](std::shared_ptr<Communicator> comm) {
+    FullyShardedDataParallel fsdp(net->clone(), comm, {.keep_last_gathered = -1});
+  });
+  for (int r = 0; r < 2; ++r) CHECK(contains(bad[r], "keep_last_gathered is the number of last units"));
 }
 
 namespace {

@@ -122,6 +122,13 @@ void apply_ddp_to_stage(parallel::pipeline::PipelineStage& stage,
   parallel::pipeline::replicate_stage(stage, std::move(dp_group), options);
 }
 
+// As torchtitan's apply_fsdp: every block is a unit (the default ModuleWrapPolicy), and
+// the last block stays gathered from its forward to its backward, beside the head
+// (Note [Which units stay gathered], parallel/fsdp/runtime.cpp).
+static fsdp::FSDPOptions fsdp_options(fsdp::ShardingStrategy strategy) {
+  return fsdp::FSDPOptions{.sharding_strategy = strategy, .keep_last_gathered = 2};
+}
+
 std::shared_ptr<nn::Module> apply_fsdp(std::shared_ptr<nn::Module> model, const distributed::DeviceMesh& mesh,
                                        const TrainConfig& config) {
   const fsdp::ShardingStrategy strategy = fsdp::parse_sharding_strategy(config.sharding_strategy);
@@ -137,15 +144,14 @@ std::shared_ptr<nn::Module> apply_fsdp(std::shared_ptr<nn::Module> model, const 
                "every data-parallel rank, which this mesh does not have; use full_shard");
     return std::make_shared<fsdp::FullyShardedDataParallel>(
         model, std::pair{mesh.group("dp_shard"), mesh.group("dp_replicate")},
-        fsdp::FSDPOptions{.sharding_strategy = strategy});
+        fsdp_options(strategy));
   }
   auto group = mesh.group(has("dp_shard") ? "dp_shard" : "dp_replicate");
   if (config.sync_bn) nn::convert_sync_batchnorm(model, group);
   fsdp::ShardingStrategy one_dim = strategy;
   if (strategy == fsdp::ShardingStrategy::HYBRID_SHARD)
     one_dim = has("dp_shard") ? fsdp::ShardingStrategy::FULL_SHARD : fsdp::ShardingStrategy::NO_SHARD;
-  return std::make_shared<fsdp::FullyShardedDataParallel>(model, group,
-                                                          fsdp::FSDPOptions{.sharding_strategy = one_dim});
+  return std::make_shared<fsdp::FullyShardedDataParallel>(model, group, fsdp_options(one_dim));
 }
 
 std::shared_ptr<nn::Module> parallelize(std::shared_ptr<nn::Module> model, const distributed::DeviceMesh* mesh,

@@ -102,6 +102,8 @@ void FullyShardedDataParallel::broadcast_from_rank0(const std::vector<Tensor>& t
 
 void FullyShardedDataParallel::build(FSDPOptions options) {
   options_ = std::move(options);
+  LOOM_CHECK(options_.keep_last_gathered >= 0, "FullyShardedDataParallel: keep_last_gathered is the number of last "
+             "units kept gathered from forward to backward, 0 or more; got ", options_.keep_last_gathered);
   std::shared_ptr<nn::Sequential> stages = stages_of(module_);
 
   // The names a single-process model gives its parameters (the first, for a shared one).
@@ -161,7 +163,8 @@ void FullyShardedDataParallel::build(FSDPOptions options) {
   int world = 1;
   for (const auto& group : {shard_group_, replicate_group_})
     if (group) world *= group->size();
-  runtime_ = Runtime::create(std::move(units), options_.sharding_strategy, shard_group_, replicate_group_, world);
+  runtime_ = Runtime::create(std::move(units), options_.sharding_strategy, shard_group_, replicate_group_, world,
+                             options_.keep_last_gathered);
   const std::vector<Tensor> shards = runtime_->shards();
   LOOM_CHECK(!shards.empty(), "FullyShardedDataParallel: the module (", module_->type_name(), ") has no parameter "
              "that requires grad; there is nothing to shard");

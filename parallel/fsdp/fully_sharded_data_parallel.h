@@ -52,6 +52,13 @@ struct FSDPOptions {
   ModuleWrapPolicy auto_wrap_policy{};
   // Broadcast rank 0's buffers before every training forward (DDP's broadcast_buffers).
   bool broadcast_buffers = true;
+  // FULL_SHARD and HYBRID_SHARD free a unit's gathered parameters after its forward and
+  // gather them again for its backward (FSDP2's reshard_after_forward=True), except the
+  // last `keep_last_gathered` units with parameters, whose backwards come right after
+  // the forward: see Note [Which units stay gathered], runtime.cpp. 1 keeps the last
+  // unit, as PyTorch does for its root; torchtitan also keeps the last transformer
+  // block, which is 2 here (the trainer's choice: the last BasicBlock). 0 frees every unit.
+  int keep_last_gathered = 1;
 };
 
 class FullyShardedDataParallel : public nn::Module {

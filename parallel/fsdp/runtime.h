@@ -5,7 +5,8 @@
 //   forward   unit 0          unit 1          unit 2 (last)
 //   comm      AG0 AG1 ....... AG2 ........... (nothing)        AG: all_gather (prefetched)
 //   compute       [fwd 0]free     [fwd 1]free     [fwd 2]      free: FULL_SHARD only; the
-//                                                               last unit is kept, its backward is next
+//                                                               last unit is kept, its backward
+//                                                               is next (Note [Which units stay gathered])
 //   backward  [bwd 2]RS2  [bwd 1]RS1  [bwd 0]RS0 -> finalize    RS: reduce_scatter
 //   comm      AG1 ......  AG0 ......                            (re-gather what FULL_SHARD freed)
 //
@@ -51,10 +52,11 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
  public:
   // shard_group: null for NO_SHARD. replicate_group: null unless gradients are also
   // all-reduced (NO_SHARD: the process group; HYBRID_SHARD: across shard groups).
-  // world: ranks the gradient is averaged over.
+  // world: ranks the gradient is averaged over. keep_last_gathered: FSDPOptions'.
   static std::shared_ptr<Runtime> create(std::vector<Unit> units, ShardingStrategy strategy,
                                          std::shared_ptr<distributed::Communicator> shard_group,
-                                         std::shared_ptr<distributed::Communicator> replicate_group, int world);
+                                         std::shared_ptr<distributed::Communicator> replicate_group, int world,
+                                         int keep_last_gathered = 1);
   ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
@@ -72,9 +74,9 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
 
  private:
   Runtime(std::vector<Unit> units, ShardingStrategy strategy, std::shared_ptr<distributed::Communicator> shard_group,
-          std::shared_ptr<distributed::Communicator> replicate_group, int world);
+          std::shared_ptr<distributed::Communicator> replicate_group, int world, int keep_last_gathered);
   void register_hooks();
-  bool frees_after_forward() const;
+  bool frees_after_forward(size_t unit) const;
   void check_optimizer_stepped();
   void gather(size_t unit, int direction);  // waits for the unit's parameters, prefetches its neighbour
   int64_t neighbour(size_t unit, int direction) const;
@@ -89,6 +91,7 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   ShardingStrategy strategy_;
   std::shared_ptr<distributed::Communicator> shard_group_, replicate_group_;
   int world_;
+  size_t first_kept_ = 0;  // units from here on stay gathered after forward (Note [Which units stay gathered])
   int comm_track_ = 0;
   bool sync_ = true;
 
