@@ -120,6 +120,40 @@ TEST_CASE("back-to-back symmetric all_reduces of one tensor rewritten in between
   CHECK_MESSAGE(problems[1].empty(), problems[1]);
 }
 
+TEST_CASE("symmetric all_gather: every rank's piece in rank order, the same as staged; pieces rewritten at once") {
+  // Note [Symmetric all_gather]: each rank copies every piece straight from its owner's
+  // block, then waits until nobody reads its own. Rank 1 sleeps now and then so that the
+  // others race ahead and rewrite their pieces whenever the protocol lets them; 3 ranks,
+  // and an odd size, so that the pieces' ends are not aligned.
+  const int world = 3;
+  const int64_t n = 10001;
+  std::vector<std::string> problems(world);
+  require_no_errors(run_ranks(world, [&](std::shared_ptr<Communicator> comm) {
+    const int r = comm->rank();
+    Tensor piece = comm->zeros_symmetric({n}, TensorOptions(kFloat64));
+    if (!as_gloo(comm).why_not_symmetric().empty()) problems[r] = "not symmetric: " + as_gloo(comm).why_not_symmetric();
+    Tensor gathered = zeros({world * n}, kFloat64), staged = zeros({world * n}, kFloat64);
+    std::vector<Tensor> out = gathered.chunk(world), staged_out = staged.chunk(world);
+    for (int step = 0; step < 150 && problems[r].empty(); ++step) {
+      std::vector<double> values(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) values[size_t(i)] = double(step * 1000000 + r * n + i);
+      piece.copy_(from_vector(values, {n}));
+      if (r == 1 && step % 15 == 0) std::this_thread::sleep_for(2ms);
+      comm->all_gather(out, piece)->wait();
+      const std::vector<double> got = gathered.tolist<double>();
+      for (int64_t i = 0; i < world * n && problems[r].empty(); ++i)
+        if (got[size_t(i)] != double(step * 1000000 + i))
+          problems[r] = detail::str("step ", step, ": element ", i, " is ", got[size_t(i)], ", expected ",
+                                    step * 1000000 + i);
+      if (step % 50 == 0) {  // the staged algorithm agrees
+        comm->all_gather(staged_out, piece.clone())->wait();
+        if (problems[r].empty() && staged.tolist<double>() != got) problems[r] = detail::str("step ", step, ": staged differs");
+      }
+    }
+  }));
+  for (int r = 0; r < world; ++r) CHECK_MESSAGE(problems[r].empty(), problems[r]);
+}
+
 TEST_CASE("whoever waits reduces: a rank busy elsewhere leaves every chunk to the others, unless its caller waits") {
   // Note [Whoever waits reduces] (shm_collectives.h). 4 MiB of float32: 64 chunks.
   for (bool late_rank_waits_at_once : {false, true}) {
@@ -162,7 +196,7 @@ TEST_CASE("whoever waits reduces: a rank busy elsewhere leaves every chunk to th
 }
 
 TEST_CASE("ranks whose tensors are not at the same place get one clear error; nothing moved, the group goes on") {
-  std::vector<std::string> messages(4);
+  std::vector<std::string> messages(4), gather_messages(2);
   std::vector<float> after(2);
   require_no_errors(run_ranks(2, [&](std::shared_ptr<Communicator> comm) {
     const int r = comm->rank();
@@ -179,6 +213,13 @@ TEST_CASE("ranks whose tensors are not at the same place get one clear error; no
     } catch (const Error& e) {
       messages[2 + r] = e.what();
     }
+    // all_gather decides the same way: one rank's input symmetric, the other's not.
+    std::vector<Tensor> out = {zeros({4}), zeros({4})};
+    try {
+      comm->all_gather(out, r == 0 ? s.narrow(0, 0, 4) : zeros({4}))->wait();
+    } catch (const Error& e) {
+      gather_messages[r] = e.what();
+    }
     s.fill_(1.0);
     comm->all_reduce(s)->wait();
     after[r] = s.tolist<float>()[7];
@@ -191,6 +232,9 @@ TEST_CASE("ranks whose tensors are not at the same place get one clear error; no
     CAPTURE(messages[2 + r]);
     CHECK(contains(messages[2 + r], "rank 0: symmetric allocation #0 at byte 0"));
     CHECK(contains(messages[2 + r], "rank 1: symmetric allocation #0 at byte 16"));
+    CAPTURE(gather_messages[r]);
+    CHECK(contains(gather_messages[r], "all_gather"));
+    CHECK(contains(gather_messages[r], "rank 1: ordinary memory"));
   }
   CHECK(after == std::vector<float>{2, 2});
 }

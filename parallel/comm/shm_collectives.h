@@ -115,7 +115,8 @@ class ShmCollectives {
 
   // Note [Symmetric memory] (communicator.h): every rank calls this together, with the
   // same shape and dtype; each gets a zero-filled tensor in a segment they all map. An
-  // all_reduce of a tensor in it then skips the staging copies (shm_symmetric.cpp). When
+  // all_reduce or all_gather of a tensor in it then skips the staging copies
+  // (shm_symmetric.cpp; Note [Symmetric all_gather] in shm_collectives.cpp). When
   // the segment cannot be made or mapped, every rank gets plain zeros and *why_not says
   // why. A collective over the store, not through the communicator's queue.
   Tensor zeros_symmetric(TCPStore& store, const std::string& prefix, const Shape& shape, TensorOptions options,
@@ -145,6 +146,7 @@ class ShmCollectives {
   };
   SymmetricPlace find_symmetric(const Tensor& tensor);
   void all_reduce_symmetric(const Op& op, Deadline deadline, const SymmetricPlace& place, Work* caller);
+  void all_gather_symmetric(const Op& op, Deadline deadline, const SymmetricPlace& place);
   int last_to_arrive(uint64_t round) const;
   // Takes the next unclaimed chunk before `end`, if any (Note [Whoever waits reduces]).
   bool claim_chunk(uint64_t end, uint64_t* chunk);

@@ -140,7 +140,15 @@ FlatParameter::FlatParameter(std::vector<Tensor> params, std::vector<std::string
     gathered_ = true;
     return;
   }
-  shard_ = nn::Parameter(flat.narrow(0, rank * layout_.shard_size, layout_.shard_size).clone());
+  // Note [Shards in symmetric memory]
+  // Every rank makes its units' FlatParameters in the same order, so the shards can be
+  // allocated together, in symmetric memory (Note [Symmetric memory], communicator.h):
+  // then an all-gather reads every rank's shard where it lies instead of copying each
+  // into a staging area first (Note [Symmetric all_gather], shm_collectives.cpp). Where
+  // the backend has none (NCCL, TCP), this is an ordinary tensor.
+  Tensor shard = group_->zeros_symmetric({layout_.shard_size}, options);
+  shard.copy_(flat.narrow(0, rank * layout_.shard_size, layout_.shard_size));
+  shard_ = nn::Parameter(shard);
   full_releasable_ = device.is_cpu();
   if (full_releasable_) {
     full_ = map_releasable(layout_.padded, dtype, device);
