@@ -154,6 +154,40 @@ TEST_CASE("symmetric all_gather: every rank's piece in rank order, the same as s
   for (int r = 0; r < world; ++r) CHECK_MESSAGE(problems[r].empty(), problems[r]);
 }
 
+TEST_CASE("all_gather_one_sided: a rank copies every piece while its peers do something else; ordinary memory is refused") {
+  // Note [One-sided all_gather]: rank 1 copies while rank 0 is blocked on a flag that only
+  // rank 1's finished copy sets; a collective all_gather would wait for rank 0 forever.
+  std::vector<std::vector<double>> got(2);
+  std::vector<std::string> refused(2);
+  std::atomic<bool> rank1_copied{false};
+  require_no_errors(run_ranks(2, [&](std::shared_ptr<Communicator> comm) {
+    const int r = comm->rank();
+    Tensor piece = comm->zeros_symmetric({5}, TensorOptions(kFloat64));
+    REQUIRE(comm->is_symmetric(piece));
+    piece.fill_(double(r + 1));
+    comm->barrier()->wait();  // both pieces final
+    std::vector<Tensor> out;
+    if (r == 0) {
+      while (!rank1_copied.load()) std::this_thread::yield();
+    }
+    comm->all_gather_one_sided(out, piece);
+    if (r == 1) rank1_copied.store(true);
+    for (const Tensor& t : out)
+      for (double v : t.tolist<double>()) got[r].push_back(v);
+    try {
+      std::vector<Tensor> out2;
+      comm->all_gather_one_sided(out2, zeros({5}, kFloat64));
+    } catch (const Error& e) {
+      refused[r] = e.what();
+    }
+    comm->barrier()->wait();  // nobody rewrites a piece a peer may still read
+  }));
+  for (int r = 0; r < 2; ++r) {
+    CHECK(got[r] == std::vector<double>{1, 1, 1, 1, 1, 2, 2, 2, 2, 2});
+    CHECK(contains(refused[r], "the input must lie in symmetric memory"));
+  }
+}
+
 TEST_CASE("whoever waits reduces: a rank busy elsewhere leaves every chunk to the others, unless its caller waits") {
   // Note [Whoever waits reduces] (shm_collectives.h). 4 MiB of float32: 64 chunks.
   for (bool late_rank_waits_at_once : {false, true}) {

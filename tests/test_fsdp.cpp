@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <map>
+#include <thread>
 
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
@@ -417,14 +418,16 @@ TEST_CASE("trace: each unit's all-gather is issued while the unit before it comp
   trace::enable();
   int thread0 = -1;
   std::vector<std::string> unit_names;
+  // Over TCP: collective all-gathers, prefetched (one-sided ones are not: the next case).
   require_no_errors(run_ranks(2, [&](std::shared_ptr<Communicator> comm) {
     FullyShardedDataParallel fsdp(models[comm->rank()], comm);
+    REQUIRE(!fsdp.runtime().gathers_one_sided());
     if (comm->rank() == 0) {
       thread0 = trace::thread_track();
       for (const Unit& unit : fsdp.units()) unit_names.push_back(unit.name);
     }
     sgd_steps(fsdp, fsdp.parameters(), data, comm->rank(), 2);
-  }));
+  }, 20s, /*shared_memory=*/false));
   trace::disable();
   const int comm0 = trace::track("comm (rank 0)");
   std::map<std::string, std::vector<trace::Event>> by_name;  // rank 0's spans, in recording order
@@ -491,10 +494,12 @@ TEST_CASE("keep_last_gathered: the last units stay gathered from forward to back
     std::vector<std::vector<bool>> kept(2);
     std::vector<size_t> after_backward(2, 1);
     std::vector<int64_t> all_gathers(2, 0);
+    std::vector<int> thread_track(2, -1);
     trace::clear();
     trace::enable();
     require_no_errors(run_ranks(2, [&](std::shared_ptr<Communicator> comm) {
       const int r = comm->rank();
+      thread_track[r] = trace::thread_track();  // one-sided gathers are recorded here
       FullyShardedDataParallel fsdp(models[r], comm, {.auto_wrap_policy = {{"Linear"}}, .keep_last_gathered = keep});
       Tensor loss = cross_entropy(fsdp(shard(x, r, 2)), shard(y, r, 2));
       for (const Unit& unit : fsdp.units())
@@ -506,7 +511,8 @@ TEST_CASE("keep_last_gathered: the last units stay gathered from forward to back
     }));
     trace::disable();
     for (const trace::Event& e : trace::events())
-      if (e.name.rfind("all_gather ", 0) == 0) ++all_gathers[e.track == trace::track("comm (rank 0)") ? 0 : 1];
+      if (e.name.rfind("all_gather ", 0) == 0)
+        ++all_gathers[e.track == trace::track("comm (rank 0)") || e.track == thread_track[0] ? 0 : 1];
     trace::clear();
     for (int r = 0; r < 2; ++r) {
       CAPTURE(r);
@@ -521,6 +527,48 @@ TEST_CASE("keep_last_gathered: the last units stay gathered from forward to back
     FullyShardedDataParallel fsdp(net->clone(), comm, {.keep_last_gathered = -1});
   });
   for (int r = 0; r < 2; ++r) CHECK(contains(bad[r], "keep_last_gathered is the number of last units"));
+}
+
+TEST_CASE("one-sided gathers: no rank reads a shard before its owner's step is over, or after its next one began") {
+  // Note [When one-sided gathers may read]. Rank 1 dawdles before each optimizer step,
+  // so that without the barrier at the start of each forward rank 0 would gather rank
+  // 1's shards before they were stepped; an evaluation forward (no backward follows
+  // it) and the final full_state_dict gather one-sidedly too.
+  // A net without buffers: FSDP's buffer broadcast before a forward would meet the
+  // ranks as well as the barrier does.
+  manual_seed(12);
+  auto start = small_net();
+  const int world = 2;
+  const Batches data = make_batches(3, 2 * world, kFloat64);
+  const auto reference = ddp_reference(start, data, world);
+  for (bool shared_memory : {true, false}) {
+    CAPTURE(shared_memory);
+    std::vector<std::shared_ptr<nn::Module>> replicas = {start->clone(), start->clone()};
+    std::vector<OrderedDict<Tensor>> states(world);
+    std::vector<bool> one_sided(world);
+    require_no_errors(run_ranks(world, [&](std::shared_ptr<Communicator> comm) {
+      const int r = comm->rank();
+      FullyShardedDataParallel fsdp(replicas[r], comm, {.auto_wrap_policy = kSmallNetPolicy});
+      one_sided[r] = fsdp.runtime().gathers_one_sided();
+      optim::SGD opt(fsdp.parameters(), {.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-3});
+      for (size_t s = 0; s < data.images.size(); ++s) {
+        Tensor loss = cross_entropy(fsdp(shard(data.images[s], r, world)), shard(data.labels[s], r, world));
+        opt.zero_grad();
+        loss.backward();
+        if (r == 1) std::this_thread::sleep_for(30ms);
+        opt.step();
+      }
+      {
+        NoGradGuard no_grad;  // an evaluation forward: it gathers every unit too
+        fsdp(shard(data.images[0], r, world));
+      }
+      states[r] = full_state_dict(fsdp, /*rank0_only=*/false);
+    }, 20s, shared_memory));
+    CHECK(one_sided == std::vector<bool>{shared_memory, shared_memory});
+    for (int r = 0; r < world; ++r) {
+      CHECK(max_state_diff(states[r], reference[r]) == 0.0);  // bitwise DDP's
+    }
+  }
 }
 
 namespace {

@@ -60,16 +60,32 @@ std::shared_ptr<Work> Communicator::broadcast(const Tensor& tensor, int root) {
   return issue(Op{.kind = OpKind::Broadcast, .peer = root, .tensor = tensor});
 }
 
-std::shared_ptr<Work> Communicator::all_gather(std::vector<Tensor>& out, const Tensor& in) {
-  check_member("all_gather");
-  check_buffer(in, "all_gather", "input");
+void Communicator::check_all_gather(std::vector<Tensor>& out, const Tensor& in, const char* name) const {
+  check_member(name);
+  check_buffer(in, name, "input");
   if (out.empty()) {
     for (int r = 0; r < size_; ++r) out.push_back(empty(in.shape(), TensorOptions(in.dtype()).device(in.device())));
   }
-  LOOM_CHECK(out.size() == size_t(size_), "all_gather: the output list holds ", out.size(),
+  LOOM_CHECK(out.size() == size_t(size_), name, ": the output list holds ", out.size(),
              " tensors but the world size is ", size_, "; pass one per rank (or an empty list)");
-  for (size_t r = 0; r < out.size(); ++r) check_like(out[r], in, "all_gather", "output", r);
+  for (size_t r = 0; r < out.size(); ++r) check_like(out[r], in, name, "output", r);
+}
+
+std::shared_ptr<Work> Communicator::all_gather(std::vector<Tensor>& out, const Tensor& in) {
+  check_all_gather(out, in, "all_gather");
   return issue(Op{.kind = OpKind::AllGather, .tensor = in, .list = out});
+}
+
+void Communicator::all_gather_one_sided(std::vector<Tensor>& out, const Tensor& in) {
+  check_all_gather(out, in, "all_gather_one_sided");
+  LOOM_CHECK(is_symmetric(in), "all_gather_one_sided: the input must lie in symmetric memory, where every rank can "
+             "read it (a piece of a zeros_symmetric tensor, on a ", backend(), " group whose ranks share a host); got ",
+             in.str(), " in ordinary memory. Use all_gather, which every rank takes part in");
+  copy_one_sided(out, in);
+}
+
+void Communicator::copy_one_sided(std::vector<Tensor>&, const Tensor&) {
+  LOOM_FAIL("all_gather_one_sided: the ", backend(), " backend has no symmetric memory");
 }
 
 std::shared_ptr<Work> Communicator::reduce_scatter(const Tensor& out, const std::vector<Tensor>& in, ReduceOp op) {
@@ -108,6 +124,8 @@ std::shared_ptr<Work> Communicator::barrier() {
 }
 
 Tensor Communicator::zeros_symmetric(const Shape& shape, TensorOptions options) { return zeros(shape, options); }
+
+bool Communicator::is_symmetric(const Tensor&) const { return false; }
 
 Tensor to_communication_device(const Tensor& host, const Communicator& comm) {
   const Device device = comm.tensor_device();

@@ -68,6 +68,11 @@ class Communicator {
   // out[r] <- rank r's `in`. An empty `out` is filled with new tensors shaped like `in`;
   // otherwise it must hold size() contiguous tensors of in's dtype and shape.
   std::shared_ptr<Work> all_gather(std::vector<Tensor>& out, const Tensor& in);
+  // The same result without the other ranks taking part, on the calling thread, at once:
+  // `in` must lie in symmetric memory (is_symmetric), and the caller guarantees every
+  // rank's `in` holds its final values and keeps them until every rank's copy is done.
+  // See Note [One-sided all_gather].
+  void all_gather_one_sided(std::vector<Tensor>& out, const Tensor& in);
   // out <- op over ranks r of r's in[rank()]. `in` holds size() tensors shaped like out.
   std::shared_ptr<Work> reduce_scatter(const Tensor& out, const std::vector<Tensor>& in,
                                        ReduceOp op = ReduceOp::Sum);
@@ -84,6 +89,9 @@ class Communicator {
   // and options. Backends without such memory, and groups whose ranks cannot share it,
   // return plain zeros(shape, options), which every operation accepts as usual.
   virtual Tensor zeros_symmetric(const Shape& shape, TensorOptions options);
+  // Whether `tensor` lies in symmetric memory this group's ranks can all read (a
+  // contiguous piece of a zeros_symmetric tensor on a backend that has such memory).
+  virtual bool is_symmetric(const Tensor& tensor) const;
 
  protected:
   // The backend's half: `op` has been checked against everything that does not depend
@@ -91,9 +99,12 @@ class Communicator {
   // starts it and returns its Work. Called in issue order, under a lock, so a backend
   // that queues ops keeps the numbering order.
   virtual std::shared_ptr<Work> launch(Op op) = 0;
+  // all_gather_one_sided's copies, `in` checked to be symmetric (backends with symmetric memory).
+  virtual void copy_one_sided(std::vector<Tensor>& out, const Tensor& in);
 
  private:
   std::shared_ptr<Work> issue(Op op);
+  void check_all_gather(std::vector<Tensor>& out, const Tensor& in, const char* name) const;
   // A loom::Error when this rank is not a member of the group (see rank()).
   void check_member(const char* op) const;
 
@@ -119,6 +130,20 @@ class Communicator {
 // registration). Whether a collective takes the symmetric path is checked across ranks
 // before any data moves (a rank whose tensor is elsewhere gets a clear error, not a
 // silent mix of the two algorithms).
+
+// Note [One-sided all_gather]
+// An all_gather from symmetric memory needs no other rank to do anything: every rank's
+// piece is already mapped here, so a rank can copy them all whenever it likes, as
+// NVSHMEM's get or PyTorch's SymmetricMemory buffers allow. What it cannot know is
+// whether a piece is final, or whether its owner is about to rewrite it; ordinary
+// collectives answer that by synchronising (Note [Symmetric all_gather]), at every
+// call. all_gather_one_sided leaves it to the caller's protocol instead, which can
+// synchronise once for many gathers. FSDP does: its shards change only in optimizer
+// steps and checkpoint loads, and it gathers every unit once or twice between two of
+// them (Note [When one-sided gathers may read], parallel/fsdp/runtime.cpp). The copies
+// run on the calling thread, at once: there is nobody to wait for, so there is nothing
+// to queue behind (a collective ahead in the communicator's queue, waiting for a slow
+// rank, would otherwise hold the gather up).
 
 // Note [Metadata tensors travel on the communicator's device]
 // NCCL moves only CUDA tensors, so a shape table or a metric sum made with from_vector

@@ -91,6 +91,12 @@ Tensor GlooCommunicator::zeros_symmetric(const Shape& shape, TensorOptions optio
   return Communicator::zeros_symmetric(shape, options);
 }
 
+bool GlooCommunicator::is_symmetric(const Tensor& tensor) const { return shm_ && shm_->is_symmetric(tensor); }
+
+void GlooCommunicator::copy_one_sided(std::vector<Tensor>& out, const Tensor& in) {
+  shm_->all_gather_one_sided(out, in);  // is_symmetric(in) was checked: shm_ exists
+}
+
 // Note [Destroying a communicator with work in flight]
 // Normally every Work has been waited for and destruction just closes the connections.
 // If not (an exception unwound past the waits), queued collectives fail without

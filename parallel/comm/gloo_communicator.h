@@ -78,6 +78,12 @@ class GlooCommunicator final : public Communicator {
   Tensor zeros_symmetric(const Shape& shape, TensorOptions options) override;
   // Why the last zeros_symmetric returned plain zeros ("" when it did not).
   const std::string& why_not_symmetric() const { return why_not_symmetric_; }
+  bool is_symmetric(const Tensor& tensor) const override;
+
+ protected:
+  void copy_one_sided(std::vector<Tensor>& out, const Tensor& in) override;
+
+ public:
 
  protected:
   std::shared_ptr<Work> launch(Op op) override;

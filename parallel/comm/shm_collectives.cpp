@@ -469,6 +469,12 @@ void ShmCollectives::all_gather_symmetric(const Op& op, Deadline deadline, const
   phase(op, deadline, "finish reading every rank's piece (symmetric memory)");
 }
 
+void ShmCollectives::all_gather_one_sided(std::vector<Tensor>& out, const Tensor& in) {
+  const SymmetricPlace place = find_symmetric(in);
+  LOOM_CHECK(place.id >= 0, "all_gather_one_sided: the input is not in symmetric memory");
+  for (int p = 0; p < size_ && in.nbytes(); ++p) std::memcpy(out[size_t(p)].raw_data(), place.block(p), in.nbytes());
+}
+
 // Round: every rank copies, for each destination p, its chunk of in[p] into slot p of
 // its staging half; then rank r reduces slot r of every rank's half into its output.
 // Each rank reduces only its own 1/world of the data. Its own slot is read by nobody

@@ -122,6 +122,12 @@ class ShmCollectives {
   Tensor zeros_symmetric(TCPStore& store, const std::string& prefix, const Shape& shape, TensorOptions options,
                          std::string* why_not);
 
+  // Whether `tensor` is a contiguous piece of a zeros_symmetric allocation. Any thread.
+  bool is_symmetric(const Tensor& tensor) { return find_symmetric(tensor).id >= 0; }
+  // out[p] <- rank p's `in`, read where it lies, on the calling thread: Note [One-sided
+  // all_gather] (communicator.h). Any thread.
+  void all_gather_one_sided(std::vector<Tensor>& out, const Tensor& in);
+
   // Chunks of symmetric all_reduces this rank has reduced so far (Note [Whoever waits
   // reduces]): who did the work. Read on any thread.
   int64_t chunks_reduced() const { return chunks_reduced_.load(std::memory_order_relaxed); }

@@ -177,18 +177,37 @@ void FlatParameter::point_params_at(const Tensor& flat) {
     nn::set_data(params_[i], flat.narrow(0, layout_.offsets[i], numel(shapes_[i])).view(shapes_[i]));
 }
 
+void FlatParameter::ensure_full_buffer() {
+  if (full_.defined()) return;
+  full_ = empty({layout_.padded}, TensorOptions(shard_.dtype()).device(shard_.device()));
+  full_chunks_ = full_.chunk(group_->size());
+}
+
 void FlatParameter::gather_async() {
-  if (!sharded() || gathered_ || gather_work_) return;
-  if (!full_.defined()) {
-    full_ = empty({layout_.padded}, TensorOptions(shard_.dtype()).device(shard_.device()));
-    full_chunks_ = full_.chunk(group_->size());
-  }
+  // One-sided gathers copy when the unit is needed, on the caller's thread (see
+  // wait_gathered): a prefetch would only hold the memory longer.
+  if (!sharded() || gathered_ || gather_work_ || one_sided_) return;
+  ensure_full_buffer();
   gather_issued_us_ = trace::now_us();
   gather_work_ = group_->all_gather(full_chunks_, shard_.detach());
 }
 
+void FlatParameter::use_one_sided_gathers(bool on) {
+  LOOM_CHECK(!on || (sharded() && group_->is_symmetric(shard_)), "FlatParameter: one-sided gathers need a shard in "
+             "symmetric memory");
+  one_sided_ = on;
+}
+
 int64_t FlatParameter::wait_gathered() {
   if (gathered_) return -1;
+  if (one_sided_) {  // Note [When one-sided gathers may read] (runtime.cpp)
+    ensure_full_buffer();
+    gather_issued_us_ = trace::now_us();
+    group_->all_gather_one_sided(full_chunks_, shard_.detach());
+    point_params_at(full_);
+    gathered_ = true;
+    return trace::now_us();
+  }
   gather_async();
   auto work = std::move(gather_work_);
   gather_work_ = nullptr;

@@ -59,12 +59,20 @@ class FlatParameter {
   const std::vector<std::string>& names() const { return names_; }
   const std::vector<Shape>& shapes() const { return shapes_; }  // the parameters' own shapes
   bool sharded() const { return group_ && group_->size() > 1; }
+  // Whether gather_async reads the peers' shards one-sidedly (Note [When one-sided
+  // gathers may read], runtime.cpp): the shard lies in symmetric memory, and the FSDP
+  // runtime has agreed with every rank to do so (use_one_sided_gathers).
+  bool gathers_one_sided() const { return one_sided_; }
+  // Chosen once, by every rank together (all with the same value); needs is_symmetric(shard()).
+  void use_one_sided_gathers(bool on);
 
   // ---- parameters ------------------------------------------------------------------
-  // Starts the all-gather unless the unit is gathered or one is in flight.
+  // Starts the all-gather unless the unit is gathered or one is in flight (or the unit
+  // gathers one-sidedly: then wait_gathered copies).
   void gather_async();
-  // Waits for the all-gather (starting it if needed); the parameters then hold the full
-  // values. Returns when the all-gather finished (ddp::completion_us), -1 if none was needed.
+  // Waits for the all-gather (starting it if needed; one-sided: copies the shards now);
+  // the parameters then hold the full values. Returns when the all-gather finished
+  // (ddp::completion_us), -1 if none was needed.
   int64_t wait_gathered();
   bool gathered() const { return gathered_; }
   bool gather_in_flight() const { return gather_work_ != nullptr; }
@@ -106,6 +114,7 @@ class FlatParameter {
 
  private:
   void point_params_at(const Tensor& flat);
+  void ensure_full_buffer();  // full_ and full_chunks_, allocated on first use (non-CPU devices: after each release)
   void drain() noexcept;
 
   std::vector<Tensor> params_;
@@ -119,6 +128,7 @@ class FlatParameter {
   std::vector<Tensor> full_chunks_;  // full_ cut into group-size shards: all_gather's outputs
   std::shared_ptr<distributed::Work> gather_work_;
   bool gathered_ = false;
+  bool one_sided_ = false;
   int64_t gather_issued_us_ = -1;
   std::vector<char> ready_;
   size_t ready_count_ = 0;

@@ -6,6 +6,7 @@
 #include "autograd/engine.h"       // defines: queue_callback
 #include "autograd/grad_mode.h"    // defines: GradMode, NoGradGuard
 #include "core/error.h"
+#include "core/factory.h"          // defines: from_vector
 #include "core/trace.h"            // defines: trace::Span, trace::record, trace::track
 #include "parallel/ddp/reducer.h"  // defines: completion_us
 
@@ -40,6 +41,7 @@ std::shared_ptr<Runtime> Runtime::create(std::vector<Unit> units, ShardingStrate
   std::shared_ptr<Runtime> runtime(new Runtime(std::move(units), strategy, std::move(shard_group),
                                                std::move(replicate_group), world, keep_last_gathered));
   runtime->register_hooks();  // the hooks hold a weak_ptr, which needs the shared_ptr to exist
+  runtime->agree_on_one_sided_gathers();
   return runtime;
 }
 
@@ -64,6 +66,44 @@ Runtime::Runtime(std::vector<Unit> units, ShardingStrategy strategy,
 }
 
 Runtime::~Runtime() { drain(); }
+
+// Note [When one-sided gathers may read]
+// With its shards in symmetric memory (Note [Shards in symmetric memory], flat_param.cpp)
+// a rank can gather a unit by copying every rank's shard, without the other ranks taking
+// part (Note [One-sided all_gather], communicator.h). That is what lets the ranks run
+// their forward and backward without meeting at every unit: a collective all-gather
+// makes each unit wait for the slowest rank to reach it, twice a step per unit, and on a
+// machine whose cores run at uneven speeds every one of those waits is lost time. The
+// price is a protocol that says when a shard may be read. A rank writes its shards only
+// in an optimizer step or a checkpoint load, so:
+// - before a rank reads (at the start of every forward), the ranks meet at a barrier:
+//   every earlier step and load is over on every rank;
+// - before a rank writes again, every rank must have finished reading. After a
+//   synchronised backward this needs nothing more: a rank steps after its backward's
+//   reduce-scatters have finished, the last of which (the first unit's) every peer
+//   joined only after its communicator thread ran every gather it was issued before it
+//   (the thread runs operations in issue order). A forward without grad, and a no_sync()
+//   backward, have no reduce-scatter after them, so they end with a second barrier.
+// Every rank decides the same way: they agree at construction (an all_reduce of "are all
+// my shards symmetric"), so a rank without symmetric memory makes all of them use
+// collective all-gathers instead.
+void Runtime::agree_on_one_sided_gathers() {
+  if (!shard_group_ || shard_group_->size() == 1) return;
+  bool symmetric = true;
+  for (const Unit& unit : units_)
+    if (unit.flat) symmetric = symmetric && shard_group_->is_symmetric(unit.flat->shard());
+  Tensor vote = distributed::to_communication_device(from_vector<int32_t>({symmetric ? 1 : 0}, {1}), *shard_group_);
+  shard_group_->all_reduce(vote, ReduceOp::Min)->wait();
+  one_sided_ = vote.tolist<int32_t>()[0] == 1;
+  for (Unit& unit : units_)
+    if (unit.flat) unit.flat->use_one_sided_gathers(one_sided_);
+}
+
+void Runtime::shards_barrier(const char* why) {
+  if (!one_sided_) return;
+  trace::Span span(why, "fsdp");
+  shard_group_->barrier()->wait();
+}
 
 void Runtime::register_hooks() {
   std::weak_ptr<Runtime> weak = weak_from_this();
@@ -106,6 +146,23 @@ void Runtime::release_all() {
     if (unit.flat) unit.flat->release();
 }
 
+// A forward without grad, as far as Note [When one-sided gathers may read] goes.
+void Runtime::with_all_gathered(const std::function<void()>& fn) {
+  shards_barrier("barrier: shards final");
+  for (Unit& unit : units_)
+    if (unit.flat) unit.flat->gather_async();
+  for (Unit& unit : units_)
+    if (unit.flat) unit.flat->wait_gathered();
+  try {
+    fn();
+  } catch (...) {
+    release_all();
+    throw;  // a rank whose fn threw leaves the others at the barrier below: they time out naming it
+  }
+  release_all();
+  shards_barrier("barrier: gathers done");
+}
+
 // The nearest unit with parameters before (direction -1) or after (+1) `unit`, or -1.
 int64_t Runtime::neighbour(size_t unit, int direction) const {
   for (int64_t k = static_cast<int64_t>(unit) + direction; k >= 0 && k < static_cast<int64_t>(units_.size());
@@ -121,15 +178,19 @@ int64_t Runtime::neighbour(size_t unit, int direction) const {
 // computes, the next unit's parameters are on their way. Every rank runs the same units
 // in the same order, so the ranks issue the same collectives in the same order. The
 // order is the stage order (forward) and its reverse (backward), which is the execution
-// order of a sequence of stages by construction.
+// order of a sequence of stages by construction. One-sided gathers (Note [When one-sided
+// gathers may read]) are not prefetched: they copy on this thread when the unit is
+// needed, and nothing would overlap with them on a core that the copy occupies anyway.
 void Runtime::gather(size_t unit, int direction) {
   FlatParameter& flat = *units_[unit].flat;
   flat.gather_async();
-  const int64_t issued = flat.gather_issued_us();
   if (const int64_t next = neighbour(unit, direction); next >= 0) units_[static_cast<size_t>(next)].flat->gather_async();
   const int64_t done = flat.wait_gathered();
-  if (done >= 0 && trace::enabled())
-    trace::record("all_gather " + units_[unit].name, "fsdp", comm_track_, issued, std::max<int64_t>(done - issued, 0));
+  if (done >= 0 && trace::enabled()) {  // one-sided gathers run on this thread
+    const int track = flat.gathers_one_sided() ? trace::thread_track() : comm_track_;
+    trace::record("all_gather " + units_[unit].name, "fsdp", track, flat.gather_issued_us(),
+                  std::max<int64_t>(done - flat.gather_issued_us(), 0));
+  }
 }
 
 // Note [Did the optimizer step the shards?]
@@ -173,6 +234,7 @@ Tensor Runtime::forward(const Tensor& input) {
               "error and restart every rank");
   }
   const bool grad = GradMode::is_enabled();
+  shards_barrier("barrier: shards final");  // See Note [When one-sided gathers may read]
   if (grad && sync_) check_optimizer_stepped();
   versions_after_backward_.clear();
   expect_reduce_ = grad && sync_;
@@ -194,6 +256,7 @@ Tensor Runtime::forward(const Tensor& input) {
     }
     if (!grad || frees_after_forward(u)) unit.flat->release();
   }
+  if (!grad) shards_barrier("barrier: gathers done");  // no backward follows: Note [When one-sided gathers may read]
   return x;
 }
 
@@ -258,8 +321,10 @@ void Runtime::finalize() {
     forget_backward();
     throw;
   }
+  const bool reduced = expect_reduce_;
   forget_backward();
   release_all();  // no_sync() backwards, and units whose backward did not run
+  if (!reduced) shards_barrier("barrier: gathers done");  // See Note [When one-sided gathers may read]
 }
 
 // What one backward's reduce-scatters left behind, cleared after it finished or failed.

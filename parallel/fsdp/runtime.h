@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -71,11 +72,17 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   bool sync() const { return sync_; }
   // Releases every gathered unit (after a checkpoint gather, say).
   void release_all();
+  // Gathers every unit (all issued first, then waited) and releases them again after
+  // `fn`, even when it throws: for checkpoints. Collective, like a forward.
+  void with_all_gathered(const std::function<void()>& fn);
+  // Whether units gather one-sidedly: Note [When one-sided gathers may read].
+  bool gathers_one_sided() const { return one_sided_; }
 
  private:
   Runtime(std::vector<Unit> units, ShardingStrategy strategy, std::shared_ptr<distributed::Communicator> shard_group,
           std::shared_ptr<distributed::Communicator> replicate_group, int world, int keep_last_gathered);
   void register_hooks();
+  void agree_on_one_sided_gathers();
   bool frees_after_forward(size_t unit) const;
   void check_optimizer_stepped();
   void gather(size_t unit, int direction);  // waits for the unit's parameters, prefetches its neighbour
@@ -86,11 +93,14 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   void drain() noexcept;
   [[noreturn]] void fail_unready();
   void forget_backward();  // clears one backward's launched reduce-scatters and ready flags
+  // One-sided gathers only: a barrier of the shard group (Note [When one-sided gathers may read]).
+  void shards_barrier(const char* why);
 
   std::vector<Unit> units_;
   ShardingStrategy strategy_;
   std::shared_ptr<distributed::Communicator> shard_group_, replicate_group_;
   int world_;
+  bool one_sided_ = false;  // the units gather one-sidedly (Note [When one-sided gathers may read])
   size_t first_kept_ = 0;  // units from here on stay gathered after forward (Note [Which units stay gathered])
   int comm_track_ = 0;
   bool sync_ = true;

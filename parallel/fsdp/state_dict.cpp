@@ -16,22 +16,6 @@ bool is_rank0(const FullyShardedDataParallel& fsdp) {
          (!fsdp.replicate_group() || fsdp.replicate_group()->rank() == 0);
 }
 
-// Every unit gathered (all-gathers issued first, then waited, so they overlap), fn run,
-// every unit freed again, even when fn throws.
-template <typename Fn>
-void with_all_gathered(FullyShardedDataParallel& fsdp, Fn&& fn) {
-  for (const Unit& unit : fsdp.units())
-    if (unit.flat) unit.flat->gather_async();
-  for (const Unit& unit : fsdp.units())
-    if (unit.flat) unit.flat->wait_gathered();
-  try {
-    fn();
-  } catch (...) {
-    fsdp.runtime().release_all();
-    throw;
-  }
-  fsdp.runtime().release_all();
-}
 
 // The flat parameter behind each of the optimizer's parameters, in its numbering
 // (across groups, in order): they must all be this FSDP's shards.
@@ -90,7 +74,7 @@ void load_full_optim_state_dict(FullyShardedDataParallel& fsdp, optim::Optimizer
 
 OrderedDict<Tensor> full_state_dict(FullyShardedDataParallel& fsdp, bool rank0_only) {
   OrderedDict<Tensor> out;
-  with_all_gathered(fsdp, [&] {
+  fsdp.runtime().with_all_gathered([&] {
     if (rank0_only && !is_rank0(fsdp)) return;
     for (const auto& [name, value] : fsdp.module()->state_dict()) out.insert(name, value.clone());
   });
@@ -98,7 +82,7 @@ OrderedDict<Tensor> full_state_dict(FullyShardedDataParallel& fsdp, bool rank0_o
 }
 
 void save_full_state_dict(FullyShardedDataParallel& fsdp, const std::string& path) {
-  with_all_gathered(fsdp, [&] {
+  fsdp.runtime().with_all_gathered([&] {
     if (is_rank0(fsdp)) nn::save(*fsdp.module(), path);
   });
 }
