@@ -11,7 +11,9 @@
 // gathered flat buffer while the unit is gathered, and empty ([0]) tensors otherwise.
 //
 //   gather_async()  all_gather of every rank's shard into the flat buffer (returns at once)
-//   wait_gathered() waits, then points the module's parameters at their slices
+//   wait_gathered() waits, then points the module's parameters at their slices (or, for
+//                   shards in symmetric memory, copies every rank's shard itself:
+//                   Note [When one-sided gathers may read], runtime.cpp)
 //   release()       the parameters become empty again; the buffer's memory is returned
 //                   (Note [Releasing a gathered unit])
 //   reduce_async()  the parameters' full gradients, divided by the world on the way in,

@@ -80,10 +80,11 @@ Runtime::~Runtime() { drain(); }
 //   every earlier step and load is over on every rank;
 // - before a rank writes again, every rank must have finished reading. After a
 //   synchronised backward this needs nothing more: a rank steps after its backward's
-//   reduce-scatters have finished, the last of which (the first unit's) every peer
-//   joined only after its communicator thread ran every gather it was issued before it
-//   (the thread runs operations in issue order). A forward without grad, and a no_sync()
-//   backward, have no reduce-scatter after them, so they end with a second barrier.
+//   reduce-scatters have finished, and the last of them (the first unit's) can finish
+//   only once every peer joined it, which a peer's training thread issues after that
+//   unit's backward, so after its last gather (the gathers run on that thread, in
+//   order). A forward without grad, and a no_sync() backward, have no reduce-scatter
+//   after them, so they end with a second barrier.
 // Every rank decides the same way: they agree at construction (an all_reduce of "are all
 // my shards symmetric"), so a rank without symmetric memory makes all of them use
 // collective all-gathers instead.
