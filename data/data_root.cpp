@@ -52,9 +52,12 @@ const std::vector<std::string>& cifar10_file_names() {
 }
 
 std::string cifar10_download_hint() {
-  return "Get the official binary version (https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz, 162 MB), "
-         "extract it with `tar xzf cifar-10-binary.tar.gz`, and pass the extracted cifar-10-batches-bin folder "
-         "with --data DIR or the LOOM_DATA environment variable (or place it at data/cifar-10-batches-bin).";
+  const std::string root = LOOM_SOURCE_ROOT;
+  return "To get it, run " + root + "/scripts/get_cifar10.sh: it downloads the official binary version "
+         "(https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz, 162 MB), checks its md5 and extracts it to " +
+         root + "/data/cifar-10-batches-bin, where this program looks. Or extract that archive yourself "
+         "(`tar xzf cifar-10-binary.tar.gz`) and pass its cifar-10-batches-bin folder with --data DIR or the "
+         "LOOM_DATA environment variable.";
 }
 
 std::string find_cifar10_root(const std::optional<std::string>& flag) {

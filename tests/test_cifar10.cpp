@@ -150,6 +150,7 @@ TEST_CASE("CIFAR10 refuses bad files, naming the path and the problem") {
     CHECK(contains(message, "missing"));
     CHECK(contains(message, "train split reads data_batch_1..5.bin"));
     CHECK(contains(message, "https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz"));
+    CHECK(contains(message, "/scripts/get_cifar10.sh"));  // the script that fetches it
     CHECK(contains(message, "--data"));
     CHECK(contains(message, "LOOM_DATA"));
     CHECK_NOTHROW(CIFAR10(root, false));  // the test split does not need it
@@ -203,6 +204,7 @@ TEST_CASE("find_cifar10_root: --data, then $LOOM_DATA, then the usual places") {
   CHECK(contains(message, "--data"));
   CHECK(contains(message, "no such directory"));
   CHECK(contains(message, "https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz"));
+  CHECK(contains(message, "/scripts/get_cifar10.sh"));
   fs::create_directories(fake.dir / "empty");
   message = error_of([&] { (void)find_cifar10_root((fake.dir / "empty").string()); });  // exists, no files
   CHECK(contains(message, "it lacks data_batch_1.bin"));
