@@ -8,29 +8,27 @@
 #   scripts/sanitize.sh thread              the threaded suites under TSan
 #                                            (build-sanitize-thread/)
 #
-# Why clang: the fuzz harnesses need libFuzzer, and clang's OpenMP runtime (libomp) tells
-# TSan about its own synchronisation, where GCC's libgomp is uninstrumented and makes every
-# parallel region a false race. Suppressions, each with its reason, are in
-# tests/sanitizers/. Run times and results: docs/testing.md.
+# clang 16 or later is installed where missing (scripts/setup_sanitize.sh, which also
+# configures the build directory). Why clang: the fuzz harnesses need libFuzzer, and
+# clang's OpenMP runtime (libomp) tells TSan about its own synchronisation, where GCC's
+# libgomp is uninstrumented and makes every parallel region a false race. Suppressions,
+# each with its reason, are in tests/sanitizers/. Run times and results: docs/testing.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 kind=${1:-}
 shift || true
 case "$kind" in
-  address,undefined | undefined,address) kind=address,undefined; fuzz=true ;;
-  thread) fuzz=false ;;
+  address,undefined | undefined,address) kind=address,undefined ;;
+  thread) ;;
   *)
     echo "usage: ./test.sh --sanitize address,undefined|thread [meson test arguments]" >&2
     exit 2
     ;;
 esac
-scripts/setup_deps.sh
+# As root, installs what is missing (clang included) with apt-get; otherwise prints the
+# apt-get line and stops here, before any build step.
+scripts/setup_sanitize.sh "$kind"
 dir=build-sanitize-${kind//,/-}
-if [ ! -f "$dir/build.ninja" ]; then
-  cache=$(command -v ccache >/dev/null && echo "ccache " || true)
-  CC=${SANITIZE_CC:-$cache$(scripts/find_clang.sh clang)} CXX=${SANITIZE_CXX:-$cache$(scripts/find_clang.sh clang++)} meson setup "$dir" -Dcuda=disabled -Dfuzz=$fuzz \
-    -Db_sanitize="$kind" -Db_lundef=false -Dbuildtype=debugoptimized
-fi
 
 supp=$PWD/tests/sanitizers
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:detect_odr_violation=0:abort_on_error=0}

@@ -18,11 +18,7 @@ harnesses=("$@")
 [ ${#harnesses[@]} -eq 0 ] && harnesses=("${all[@]}")
 
 dir=build-sanitize-address-undefined
-if [ ! -f "$dir/build.ninja" ]; then
-  cache=$(command -v ccache >/dev/null && echo "ccache " || true)
-  CC=${SANITIZE_CC:-$cache$(scripts/find_clang.sh clang)} CXX=${SANITIZE_CXX:-$cache$(scripts/find_clang.sh clang++)} meson setup "$dir" -Dcuda=disabled -Dfuzz=true \
-    -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized
-fi
+scripts/setup_sanitize.sh address,undefined  # clang, installed where missing; -Dfuzz=true
 meson compile -C "$dir" $(printf 'tests/fuzz/%s ' "${harnesses[@]}")
 
 supp=$PWD/tests/sanitizers
