@@ -26,7 +26,7 @@ Shape strides_for(const Shape& shape, MemoryFormat format) {
   int64_t step = 1;
   for (int64_t d : {1, 3, 2, 0}) {
     strides[static_cast<size_t>(d)] = step;
-    step *= std::max<int64_t>(shape[static_cast<size_t>(d)], 1);
+    step = saturating_stride_step(step, shape[static_cast<size_t>(d)]);
   }
   return strides;
 }

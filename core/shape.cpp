@@ -15,12 +15,17 @@ int64_t numel(const Shape& shape) {
   return n;
 }
 
+int64_t saturating_stride_step(int64_t step, int64_t size) {
+  int64_t out = 0;
+  return __builtin_mul_overflow(step, std::max<int64_t>(size, 1), &out) ? INT64_MAX : out;
+}
+
 Shape contiguous_strides(const Shape& shape) {
   Shape strides(shape.size());
   int64_t step = 1;
   for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
     strides[d] = step;
-    step *= std::max<int64_t>(shape[d], 1);
+    step = saturating_stride_step(step, shape[d]);
   }
   return strides;
 }

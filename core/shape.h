@@ -17,6 +17,11 @@ using Shape = std::vector<int64_t>;
 int64_t numel(const Shape& shape);
 // Row-major ("C-contiguous") strides for a shape.
 Shape contiguous_strides(const Shape& shape);
+// step * max(size, 1), or INT64_MAX where that overflows: the next stride of a dense
+// layout. A shape that overflows has more elements than an int64 counts, which the
+// factories and contiguous() refuse with a clear error; computing its strides on the way
+// there must not be undefined behaviour (UBSan found it: test_tensor's expand to 9 x 6e18).
+int64_t saturating_stride_step(int64_t step, int64_t size);
 // "[2, 3, 4]", for messages.
 std::string shape_str(const Shape& shape);
 // The broadcast of two shapes; a loom::Error naming both shapes if they don't broadcast.
