@@ -21,9 +21,12 @@
 using namespace loom;
 using namespace loom::examples;
 
-// --balance 4,3,4,3: layer counts ("": none given).
-static std::vector<int64_t> parse_balance(const std::string& text) {
-  std::vector<int64_t> out;
+// --balance cost | time | 4,3,4,3: how to cut, or the layer counts themselves.
+static void parse_balance(const std::string& text, TrainConfig& c) {
+  if (text == "cost" || text == "time") {
+    c.balance_by = text;
+    return;
+  }
   std::stringstream in(text);
   for (std::string item; std::getline(in, item, ',');) {
     size_t used = 0;
@@ -32,11 +35,10 @@ static std::vector<int64_t> parse_balance(const std::string& text) {
       value = std::stoll(item, &used);
     } catch (const std::exception&) {
     }
-    LOOM_CHECK(used == item.size() && !item.empty(), "--balance: expected comma-separated layer counts such as 7,7, "
-               "got '", text, "'");
-    out.push_back(value);
+    LOOM_CHECK(used == item.size() && !item.empty(), "--balance: expected cost, time or comma-separated layer counts "
+               "such as 7,7, got '", text, "'");
+    c.balance.push_back(value);
   }
-  return out;
 }
 
 int main(int argc, char** argv) {
@@ -88,9 +90,10 @@ int main(int argc, char** argv) {
                                                  "pipeline: gpipe | 1f1b | interleaved_1f1b");
     auto& virtual_stages = flags.add<int64_t>("virtual-stages", c.virtual_stages, "pipeline, interleaved_1f1b: model "
                                               "chunks per stage (V)");
-    auto& balance = flags.add<std::string>("balance", "", "pipeline: layers per model chunk, a,b,... (stages x V "
-                                           "entries adding up to the model's Sequential: 14 for resnet18); default: "
-                                           "measured");
+    auto& balance = flags.add<std::string>("balance", c.balance_by, "pipeline: where to cut the model: cost (counted "
+                                           "FLOPs and bytes: the same every run), time (measured once, on rank 0), or "
+                                           "layers per model chunk a,b,... (stages x V entries adding up to the "
+                                           "model's Sequential: 14 for resnet18)");
     auto& pp = flags.add<int64_t>("pp", c.pp, "pipeline stages as processes, one per rank, under loomrun: --mode "
                                   "pipeline (one pipeline) or --mode ddp (world / P pipelines side by side, pp x dp)");
     auto& pipeline_checkpoint = flags.add<std::string>("pipeline-checkpoint", c.pipeline_checkpoint,
@@ -146,7 +149,7 @@ int main(int argc, char** argv) {
     c.chunks = chunks;
     c.pipeline_schedule = schedule_name;
     c.virtual_stages = virtual_stages;
-    c.balance = parse_balance(balance);
+    parse_balance(balance, c);
     c.pp = pp;
     c.pipeline_checkpoint = pipeline_checkpoint;
     c.backend = backend;

@@ -13,14 +13,7 @@
 //   stage 0 on cpu:0 ──activation.to(cpu:1)──► stage 1 on cpu:1 ──► output (on cpu:1)
 //        ◄──────────── gradient.to(cpu:0) ─────────────── backward
 //
-// Note [Stage balance]
-// Each stage should take about the same time, since the slowest bounds a pipeline's
-// throughput, and for layer-wise model parallelism about the same memory. The split is
-// a list of layer counts (torchgpipe's `balance`). balance_by_cost() computes one from a
-// cost per layer (contiguous groups whose largest total is as small as possible);
-// balance_by_time() measures each layer's forward and backward on a sample batch and
-// balances that. Parameter counts would be the wrong cost for ResNet18: its last
-// residual stage (layer4) holds 75% of the parameters but about a quarter of the work.
+// Where to cut (the balance): parallel/balance.h.
 #pragma once
 
 #include <memory>
@@ -29,18 +22,9 @@
 #include "core/device.h"
 #include "core/tensor.h"
 #include "nn/container.h"
+#include "parallel/balance.h"  // defines: balance_by_cost_model, balance_by_time (Note [Stage balance])
 
 namespace loom::parallel {
-
-// Splits costs[0..n) into `stages` contiguous, non-empty groups whose largest sum is as
-// small as possible (ties: earlier stages take fewer layers); returns each group's size.
-// A loom::Error if there are fewer layers than stages.
-std::vector<int64_t> balance_by_cost(const std::vector<double>& costs, int64_t stages);
-
-// balance_by_cost over each layer's measured forward + backward time on `sample` (the
-// fastest of `repeats` runs after one warm-up: on a shared machine noise only adds time),
-// on the device where the module is. The module is left as it was.
-std::vector<int64_t> balance_by_time(nn::Sequential& module, const Tensor& sample, int64_t stages, int repeats = 5);
 
 // The layers of `module` in groups of balance[k] consecutive layers: new Sequentials that
 // share the layers (and so their parameters) with `module`.

@@ -1,5 +1,5 @@
 // Layer-wise model parallelism (parallel/model_parallel.h) on CPU virtual devices: the
-// balance functions, the split, and the transparency contract (ResNet's output,
+// split and the transparency contract (ResNet's output,
 // gradients and SGD steps equal one device's, BatchNorm included: every stage sees the
 // whole batch).
 #include <doctest/doctest.h>
@@ -12,20 +12,8 @@
 #include "rank_threads.h"  // defines: max_abs_diff
 
 using namespace loom;
-using loom::parallel::balance_by_cost;
 using loom::parallel::ModelParallel;
 using loom::testing::max_abs_diff;
-
-TEST_CASE("balance_by_cost: contiguous stages whose largest cost is smallest; earlier stages take fewer on ties") {
-  CHECK(balance_by_cost({1, 1, 1, 1}, 2) == std::vector<int64_t>{2, 2});
-  CHECK(balance_by_cost({5, 1, 1, 1, 1, 1}, 2) == std::vector<int64_t>{1, 5});
-  CHECK(balance_by_cost({1, 2, 3, 4, 5}, 3) == std::vector<int64_t>{3, 1, 1});  // 6 | 4 | 5
-  CHECK(balance_by_cost({1, 1, 1}, 2) == std::vector<int64_t>{1, 2});
-  CHECK(balance_by_cost({0, 0, 7}, 3) == std::vector<int64_t>{1, 1, 1});
-  CHECK(balance_by_cost({3, 1}, 1) == std::vector<int64_t>{2});
-  CHECK_THROWS_WITH_AS(balance_by_cost({1}, 2), doctest::Contains("cannot cut 1 layers into 2"), Error);
-  CHECK_THROWS_WITH_AS(balance_by_cost({1, -1}, 1), doctest::Contains(">= 0"), Error);
-}
 
 TEST_CASE("split_module: stages share the layers; a balance that does not add up is an error") {
   auto seq = nn::resnet_tiny(10)->sequential();
@@ -80,26 +68,4 @@ TEST_CASE("transparency: ModelParallel ResNet equals one device, BatchNorm inclu
       worst = std::max(worst, max_abs_diff(t.to(kFloat64), sb[name].to(Device("cpu:0")).to(kFloat64)));
     CHECK(worst < 1e-5);
   }
-}
-
-TEST_CASE("balance_by_time: one count per stage covering every layer, and the module left as it was") {
-  auto model = nn::resnet_tiny(10);
-  auto seq = model->sequential();
-  auto before = model->state_dict();
-  std::vector<Tensor> copies;
-  for (const auto& [name, t] : before) copies.push_back(t.clone());
-  auto balance = parallel::balance_by_time(*seq, randn({4, 3, 16, 16}), 3, 1);
-  REQUIRE(balance.size() == 3);
-  int64_t total = 0;
-  for (int64_t b : balance) {
-    CHECK(b >= 1);
-    total += b;
-  }
-  CHECK(total == static_cast<int64_t>(seq->size()));
-  size_t k = 0;
-  for (const auto& [key, t] : model->state_dict()) {
-    const std::string& name = key;  // See Note [doctest messages name no structured binding]
-    CHECK_MESSAGE(max_abs_diff(t.to(kFloat64), copies[k++].to(kFloat64)) == 0, name);
-  }
-  for (const Tensor& p : model->parameters()) CHECK_FALSE(p.grad().defined());
 }

@@ -8,6 +8,7 @@
 #include "autograd/autocast.h"  // defines: autocast::apply (Note [Autocast at op entry])
 #include "autograd/ops.h"
 #include "autograd/ops/common.h"
+#include "core/flop_counter.h"     // defines: FlopCounterMode (counted for balance_by_cost_model)
 
 namespace loom {
 namespace {
@@ -122,6 +123,8 @@ Tensor conv2d_impl(const Tensor& input, const Tensor& weight, const Tensor& bias
   Tensor b = bias.defined() ? bias.detach().contiguous() : Tensor();
   Tensor out = empty(out_shape, TensorOptions(input.dtype()).device(input.device()), format);
   conv2d_forward_kernel(input.device())(x, w, b, params, out);
+  // Each output element is a dot product of (C_in / groups)·kh·kw pairs: a multiply and an add each.
+  FlopCounterMode::add_flops(2 * out.numel() * w.size(1) * w.size(2) * w.size(3));
 
   if (any_requires_grad({input, targets.weight, targets.bias})) {
     // Both are saved whatever is needed, as PyTorch does: the kernel derives every size

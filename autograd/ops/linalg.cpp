@@ -15,6 +15,7 @@
 #include "autograd/autocast.h"  // defines: autocast::apply (Note [Autocast at op entry])
 #include "autograd/ops.h"
 #include "autograd/ops/common.h"
+#include "core/flop_counter.h"     // defines: FlopCounterMode (counted for balance_by_cost_model)
 #include "core/copy.h"
 
 namespace loom {
@@ -61,6 +62,7 @@ Tensor mm(const Tensor& a, const Tensor& b) {
              matrix_str(b), "): the first's columns must equal the second's rows");
   Tensor out = empty({a.size(0), b.size(1)}, TensorOptions(a.dtype()).device(a.device()));
   mm_kernel(a.device())(gemm_operand(a), gemm_operand(b), 0.0, out);
+  FlopCounterMode::add_flops(2 * a.size(0) * a.size(1) * b.size(1));
   if (any_requires_grad({a, b})) {
     const bool ra = a.requires_grad(), rb = b.requires_grad();
     // Each operand is saved only if the *other* one needs a gradient.
@@ -88,6 +90,7 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
              ") to equal the second's middle dim (", b.size(1), ")");
   Tensor out = empty({a.size(0), a.size(1), b.size(2)}, TensorOptions(a.dtype()).device(a.device()));
   bmm_kernel(a.device())(gemm_operand(a), gemm_operand(b), out);
+  FlopCounterMode::add_flops(2 * a.size(0) * a.size(1) * a.size(2) * b.size(2));
   if (any_requires_grad({a, b})) {
     const bool ra = a.requires_grad(), rb = b.requires_grad();
     record("BmmBackward", {a, b}, {out},
@@ -198,6 +201,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   if (bias.defined()) copy_into(out, bias.detach().expand(out.shape()));
   mm_kernel(x.device())(gemm_operand(x), gemm_operand(weight).t(), bias.defined() ? 1.0 : 0.0,
                         out);
+  FlopCounterMode::add_flops(2 * x.size(0) * in * weight.size(0));
   if (any_requires_grad({x, weight, bias})) {
     const bool rx = x.requires_grad(), rw = weight.requires_grad(), rb = bias.defined() && bias.requires_grad();
     std::vector<Tensor> inputs = {x, weight};

@@ -5,15 +5,16 @@
 #include <algorithm>  // defines: std::count, std::find (the mesh's dimensions)
 #include <cstdio>
 
-#include "core/factory.h"                            // defines: randn (the balance's sample batch)
+#include "core/factory.h"                            // defines: zeros (the balance's sample batch)
 #include "cuda/device.h"                             // defines: cuda::device_count (--mode dp's default)
 #include "nn/resnet.h"                               // defines: ResNet::sequential
 #include "parallel/data_parallel.h"                  // defines: DataParallel
 #include "parallel/ddp/distributed_data_parallel.h"  // defines: DistributedDataParallel
 #include "parallel/fsdp/fully_sharded_data_parallel.h"  // defines: FullyShardedDataParallel
-#include "parallel/model_parallel.h"                 // defines: ModelParallel, balance_by_time
+#include "parallel/comm/process_group.h"              // defines: default_group (the balance agreed by the world)
+#include "parallel/model_parallel.h"                 // defines: ModelParallel, choose_balance
 #include "parallel/pipeline/pipeline.h"              // defines: Pipeline
-#include "parallel/pipeline/pipeline_processes.h"    // defines: apply_pipeline_processes, check_balance
+#include "parallel/pipeline/pipeline_processes.h"    // defines: apply_pipeline_processes
 #include "parallel/pipeline/stage_replicas.h"        // defines: replicate_stage (--mode ddp --pp)
 #include "parallel/sync_batch_norm.h"                // defines: convert_sync_batchnorm
 
@@ -34,16 +35,24 @@ std::shared_ptr<nn::Module> apply_data_parallel(std::shared_ptr<nn::Module> mode
   return dp;
 }
 
-// A pass's worth of inputs to time each layer with: a micro-batch (pipeline) or a batch of
-// at most 32.
+// A pass's worth of inputs to balance the layers with: a micro-batch (pipeline) or a batch of
+// at most 32. Zeros: the cost model reads only its shape, and timing does not depend on
+// the values.
 static Tensor balance_sample(const nn::ResNet& resnet, const TrainConfig& config, Device device) {
   const int64_t per_pass = config.mode == "pipeline" ? (config.batch_size + config.chunks - 1) / config.chunks
                                                      : std::min<int64_t>(config.batch_size, 32);
-  return randn({std::max<int64_t>(per_pass, 1), resnet.in_channels, 32, 32}, TensorOptions().device(device));
+  return zeros({std::max<int64_t>(per_pass, 1), resnet.in_channels, 32, 32}, TensorOptions().device(device));
 }
 
-// The stages are balanced by --balance, or by each layer's measured time (Note [Stage balance]) and
-// share the model's layers, which move to their devices.
+// "pipeline balance: 4,3,4,3 (by cost)", once per run.
+static void print_balance(const std::vector<int64_t>& balance, const TrainConfig& config) {
+  if (config.progress)
+    std::fprintf(stderr, "pipeline balance: %s (%s)\n", parallel::balance_str(balance).c_str(),
+                 config.balance.empty() ? ("by " + config.balance_by).c_str() : "given");
+}
+
+// The stages are balanced by --balance (Note [Stage balance]) and share the model's layers,
+// which move to their devices.
 // pipeline: the same stages, --chunks micro-batches under --pipeline-schedule, with
 // --pipeline-checkpoint's micro-batches recomputed in their backward.
 std::shared_ptr<nn::Module> apply_model_parallel(nn::Module& model, const TrainConfig& config, Device device,
@@ -57,18 +66,13 @@ std::shared_ptr<nn::Module> apply_model_parallel(nn::Module& model, const TrainC
   LOOM_CHECK(count >= 1 && model_chunks <= static_cast<int64_t>(layers->size()), "--mp-devices ", count,
              " x --virtual-stages ", config.virtual_stages, ": the model has ", layers->size(), " layers to cut into "
              "chunks (one or more each), so use at most ", layers->size(), " chunks");
-  std::vector<int64_t> balance = config.balance;
-  if (!balance.empty()) {
-    parallel::pipeline::check_balance(balance, model_chunks, static_cast<int64_t>(layers->size()));
-  } else {
-    // Measured as the stages will run: a micro-batch (pipeline) or a batch of at most 32,
-    // on each stage's share of the threads.
-    Tensor sample = balance_sample(*resnet, config, device);
-    const int threads = omp_get_max_threads();
-    if (config.mode == "pipeline") omp_set_num_threads(std::max(1, threads / static_cast<int>(count)));
-    balance = parallel::balance_by_time(*layers, sample, model_chunks);
-    omp_set_num_threads(threads);
-  }
+  // Measured (--balance time) as the stages will run: on each stage's share of the threads.
+  const int threads = omp_get_max_threads();
+  if (config.mode == "pipeline") omp_set_num_threads(std::max(1, threads / static_cast<int>(count)));
+  const std::vector<int64_t> balance = parallel::choose_balance(*layers, config.balance, config.balance_by,
+                                                                model_chunks, balance_sample(*resnet, config, device));
+  omp_set_num_threads(threads);
+  print_balance(balance, config);
   std::shared_ptr<parallel::ModelParallel> mp;
   if (config.mode == "pipeline")
     mp = std::make_shared<parallel::pipeline::Pipeline>(
@@ -87,15 +91,19 @@ std::shared_ptr<parallel::pipeline::PipelineStage> apply_pipeline(nn::Module& mo
                                                                   nn::CrossEntropyLoss& criterion) {
   auto* resnet = dynamic_cast<nn::ResNet*>(&model);
   LOOM_CHECK(resnet != nullptr, "--pp needs a ResNet (its layers as a Sequential), got ", model.type_name());
+  // The balance is agreed over the world: under pp x dp the replicas of a stage must cut
+  // alike too (Note [One balance for every rank]).
+  auto world = distributed::default_group();
   auto stage = parallel::pipeline::apply_pipeline_processes(
       resnet->sequential(), std::move(pp_group), device,
-      {.balance = config.balance, .chunks = config.chunks, .schedule = config.pipeline_schedule,
-       .virtual_stages = config.virtual_stages},
+      {.balance = config.balance, .balance_by = config.balance_by, .chunks = config.chunks,
+       .schedule = config.pipeline_schedule, .virtual_stages = config.virtual_stages},
       [&criterion](const Tensor& out, const Tensor& target) { return criterion(out, target); },
-      balance_sample(*resnet, config, device));
-  if (config.progress && stage->stage_index() == 0)
-    std::fprintf(stderr, "pipeline of processes: balance %s; %s\n", detail::str(stage->balance()).c_str(),
-                 stage->extra_repr().c_str());
+      balance_sample(*resnet, config, device), world);
+  if (world->rank() == 0) {  // once per run, not once per pipeline
+    print_balance(stage->balance(), config);
+    if (config.progress) std::fprintf(stderr, "pipeline of processes: %s\n", stage->extra_repr().c_str());
+  }
   return stage;
 }
 

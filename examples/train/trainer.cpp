@@ -23,7 +23,7 @@
 #include "examples/train/mixed_precision.h" // defines: MixedPrecision, what --amp changes
 #include "examples/train/optimizer.h"       // defines: build_optimizer, gather_optimizer_state (--zero-redundancy-optimizer)
 #include "examples/train/parallelize.h"     // defines: parallelize, one apply_* per parallelism
-#include "examples/train/progress.h"        // defines: ProgressBar, RunningMetrics
+#include "examples/train/progress.h"        // defines: ProgressBar, RunningMetrics, RunPlan
 #include "examples/train/sharded_checkpoint.h"  // defines: save_sharded_checkpoint, what --checkpoint-format sharded changes
 #include "nn/loss.h"                        // defines: CrossEntropyLoss
 #include "nn/model_state.h"                 // defines: model_state_bytes (parameters + gradients + optimizer state)
@@ -143,8 +143,8 @@ void check_flags(const TrainConfig& c) {
   LOOM_CHECK(c.pp == 1 || c.checkpoint_dir.empty(), "--checkpoint-dir with --pp ", c.pp, ": each process holds only "
              "its stage's optimizer state, which the checkpoint format does not gather yet; use --save");
   if (!c.checkpoint_format.empty()) (void)sharded_checkpoint_format(c);  // full | sharded, and only where sharded
-  LOOM_CHECK(c.balance.empty() || c.mode == "pipeline" || c.mode == "mp" || c.pp > 1, "--balance cuts the model "
-             "into stages: it needs --mode mp or pipeline, or --pp, got --mode ", c.mode);
+  LOOM_CHECK((c.balance.empty() && c.balance_by == "cost") || c.mode == "pipeline" || c.mode == "mp" || c.pp > 1,
+             "--balance cuts the model into stages: it needs --mode mp or pipeline, or --pp, got --mode ", c.mode);
   LOOM_CHECK(c.pipeline_checkpoint == "never" || c.pipeline_checkpoint == "except_last" ||
                  c.pipeline_checkpoint == "always",
              "--pipeline-checkpoint: expected never, except_last or always, got '", c.pipeline_checkpoint, "'");
@@ -380,6 +380,8 @@ TrainResult train_cifar10(const TrainConfig& config) {
       result.model_state_bytes = nn::model_state_bytes(*net, optimizer);
       double elapsed = std::chrono::duration<double>(Clock::now() - epoch_start).count();
       bar.update(step_in_epoch, metrics, dist.dims().dp_size() * epoch_images / std::max(elapsed, 1e-9));
+      bar.say_expected_duration({config.epochs, steps_per_epoch, config.max_steps, config.batch_size, eval_real},
+                                step_seconds);  // once, after the first few timed steps
       if (!config.checkpoint_dir.empty() && config.checkpoint_every > 0 &&
           position.global_step % config.checkpoint_every == 0) {
         RunningMetrics so_far = dist.sum(metrics);  // every rank's examples (a collective)

@@ -63,7 +63,8 @@ struct TrainConfig {
   int64_t chunks = 4;                // pipeline: micro-batches per batch
   std::string pipeline_schedule = "1f1b";  // pipeline: gpipe | 1f1b | interleaved_1f1b
   int64_t virtual_stages = 1;        // pipeline, interleaved_1f1b: model chunks per stage (V)
-  std::vector<int64_t> balance;      // pipeline, mp: layers per model chunk (stages x V); empty: measured
+  std::vector<int64_t> balance;      // pipeline, mp: layers per model chunk (stages x V); empty: by balance_by
+  std::string balance_by = "cost";   // pipeline, mp: cost | time (Note [Stage balance], parallel/balance.h)
   int64_t pp = 1;                    // pipeline: stages as processes (under loomrun), one per rank
   std::string pipeline_checkpoint = "never";  // pipeline: never | except_last | always (recompute activations)
   std::string backend;               // ddp: gloo | nccl; "" = nccl on CUDA, gloo on CPU

@@ -1,48 +1,82 @@
 #include "parallel/pipeline/pipeline_processes.h"
 
+#include <algorithm>  // defines: std::max_element
+#include <map>        // defines: std::map (ranks grouped by balance, for the error)
+
 #include "core/error.h"
-#include "core/factory.h"             // defines: from_vector
-#include "parallel/model_parallel.h"  // defines: balance_by_time
+#include "core/factory.h"  // defines: from_vector
 
 namespace loom::parallel::pipeline {
 
-void check_balance(const std::vector<int64_t>& balance, int64_t chunks, int64_t layers) {
-  int64_t total = 0;
-  bool positive = true;
-  for (int64_t b : balance) {
-    total += b;
-    positive = positive && b >= 1;
-  }
-  const std::string given = detail::str("got ", balance.size(), " entries adding up to ", total);
-  LOOM_CHECK(static_cast<int64_t>(balance.size()) == chunks && total == layers && positive, "--balance: expected ",
-             chunks, " positive layer counts (one per model chunk: stages × virtual stages) adding up to the "
-             "Sequential's length, ", layers, " layers; ", given);
+namespace {
+
+// Every rank's int64 list, in rank order, on every rank: the lengths first, then the lists
+// padded to the longest (two all_gathers of `world`).
+std::vector<std::vector<int64_t>> all_gather_lists(const std::vector<int64_t>& mine,
+                                                   distributed::Communicator& world) {
+  auto gather = [&world](const std::vector<int64_t>& values) {
+    Tensor local = distributed::to_communication_device(from_vector(values, {int64_t(values.size())}), world);
+    std::vector<Tensor> all;
+    world.all_gather(all, local)->wait();
+    std::vector<std::vector<int64_t>> out;
+    for (const Tensor& t : all) out.push_back(t.tolist<int64_t>());
+    return out;
+  };
+  std::vector<int64_t> lengths;
+  for (const auto& l : gather({int64_t(mine.size())})) lengths.push_back(l[0]);
+  const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
+  std::vector<int64_t> padded = mine;
+  padded.resize(size_t(std::max<int64_t>(longest, 1)), 0);
+  std::vector<std::vector<int64_t>> all = gather(padded);
+  for (size_t r = 0; r < all.size(); ++r) all[r].resize(size_t(lengths[r]));
+  return all;
+}
+
+}  // namespace
+
+void check_same_balance(const std::vector<int64_t>& balance, distributed::Communicator& world) {
+  const std::vector<std::vector<int64_t>> all = all_gather_lists(balance, world);
+  std::map<std::vector<int64_t>, std::string> ranks_of;  // each balance held, and by which ranks
+  for (size_t r = 0; r < all.size(); ++r) ranks_of[all[r]] += (ranks_of[all[r]].empty() ? "" : ", ") + std::to_string(r);
+  if (ranks_of.size() == 1) return;
+  std::string held;
+  for (const auto& [b, ranks] : ranks_of) held += detail::str("\n  ranks ", ranks, ": ", balance_str(b));
+  LOOM_CHECK(false, "the ranks cut the model into pipeline stages differently:", held,
+             "\nEvery rank must cut alike (Note [One balance for every rank]): give the same --balance to every "
+             "rank, or leave it to --balance cost (the default), which every rank computes alike");
 }
 
 // See Note [One balance for every rank].
-std::vector<int64_t> agree_on_balance(nn::Sequential& layers, const std::vector<int64_t>& balance, int64_t chunks,
-                                      const Tensor& sample, distributed::Communicator& group) {
-  if (!balance.empty()) {
-    check_balance(balance, chunks, static_cast<int64_t>(layers.size()));
-    return balance;
+std::vector<int64_t> agree_on_balance(nn::Sequential& layers, const std::vector<int64_t>& balance,
+                                      const std::string& by, int64_t stages, const Tensor& sample,
+                                      distributed::Communicator& world) {
+  check_balance_by(by);  // on every rank, before rank 0 alone might stop on it
+  std::vector<int64_t> agreed;
+  if (!balance.empty() || by != "time") {
+    agreed = choose_balance(layers, balance, by, stages, sample);
+  } else {
+    agreed.assign(size_t(stages), 0);
+    if (world.rank() == 0) agreed = choose_balance(layers, {}, by, stages, sample);
+    Tensor t = distributed::to_communication_device(from_vector(agreed, {stages}), world);
+    world.broadcast(t, 0)->wait();
+    agreed = t.tolist<int64_t>();
   }
-  std::vector<int64_t> measured(static_cast<size_t>(chunks), 0);
-  if (group.rank() == 0) measured = balance_by_time(layers, sample, chunks);
-  Tensor t = distributed::to_communication_device(from_vector(measured, {chunks}), group);
-  group.broadcast(t, 0)->wait();
-  return t.tolist<int64_t>();
+  check_same_balance(agreed, world);
+  return agreed;
 }
 
 std::shared_ptr<PipelineStage> apply_pipeline_processes(std::shared_ptr<nn::Sequential> layers,
                                                         std::shared_ptr<distributed::Communicator> group, Device device,
                                                         const PipelineProcessOptions& options,
-                                                        PipelineStage::LossFn loss_fn, const Tensor& sample) {
+                                                        PipelineStage::LossFn loss_fn, const Tensor& sample,
+                                                        std::shared_ptr<distributed::Communicator> world) {
   LOOM_CHECK(layers != nullptr && group != nullptr, "apply_pipeline_processes: the layers or the group is null");
   LOOM_CHECK(options.virtual_stages >= 1, "--virtual-stages: expected at least 1, got ", options.virtual_stages);
   LOOM_CHECK(options.virtual_stages == 1 || options.schedule == "interleaved_1f1b", "--virtual-stages ",
              options.virtual_stages, " needs --pipeline-schedule interleaved_1f1b, got ", options.schedule);
-  const int64_t chunks = group->size() * options.virtual_stages;
-  const std::vector<int64_t> balance = agree_on_balance(*layers, options.balance, chunks, sample, *group);
+  const int64_t model_chunks = group->size() * options.virtual_stages;
+  const std::vector<int64_t> balance =
+      agree_on_balance(*layers, options.balance, options.balance_by, model_chunks, sample, world ? *world : *group);
   return std::make_shared<PipelineStage>(std::move(layers), balance, std::move(group), device, options.chunks,
                                          options.schedule, std::move(loss_fn));
 }
