@@ -1,7 +1,7 @@
 // What a new user runs first: the minimal program of every parallel mode (examples/*_minimal.cpp,
 // docs/tutorial.md) for a step on synthetic data, ddp_minimal, fsdp_minimal and pipeline_minimal under
-// loomrun with 2 ranks as their headers say; and the small things such a user trips over (train_cifar10 --help, the
-// scripts' run bits). meson passes the programs' paths in environment variables.
+// loomrun with 2 ranks as their headers say; and the small things such a user trips over (train_cifar10 --help, its
+// expected-duration line, the scripts' run bits). meson passes the programs' paths in environment variables.
 #include <doctest/doctest.h>
 
 #include <filesystem>
@@ -72,6 +72,23 @@ TEST_CASE("train_cifar10 --help ends with a newline, so the shell's prompt start
   REQUIRE(!r.output.empty());
   CHECK(contains(r.output, "--metrics-json S"));
   CHECK(r.output.back() == '\n');
+}
+
+TEST_CASE("train_cifar10 says, once and after a few steps, how long the whole run will take and how to shorten it") {
+  const std::string run = path_from_env("TRAIN_CIFAR10") +
+                          " --model tiny --synthetic --max-steps 8 --eval-limit 64 --batch-size 16 --workers 0";
+  const Result r = Launch(run).finish();
+  INFO(r.output);
+  CHECK(r.code == 0);
+  const auto first = r.output.find("expected: 8 steps (--max-steps) at ");
+  CHECK(first != std::string::npos);
+  CHECK(r.output.find("expected: ", first + 1) == std::string::npos);
+  CHECK(contains(r.output, "1 test pass ≈ "));
+  CHECK(contains(r.output, "(shorten with --epochs N or --max-steps N; --eval-limit N tests fewer images)"));
+  // --quiet: no progress, and no estimate either.
+  const Result quiet = Launch(run + " --quiet").finish();
+  CHECK(quiet.code == 0);
+  CHECK(!contains(quiet.output, "expected: "));
 }
 
 TEST_CASE("every script in the repository can be run as ./name (its run bit is set)") {
