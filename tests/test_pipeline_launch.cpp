@@ -1,10 +1,15 @@
 // Stages as processes under loomrun (tests/pipeline_worker.cpp): 2 and 3 processes, one
 // stage each, under GPipe, 1F1B and interleaved 1F1B, save the same weights as the
 // in-process Pipeline with the same balance, chunks and schedule after 2 SGD steps; a
-// stage's process that dies mid-step makes loomrun stop the others, naming it.
+// stage's process that dies mid-step makes loomrun stop the others, naming it. The same
+// train_cifar10 --pp command saves the same bytes whether the machine is idle or busy,
+// and every rank of a pp x dp world cuts the model alike.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "core/tensor.h"
 #include "nn/safetensors.h"   // defines: load_file
@@ -98,4 +103,79 @@ TEST_CASE("train_cifar10 --mode pipeline --pp P under loomrun saves the in-proce
   Result three = Launch(loomrun + " --standalone --nproc_per_node 3 " + train + common + " --pp 2").finish();
   CHECK(three.code != 0);
   CHECK_MESSAGE(contains(three.output, "WORLD_SIZE is 3"), three.output);
+}
+
+namespace {
+
+// A busy loop on every core while alive: the loaded machine of Note [Which tests depend on
+// timing] (tests/test_balance.cpp), made inside the test.
+class BusyCores {
+ public:
+  BusyCores() {
+    for (unsigned i = 0; i < std::max(2u, std::thread::hardware_concurrency()); ++i)
+      threads_.emplace_back([this] {
+        volatile double sink = 0;
+        while (!stop_.load(std::memory_order_relaxed)) sink = sink + 1.0;
+      });
+  }
+  ~BusyCores() {
+    stop_ = true;
+    for (auto& t : threads_) t.join();
+  }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace
+
+TEST_CASE("the same --pp 2 command, run on an idle and on a busy machine, saves byte-identical weights") {
+  TempDir dir("loom_pipeline_repeat");
+  const std::string loomrun = path_from_env("LOOMRUN"), train = path_from_env("TRAIN_CIFAR10");
+  // Under --amp bf16 the cut decides where activations are rounded: a balance that moved
+  // with the load would change the weights.
+  const std::string command = loomrun + " --standalone --nproc_per_node 2 " + train +
+                              " --mode pipeline --pp 2 --model tiny --synthetic --max-steps 3 --batch-size 16 "
+                              "--eval-limit 16 --threads 1 --workers 0 --no-shuffle --amp bf16 --chunks 4 --save ";
+  const std::string idle = (dir.path / "idle.safetensors").string(), busy = (dir.path / "busy.safetensors").string();
+  Result first = Launch(command + idle).finish();
+  REQUIRE_MESSAGE(first.code == 0, first.output);
+  Result second;
+  {
+    BusyCores load;
+    second = Launch(command + busy).finish();
+  }
+  REQUIRE_MESSAGE(second.code == 0, second.output);
+  CHECK_MESSAGE(contains(first.output, "pipeline balance: "), first.output);
+  CHECK_MESSAGE(contains(first.output, " (by cost)"), first.output);
+  const auto balance_line = [](const std::string& out) {
+    const size_t at = out.find("pipeline balance: ");
+    return at == std::string::npos ? std::string() : out.substr(at, out.find('\n', at) - at);
+  };
+  CHECK(balance_line(first.output) == balance_line(second.output));
+  const std::string a = read_file(idle), b = read_file(busy);
+  REQUIRE(!a.empty());
+  CHECK_MESSAGE(a == b, "the saved weights differ between the idle and the busy run");
+}
+
+TEST_CASE("--balance time under pp x dp: measured once, printed once, and every rank cuts alike") {
+  TempDir dir("loom_pipeline_time");
+  const std::string loomrun = path_from_env("LOOMRUN"), train = path_from_env("TRAIN_CIFAR10");
+  Result r = Launch(loomrun + " --standalone --nproc_per_node 4 " + train +
+                    " --mode ddp --pp 2 --balance time --model tiny --synthetic --max-steps 2 --batch-size 8 "
+                    "--eval-limit 8 --threads 1 --workers 0 --chunks 2").finish();
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  size_t lines = 0;
+  for (size_t at = r.output.find("pipeline balance: "); at != std::string::npos;
+       at = r.output.find("pipeline balance: ", at + 1))
+    ++lines;
+  CHECK_MESSAGE(lines == 1, r.output);
+  CHECK_MESSAGE(contains(r.output, " (by time)"), r.output);
+  Result bad = Launch(loomrun + " --standalone --nproc_per_node 2 " + train +
+                      " --mode pipeline --pp 2 --balance flops --model tiny --synthetic --max-steps 1").finish();
+  CHECK(bad.code != 0);
+  CHECK_MESSAGE(contains(bad.output, "--balance: expected cost, time or comma-separated layer counts such as 7,7, got "
+                                     "'flops'"),
+                bad.output);
 }
