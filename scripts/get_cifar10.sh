@@ -65,10 +65,13 @@ archive=$work/cifar-10-binary.tar.gz
 case "$url" in
   http://* | https://*)
     echo "loom: downloading $url (162 MB) ..."
+    offline="on a machine without a network, download it elsewhere and run CIFAR10_URL=/path/to/cifar-10-binary.tar.gz $0"
     if command -v curl >/dev/null; then
-      curl -fL --retry 3 -o "$archive" "$url" || fail "could not download $url (curl failed; see above)"
+      curl -fL --retry 3 --connect-timeout 30 -o "$archive" "$url" ||
+        fail "could not download $url (curl failed; see above); $offline"
     elif command -v wget >/dev/null; then
-      wget -q --show-progress -O "$archive" "$url" || fail "could not download $url (wget failed; see above)"
+      wget -q --show-progress --timeout 30 -O "$archive" "$url" ||
+        fail "could not download $url (wget failed; see above); $offline"
     else
       fail "neither curl nor wget is installed (apt-get install curl), or download $url yourself and run" \
            "CIFAR10_URL=/path/to/cifar-10-binary.tar.gz $0"
