@@ -28,7 +28,11 @@ DeviceMesh::DeviceMesh(std::string device_type, std::vector<int> shape, std::vec
 
 DeviceMesh::DeviceMesh(std::string device_type, std::vector<int> shape, std::vector<std::string> dim_names, int rank,
                        int world_size, const GroupMaker& make_group)
-    : device_type_(std::move(device_type)), shape_(std::move(shape)), dim_names_(std::move(dim_names)), rank_(rank) {
+    : device_type_(std::move(device_type)),
+      shape_(std::move(shape)),
+      dim_names_(std::move(dim_names)),
+      rank_(rank),
+      make_group_(make_group) {
   LOOM_CHECK(device_type_ == "cpu" || device_type_ == "cuda", "DeviceMesh: expected device_type \"cpu\" or \"cuda\", "
              "got \"", device_type_, "\"");
   LOOM_CHECK(!shape_.empty(), "DeviceMesh: expected a mesh shape with at least one dimension, got []");
@@ -74,13 +78,86 @@ int DeviceMesh::size() const {
   return n;
 }
 
-std::vector<int> DeviceMesh::group_ranks(const std::string& dim) const {
-  const size_t d = index(dim);
-  const int stride = strides_of(shape_)[d];
-  const int base = rank_ - coordinate_[d] * stride;
-  std::vector<int> ranks;
-  for (int k = 0; k < shape_[d]; ++k) ranks.push_back(base + k * stride);
+// The world ranks that share every coordinate with `rank` but those along `dims`, in
+// row-major order over `dims` (so a rank's position in the list is its group rank).
+static std::vector<int> ranks_along(const std::vector<int>& shape, const std::vector<size_t>& dims, int rank) {
+  const std::vector<int> strides = strides_of(shape);
+  int base = rank;
+  for (size_t d : dims) base -= rank / strides[d] % shape[d] * strides[d];
+  std::vector<int> ranks = {base};
+  for (size_t d : dims) {  // outermost first: each later dim varies faster
+    std::vector<int> next;
+    for (int r : ranks)
+      for (int k = 0; k < shape[d]; ++k) next.push_back(r + k * strides[d]);
+    ranks = std::move(next);
+  }
   return ranks;
+}
+
+std::vector<int> DeviceMesh::group_ranks(const std::string& dim) const {
+  if (const Flattened* f = flattened(dim)) return ranks_along(shape_, f->dims, rank_);
+  return ranks_along(shape_, {index(dim)}, rank_);
+}
+
+int DeviceMesh::size(const std::string& dim) const {
+  if (const Flattened* f = flattened(dim)) {
+    int n = 1;
+    for (size_t d : f->dims) n *= shape_[d];
+    return n;
+  }
+  return shape_[index(dim)];
+}
+
+int DeviceMesh::local_rank(const std::string& dim) const {
+  if (const Flattened* f = flattened(dim)) {
+    int r = 0;
+    for (size_t d : f->dims) r = r * shape_[d] + coordinate_[d];
+    return r;
+  }
+  return coordinate_[index(dim)];
+}
+
+const std::shared_ptr<Communicator>& DeviceMesh::group(const std::string& dim) const {
+  if (const Flattened* f = flattened(dim)) return f->group;
+  return groups_[index(dim)];
+}
+
+bool DeviceMesh::has(const std::string& dim) const {
+  return flattened(dim) != nullptr || std::find(dim_names_.begin(), dim_names_.end(), dim) != dim_names_.end();
+}
+
+const DeviceMesh::Flattened* DeviceMesh::flattened(const std::string& name) const {
+  for (const Flattened& f : flattened_)
+    if (f.name == name) return &f;
+  return nullptr;
+}
+
+void DeviceMesh::flatten(const std::vector<std::string>& dims, const std::string& name) {
+  LOOM_CHECK(!dims.empty(), "DeviceMesh::flatten('", name, "'): expected at least one dimension to flatten");
+  LOOM_CHECK(!name.empty() && !has(name), "DeviceMesh::flatten: the name '", name, "' is empty or already a ",
+             "dimension or group of this mesh");
+  Flattened f{name, {}, nullptr};
+  for (const std::string& dim : dims) f.dims.push_back(index(dim));
+  for (size_t i = 1; i < f.dims.size(); ++i)
+    LOOM_CHECK(f.dims[i - 1] < f.dims[i], "DeviceMesh::flatten('", name, "'): the dimensions must be distinct and in "
+               "the mesh's order (outermost first)");
+  const auto same = std::find_if(flattened_.begin(), flattened_.end(), [&f](const Flattened& g) { return g.dims == f.dims; });
+  if (f.dims.size() == 1) {
+    f.group = groups_[f.dims[0]];
+  } else if (same != flattened_.end()) {  // the same ranks under a second name: the same groups
+    f.group = same->group;
+  } else {
+    // Every group, in order of its smallest rank (all of its coordinates along dims 0):
+    // the same order on every rank, as the constructor's.
+    const int world_size = size();
+    for (int base = 0; base < world_size; ++base) {
+      const std::vector<int> ranks = ranks_along(shape_, f.dims, base);
+      if (ranks.front() != base) continue;
+      auto group = make_group_(ranks, name);
+      if (std::find(ranks.begin(), ranks.end(), rank_) != ranks.end()) f.group = std::move(group);
+    }
+  }
+  flattened_.push_back(std::move(f));
 }
 
 size_t DeviceMesh::index(const std::string& dim) const {

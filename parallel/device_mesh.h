@@ -50,13 +50,23 @@ class DeviceMesh {
   const std::vector<std::string>& dim_names() const { return dim_names_; }
   int rank() const { return rank_; }  // this process's world rank
   int size() const;                   // every rank of the mesh
-  int size(const std::string& dim) const { return shape_[index(dim)]; }
+  // `dim` below: a dimension's name, or a flattened group's (flatten()).
+  int size(const std::string& dim) const;
   // This rank's coordinate along `dim`, which is its rank in group(dim).
-  int local_rank(const std::string& dim) const { return coordinate_[index(dim)]; }
+  int local_rank(const std::string& dim) const;
   // The group of the ranks that share every coordinate with this one but `dim`'s.
-  const std::shared_ptr<Communicator>& group(const std::string& dim) const { return groups_[index(dim)]; }
+  const std::shared_ptr<Communicator>& group(const std::string& dim) const;
   // The world ranks of group(dim), in group-rank order.
   std::vector<int> group_ranks(const std::string& dim) const;
+  // Whether `dim` names a dimension or a flattened group of this mesh.
+  bool has(const std::string& dim) const;
+
+  // One group over several dimensions at once, named `name` (PyTorch's
+  // mesh[dims]._flatten(name)): the ranks that share every coordinate with this one but
+  // those of `dims`, ranked row-major over them. One dimension: its group, under a second
+  // name. A collective, like the constructor (every rank, same order), through the
+  // GroupMaker the mesh was built with (for the World constructor: while that World lives).
+  void flatten(const std::vector<std::string>& dims, const std::string& name);
   const std::vector<int>& coordinate() const { return coordinate_; }
 
   // PyTorch's spellings of the same.
@@ -69,6 +79,12 @@ class DeviceMesh {
 
  private:
   size_t index(const std::string& dim) const;  // a loom::Error naming the dims if unknown
+  struct Flattened {
+    std::string name;
+    std::vector<size_t> dims;  // indices into shape_, outermost first
+    std::shared_ptr<Communicator> group;
+  };
+  const Flattened* flattened(const std::string& name) const;  // null if not one
 
   std::string device_type_;
   std::vector<int> shape_;
@@ -76,6 +92,8 @@ class DeviceMesh {
   int rank_;
   std::vector<int> coordinate_;
   std::vector<std::shared_ptr<Communicator>> groups_;  // one per dim
+  std::vector<Flattened> flattened_;
+  GroupMaker make_group_;
 };
 
 // The mesh over the default process group's world (after init_process_group), as
