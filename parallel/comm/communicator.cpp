@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/factory.h"  // defines: zeros
+#include "parallel/comm/traffic.h"  // defines: record_traffic
 
 namespace loom::distributed {
 
@@ -38,12 +39,29 @@ void Communicator::check_member(const char* op) const {
              "check is_member() first, or pick the group that holds this rank (DeviceMesh::group)");
 }
 
+// S of Note [Bytes a collective moves] (traffic.h): the whole buffer the collective is
+// about, which for all_gather and reduce_scatter is the list, not this rank's piece.
+static int64_t payload_bytes(const Op& op) {
+  if (op.kind == OpKind::Barrier) return 0;
+  if (op.kind == OpKind::AllGather || op.kind == OpKind::ReduceScatter)
+    return static_cast<int64_t>(op.tensor.nbytes()) * op.size;
+  return static_cast<int64_t>(op.tensor.nbytes());
+}
+
 std::shared_ptr<Work> Communicator::issue(Op op) {
   op.rank = rank_;
   op.size = size_;
-  std::lock_guard<std::mutex> lock(issue_mutex_);
-  op.seq = is_point_to_point(op.kind) ? p2p_seq_++ : collective_seq_++;
-  return launch(std::move(op));
+  const OpKind kind = op.kind;
+  const int64_t payload = payload_bytes(op);
+  std::shared_ptr<Work> work;
+  {
+    std::lock_guard<std::mutex> lock(issue_mutex_);
+    op.seq = is_point_to_point(op.kind) ? p2p_seq_++ : collective_seq_++;
+    work = launch(std::move(op));
+  }
+  // Counted once launched: an op the backend refused moved nothing.
+  record_traffic(traffic_, kind, payload, size_);
+  return work;
 }
 
 std::shared_ptr<Work> Communicator::all_reduce(const Tensor& tensor, ReduceOp op) {
@@ -82,6 +100,8 @@ void Communicator::all_gather_one_sided(std::vector<Tensor>& out, const Tensor& 
              "read it (a piece of a zeros_symmetric tensor, on a ", backend(), " group whose ranks share a host); got ",
              in.str(), " in ordinary memory. Use all_gather, which every rank takes part in");
   copy_one_sided(out, in);
+  // Counted as the all_gather it replaces; see Note [Bytes a collective moves] (traffic.h).
+  record_traffic(traffic_, OpKind::AllGather, static_cast<int64_t>(in.nbytes()) * size_, size_);
 }
 
 void Communicator::copy_one_sided(std::vector<Tensor>&, const Tensor&) {

@@ -31,8 +31,9 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "parallel/comm/op.h"    // defines: ReduceOp, Op, OpKind
-#include "parallel/comm/work.h"  // defines: Work
+#include "parallel/comm/op.h"       // defines: ReduceOp, Op, OpKind
+#include "parallel/comm/traffic.h"  // defines: Traffic, TrafficCounter, process_traffic
+#include "parallel/comm/work.h"     // defines: Work
 
 namespace loom::distributed {
 
@@ -93,6 +94,13 @@ class Communicator {
   // contiguous piece of a zeros_symmetric tensor on a backend that has such memory).
   virtual bool is_symmetric(const Tensor& tensor) const;
 
+  // What this communicator's collectives moved on this rank, per kind, since it was made
+  // or reset_traffic(): see Note [Bytes a collective moves] (traffic.h). Every call is
+  // counted where it is issued, below the backends, so every backend counts alike.
+  // process_traffic() sums every communicator of the process.
+  Traffic traffic() const { return traffic_.snapshot(); }
+  void reset_traffic() { traffic_.reset(); }
+
  protected:
   // The backend's half: `op` has been checked against everything that does not depend
   // on the backend (ranks, list lengths, shapes, contiguity) and numbered; launch
@@ -115,6 +123,7 @@ class Communicator {
   std::mutex issue_mutex_;  // numbering and launching are one step
   uint64_t collective_seq_ = 0;
   uint64_t p2p_seq_ = 0;
+  TrafficCounter traffic_;
 };
 
 // Note [Symmetric memory]
