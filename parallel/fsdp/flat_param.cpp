@@ -189,6 +189,7 @@ void FlatParameter::gather_async() {
   if (!sharded() || gathered_ || gather_work_ || one_sided_) return;
   ensure_full_buffer();
   gather_issued_us_ = trace::now_us();
+  ++gathers_;
   gather_work_ = group_->all_gather(full_chunks_, shard_.detach());
 }
 
@@ -203,6 +204,7 @@ int64_t FlatParameter::wait_gathered() {
   if (one_sided_) {  // Note [When one-sided gathers may read] (runtime.cpp)
     ensure_full_buffer();
     gather_issued_us_ = trace::now_us();
+    ++gathers_;
     group_->all_gather_one_sided(full_chunks_, shard_.detach());
     point_params_at(full_);
     gathered_ = true;
@@ -302,6 +304,7 @@ std::shared_ptr<distributed::Work> FlatParameter::reduce_async(int world) {
     return nullptr;
   }
   reduced_grad_ = empty({layout_.shard_size}, TensorOptions(shard_.dtype()).device(shard_.device()));
+  ++reduce_scatters_;
   reduce_work_ = group_->reduce_scatter(reduced_grad_, flat.chunk(group_->size()), ReduceOp::Sum);
   return reduce_work_;
 }

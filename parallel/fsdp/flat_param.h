@@ -100,6 +100,10 @@ class FlatParameter {
   Tensor shard_of(const Tensor& full) const;
   // trace::now_us() when the last all-gather was issued and finished (for the trace).
   int64_t gather_issued_us() const { return gather_issued_us_; }
+  // Gathers since construction (all_gathers issued, or one-sided copies), checkpoints'
+  // included, and reduce-scatters: what Runtime::comm_counts sums.
+  int64_t gathers() const { return gathers_; }
+  int64_t reduce_scatters() const { return reduce_scatters_; }
 
   // ---- gradients ----------------------------------------------------------------------
   // Called from parameter i's post-accumulate-grad hook; true when every parameter of
@@ -132,6 +136,7 @@ class FlatParameter {
   bool gathered_ = false;
   bool one_sided_ = false;
   int64_t gather_issued_us_ = -1;
+  int64_t gathers_ = 0, reduce_scatters_ = 0;
   std::vector<char> ready_;
   size_t ready_count_ = 0;
   Tensor reduced_grad_;

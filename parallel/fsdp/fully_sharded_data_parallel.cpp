@@ -102,6 +102,11 @@ void FullyShardedDataParallel::broadcast_from_rank0(const std::vector<Tensor>& t
 
 void FullyShardedDataParallel::build(FSDPOptions options) {
   options_ = std::move(options);
+  const bool frees = options_.sharding_strategy == ShardingStrategy::FULL_SHARD ||
+                     options_.sharding_strategy == ShardingStrategy::HYBRID_SHARD;
+  LOOM_CHECK(frees || !options_.reshard_after_forward.value_or(false), "FullyShardedDataParallel: "
+             "reshard_after_forward frees units after their forward, which only FULL_SHARD and HYBRID_SHARD do; ",
+             strategy_name(options_.sharding_strategy), " keeps them. Use FULL_SHARD, or leave it unset");
   LOOM_CHECK(options_.keep_last_gathered >= 0, "FullyShardedDataParallel: keep_last_gathered is the number of last "
              "units kept gathered from forward to backward, 0 or more; got ", options_.keep_last_gathered);
   std::shared_ptr<nn::Sequential> stages = stages_of(module_);
@@ -164,7 +169,7 @@ void FullyShardedDataParallel::build(FSDPOptions options) {
   for (const auto& group : {shard_group_, replicate_group_})
     if (group) world *= group->size();
   runtime_ = Runtime::create(std::move(units), options_.sharding_strategy, shard_group_, replicate_group_, world,
-                             options_.keep_last_gathered);
+                             options_.keep_last_gathered, options_.reshard_after_forward.value_or(frees));
   const std::vector<Tensor> shards = runtime_->shards();
   LOOM_CHECK(!shards.empty(), "FullyShardedDataParallel: the module (", module_->type_name(), ") has no parameter "
              "that requires grad; there is nothing to shard");

@@ -36,6 +36,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -59,6 +60,13 @@ struct FSDPOptions {
   // unit, as PyTorch does for its root; torchtitan also keeps the last transformer
   // block, which is 2 here (the trainer's choice: the last BasicBlock). 0 frees every unit.
   int keep_last_gathered = 1;
+  // FSDP2's reshard_after_forward, for FULL_SHARD and HYBRID_SHARD: false keeps every unit
+  // gathered from its forward to its backward (ZeRO-2's parameters, PyTorch's
+  // _HYBRID_SHARD_ZERO2 under HYBRID_SHARD). Unset: true, except under a pipeline
+  // (parallel/pipeline/stage_sharding.h), where false keeps each unit gathered through
+  // all the micro-batches of a step (Note [FSDP under a pipeline], runtime.cpp).
+  // SHARD_GRAD_OP and NO_SHARD never free after forward: true is an error for them.
+  std::optional<bool> reshard_after_forward = std::nullopt;
 };
 
 class FullyShardedDataParallel : public nn::Module {
@@ -109,6 +117,11 @@ class FullyShardedDataParallel : public nn::Module {
     bool previous_;
   };
   [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
+  // FSDP2's names for the same switch, and for keeping units gathered after a backward
+  // that does not reduce (Runtime; Note [FSDP under a pipeline], runtime.cpp). Gradient
+  // accumulation over micro-batches: every backward but the last with false.
+  void set_requires_gradient_sync(bool sync) { runtime_->set_sync(sync); }
+  void set_reshard_after_backward(bool on) { runtime_->set_reshard_after_backward(on); }
 
   // Rank 0's buffers to every rank (both groups under HYBRID_SHARD). Collective.
   void sync_buffers();

@@ -37,9 +37,10 @@ ShardingStrategy parse_sharding_strategy(const std::string& name) {
 std::shared_ptr<Runtime> Runtime::create(std::vector<Unit> units, ShardingStrategy strategy,
                                          std::shared_ptr<distributed::Communicator> shard_group,
                                          std::shared_ptr<distributed::Communicator> replicate_group, int world,
-                                         int keep_last_gathered) {
+                                         int keep_last_gathered, bool reshard_after_forward) {
   std::shared_ptr<Runtime> runtime(new Runtime(std::move(units), strategy, std::move(shard_group),
-                                               std::move(replicate_group), world, keep_last_gathered));
+                                               std::move(replicate_group), world, keep_last_gathered,
+                                               reshard_after_forward));
   runtime->register_hooks();  // the hooks hold a weak_ptr, which needs the shared_ptr to exist
   runtime->agree_on_one_sided_gathers();
   return runtime;
@@ -47,12 +48,15 @@ std::shared_ptr<Runtime> Runtime::create(std::vector<Unit> units, ShardingStrate
 
 Runtime::Runtime(std::vector<Unit> units, ShardingStrategy strategy,
                  std::shared_ptr<distributed::Communicator> shard_group,
-                 std::shared_ptr<distributed::Communicator> replicate_group, int world, int keep_last_gathered)
+                 std::shared_ptr<distributed::Communicator> replicate_group, int world, int keep_last_gathered,
+                 bool reshard_after_forward)
     : units_(std::move(units)),
       strategy_(strategy),
       shard_group_(std::move(shard_group)),
       replicate_group_(std::move(replicate_group)),
-      world_(world) {
+      world_(world),
+      reshard_after_forward_(reshard_after_forward && (strategy == ShardingStrategy::FULL_SHARD ||
+                                                       strategy == ShardingStrategy::HYBRID_SHARD)) {
   // The first of the last `keep_last_gathered` units with parameters.
   first_kept_ = units_.size();
   for (int kept = 0; kept < keep_last_gathered && first_kept_ > 0;) {
@@ -76,15 +80,22 @@ Runtime::~Runtime() { drain(); }
 // machine whose cores run at uneven speeds every one of those waits is lost time. The
 // price is a protocol that says when a shard may be read. A rank writes its shards only
 // in an optimizer step or a checkpoint load, so:
-// - before a rank reads (at the start of every forward), the ranks meet at a barrier:
-//   every earlier step and load is over on every rank;
+// - before a rank reads (at the start of a forward), the ranks meet at a barrier: every
+//   earlier step and load is over on every rank. Only the first forward after a point
+//   where a write may come next needs it (construction, a synchronised backward, a
+//   forward without grad, a checkpoint gather): a backward that does not reduce
+//   (no_sync(), set_sync(false)) promises that no step or load comes before the next
+//   synchronised backward, so the forwards after it (gradient accumulation, a pipeline's
+//   micro-batches: Note [FSDP under a pipeline]) read shards that are still the ones
+//   the barrier saw;
 // - before a rank writes again, every rank must have finished reading. After a
 //   synchronised backward this needs nothing more: a rank steps after its backward's
 //   reduce-scatters have finished, and the last of them (the first unit's) can finish
 //   only once every peer joined it, which a peer's training thread issues after that
 //   unit's backward, so after its last gather (the gathers run on that thread, in
-//   order). A forward without grad, and a no_sync() backward, have no reduce-scatter
-//   after them, so they end with a second barrier.
+//   order), including those of the no_sync() backwards and forwards before it. A
+//   forward without grad has no reduce-scatter after it, so it ends with a second
+//   barrier.
 // Every rank decides the same way: they agree at construction (an all_reduce of "are all
 // my shards symmetric"), so a rank without symmetric memory makes all of them use
 // collective all-gathers instead.
@@ -103,7 +114,18 @@ void Runtime::agree_on_one_sided_gathers() {
 void Runtime::shards_barrier(const char* why) {
   if (!one_sided_) return;
   trace::Span span(why, "fsdp");
+  ++barriers_;
   shard_group_->barrier()->wait();
+}
+
+Runtime::CommCounts Runtime::comm_counts() const {
+  CommCounts counts{.all_reduces = all_reduces_, .barriers = barriers_};
+  for (const Unit& unit : units_) {
+    if (!unit.flat) continue;
+    counts.all_gathers += unit.flat->gathers();
+    counts.reduce_scatters += unit.flat->reduce_scatters();
+  }
+  return counts;
 }
 
 void Runtime::register_hooks() {
@@ -137,10 +159,7 @@ std::vector<Tensor> Runtime::shards() const {
 // only on the tiny output layer's backward. In ResNet18 that block is the last
 // BasicBlock, 42% of the parameters: keeping it saves a fifth of a step's all-gather
 // traffic, and peak memory is unchanged (backward would re-gather it right away).
-bool Runtime::frees_after_forward(size_t unit) const {
-  return (strategy_ == ShardingStrategy::FULL_SHARD || strategy_ == ShardingStrategy::HYBRID_SHARD) &&
-         unit < first_kept_;
-}
+bool Runtime::frees_after_forward(size_t unit) const { return reshard_after_forward_ && unit < first_kept_; }
 
 void Runtime::release_all() {
   for (Unit& unit : units_)
@@ -162,6 +181,7 @@ void Runtime::with_all_gathered(const std::function<void()>& fn) {
   }
   release_all();
   shards_barrier("barrier: gathers done");
+  shards_final_ = false;  // a load may come next
 }
 
 // The nearest unit with parameters before (direction -1) or after (+1) `unit`, or -1.
@@ -235,10 +255,12 @@ Tensor Runtime::forward(const Tensor& input) {
               "error and restart every rank");
   }
   const bool grad = GradMode::is_enabled();
-  shards_barrier("barrier: shards final");  // See Note [When one-sided gathers may read]
+  if (!shards_final_) {  // See Note [When one-sided gathers may read]
+    shards_barrier("barrier: shards final");
+    shards_final_ = true;
+  }
   if (grad && sync_) check_optimizer_stepped();
   versions_after_backward_.clear();
-  expect_reduce_ = grad && sync_;
   std::weak_ptr<Runtime> weak = weak_from_this();
   Tensor x = input;
   for (size_t u = 0; u < units_.size(); ++u) {
@@ -257,13 +279,42 @@ Tensor Runtime::forward(const Tensor& input) {
     }
     if (!grad || frees_after_forward(u)) unit.flat->release();
   }
-  if (!grad) shards_barrier("barrier: gathers done");  // no backward follows: Note [When one-sided gathers may read]
+  if (!grad) {  // no backward follows: Note [When one-sided gathers may read]
+    shards_barrier("barrier: gathers done");
+    shards_final_ = false;
+  }
   return x;
 }
 
+// Note [FSDP under a pipeline]
+// A pipeline stage runs each of its model chunks once per micro-batch, M forwards and M
+// backwards a step, interleaved as its schedule says (1F1B on stage 0 of 2, M = 4:
+// F0 F1 B0 F2 B1 F3 B2 B3), and the chunk's gradients are complete only after its last
+// backward. So FSDP's step is stretched over the micro-batches, as torchtitan runs
+// FSDP2 under a pipeline (parallel/pipeline/stage_sharding.h drives it):
+// - Whether a backward reduces is decided when it starts (sync(), read by its first
+//   pre-backward hook), not at the forward: under 1F1B the last micro-batch's forward
+//   comes before the earlier micro-batches' backwards. Before each backward the stage
+//   says whether it is the chunk's last of the step: the earlier ones accumulate the
+//   full gradients on the module's parameters (no_sync), the last one reduce-scatters
+//   their sum, once per unit and step, while it runs.
+// - With reshard_after_forward false (shard_stage's default, torchtitan's
+//   `reshard_after_forward = not pp_enabled`) and set_reshard_after_backward(false) for
+//   the backwards that do not reduce, a unit is gathered by the step's first forward
+//   and stays gathered to the last backward: one gather per unit and step instead of
+//   2M. The price is the unit's full parameters for the whole step, next to the full
+//   gradients that accumulate there anyway. With reshard_after_forward (FULL_SHARD
+//   proper) every forward and every backward gathers and frees: 2M gathers per unit.
+// - A reducing backward always frees its units, whatever set_reshard_after_backward
+//   says: the optimizer step that follows rewrites the shards, and a unit kept gathered
+//   would run the next step's forward on the old values.
+// The first forward of the step meets the shard group at the one-sided barrier; the
+// rest of the step's forwards and backwards meet nowhere but at the reduce-scatters
+// (Note [When one-sided gathers may read]).
 void Runtime::pre_backward(size_t unit) {
   if (!in_backward_) {
     in_backward_ = true;
+    reducing_ = sync_;  // decided per backward: Note [FSDP under a pipeline]
     std::weak_ptr<Runtime> weak = weak_from_this();
     autograd::queue_callback([weak] {
       if (auto runtime = weak.lock()) runtime->finalize();
@@ -273,7 +324,7 @@ void Runtime::pre_backward(size_t unit) {
 }
 
 void Runtime::on_gradient_ready(size_t unit, size_t index) {
-  if (!expect_reduce_) return;  // no_sync(), or a backward without an FSDP forward
+  if (!reducing_) return;  // no_sync(), or a backward without an FSDP forward
   FlatParameter& flat = *units_[unit].flat;
   if (!flat.mark_ready(index)) return;
   // Every parameter of the unit has its gradient: the nodes that read the unit's
@@ -287,8 +338,9 @@ void Runtime::on_gradient_ready(size_t unit, size_t index) {
 
 void Runtime::finalize() {
   in_backward_ = false;
+  const bool reducing = reducing_;
   try {
-    if (expect_reduce_) {
+    if (reducing) {
       size_t with_params = 0;
       for (const Unit& unit : units_) with_params += unit.flat ? 1 : 0;
       if (launched_.size() != with_params) fail_unready();
@@ -304,6 +356,7 @@ void Runtime::finalize() {
         }
         if (replicate_group_) replicated.push_back(replicate_group_->all_reduce(unit.flat->reduced_grad(), ReduceOp::Sum));
       }
+      all_reduces_ += static_cast<int64_t>(replicated.size());
       if (replicate_group_) {
         trace::Span span("all_reduce across replicas", "fsdp");
         for (const auto& work : replicated) work->wait();
@@ -322,10 +375,11 @@ void Runtime::finalize() {
     forget_backward();
     throw;
   }
-  const bool reduced = expect_reduce_;
   forget_backward();
-  release_all();  // no_sync() backwards, and units whose backward did not run
-  if (!reduced) shards_barrier("barrier: gathers done");  // See Note [When one-sided gathers may read]
+  // A synchronised backward frees every unit, whose backward may not have run; one that
+  // does not reduce keeps them gathered if asked: Note [FSDP under a pipeline].
+  if (reducing || reshard_after_backward_) release_all();
+  if (reducing) shards_final_ = false;  // the optimizer steps next: Note [When one-sided gathers may read]
 }
 
 // What one backward's reduce-scatters left behind, cleared after it finished or failed.
@@ -335,7 +389,7 @@ void Runtime::forget_backward() {
   reduce_launch_us_.clear();
   for (Unit& unit : units_)
     if (unit.flat) unit.flat->reset_ready();
-  expect_reduce_ = false;
+  reducing_ = false;
 }
 
 [[noreturn]] void Runtime::fail_unready() {

@@ -10,6 +10,10 @@
 //   backward  [bwd 2]RS2  [bwd 1]RS1  [bwd 0]RS0 -> finalize    RS: reduce_scatter
 //   comm      AG1 ......  AG0 ......                            (re-gather what FULL_SHARD freed)
 //
+// Under a pipeline (parallel/pipeline/stage_sharding.h) one step runs many forwards and
+// backwards of the same units, one per micro-batch; set_sync and set_reshard_after_backward
+// say, before each backward, whether it is the step's last (Note [FSDP under a pipeline]).
+//
 // Hooks (all fire on the backward thread):
 // - pre-backward: a hook on each unit's output gradient. It fires just before the unit's
 //   backward: gather the unit (if freed), prefetch the unit before it. The first one also
@@ -54,10 +58,12 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   // shard_group: null for NO_SHARD. replicate_group: null unless gradients are also
   // all-reduced (NO_SHARD: the process group; HYBRID_SHARD: across shard groups).
   // world: ranks the gradient is averaged over. keep_last_gathered: FSDPOptions'.
+  // reshard_after_forward: whether units (but the kept ones) are freed after their
+  // forward; only FULL_SHARD and HYBRID_SHARD may free.
   static std::shared_ptr<Runtime> create(std::vector<Unit> units, ShardingStrategy strategy,
                                          std::shared_ptr<distributed::Communicator> shard_group,
                                          std::shared_ptr<distributed::Communicator> replicate_group, int world,
-                                         int keep_last_gathered = 1);
+                                         int keep_last_gathered = 1, bool reshard_after_forward = true);
   ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
@@ -66,10 +72,30 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   const std::vector<Unit>& units() const { return units_; }
   // The shards, in unit order: the FSDP module's parameters.
   std::vector<Tensor> shards() const;
-  // false: the next backward accumulates full gradients on the module's parameters,
-  // without communication (no_sync()); the next synchronised one reduces them.
+  // false: the backwards from now on accumulate full gradients on the module's
+  // parameters, without communication (no_sync(), FSDP2's set_requires_gradient_sync);
+  // the next synchronised one reduces them. Read when a backward starts. A promise, too:
+  // no optimizer step or checkpoint load comes before that synchronised backward (Note
+  // [When one-sided gathers may read]).
   void set_sync(bool sync) { sync_ = sync; }
   bool sync() const { return sync_; }
+  // false: a backward that does not reduce (set_sync(false)) leaves its units gathered,
+  // so that the next micro-batch's forward and backward need no gather (FSDP2's
+  // set_reshard_after_backward). A reducing backward always frees them: Note [FSDP
+  // under a pipeline].
+  void set_reshard_after_backward(bool on) { reshard_after_backward_ = on; }
+  bool reshard_after_backward() const { return reshard_after_backward_; }
+  bool reshard_after_forward() const { return reshard_after_forward_; }
+
+  // What this runtime has issued since it was built: for tests and docs that set a
+  // strategy's traffic against its formula.
+  struct CommCounts {
+    int64_t all_gathers = 0;      // units gathered (collective all_gathers or one-sided copies)
+    int64_t reduce_scatters = 0;  // units whose gradients were reduce-scattered
+    int64_t all_reduces = 0;      // units whose gradients were all-reduced across replicas
+    int64_t barriers = 0;         // Note [When one-sided gathers may read]
+  };
+  CommCounts comm_counts() const;
   // Releases every gathered unit (after a checkpoint gather, say).
   void release_all();
   // Gathers every unit (all issued first, then waited) and releases them again after
@@ -80,7 +106,8 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
 
  private:
   Runtime(std::vector<Unit> units, ShardingStrategy strategy, std::shared_ptr<distributed::Communicator> shard_group,
-          std::shared_ptr<distributed::Communicator> replicate_group, int world, int keep_last_gathered);
+          std::shared_ptr<distributed::Communicator> replicate_group, int world, int keep_last_gathered,
+          bool reshard_after_forward);
   void register_hooks();
   void agree_on_one_sided_gathers();
   bool frees_after_forward(size_t unit) const;
@@ -104,10 +131,16 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   size_t first_kept_ = 0;  // units from here on stay gathered after forward (Note [Which units stay gathered])
   int comm_track_ = 0;
   bool sync_ = true;
+  bool reshard_after_forward_ = true;
+  bool reshard_after_backward_ = true;
+  // A "shards final" barrier was met and no shard can have been written since: the next
+  // forward needs no barrier (Note [When one-sided gathers may read]).
+  bool shards_final_ = false;
+  int64_t barriers_ = 0, all_reduces_ = 0;
 
   // The step in progress.
   bool in_backward_ = false;  // a pre-backward hook queued finalize()
-  bool expect_reduce_ = false;  // the last forward was a synchronised training forward
+  bool reducing_ = false;     // the backward in progress reduces (sync() when it started)
   std::vector<size_t> launched_;  // units whose reduce-scatter was launched, in order
   std::vector<std::shared_ptr<distributed::Work>> reduce_works_;
   std::vector<int64_t> reduce_launch_us_;

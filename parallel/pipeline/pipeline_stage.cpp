@@ -82,6 +82,7 @@ PipelineStage::PipelineStage(std::shared_ptr<nn::Sequential> module, std::vector
              " entries is ", virtual_stages_, " model chunks on each of the ", stages_, " stages, which only "
              "interleaved_1f1b runs; ", schedule_name_, " needs ", stages_, " entries");
   model_chunks_ = split_module(*module, balance_);  // a wrong sum is an error naming the Sequential's length
+  wrappers_.resize(model_chunks_.size());
   for (int64_t v = 0; v < virtual_stages_; ++v) {
     const int64_t c = model_chunk(stage_, v, stages_);
     model_chunks_[size_t(c)]->to(device_);
@@ -109,7 +110,22 @@ void PipelineStage::agree_on_settings() {
   }
 }
 
+void PipelineStage::wrap_chunk(size_t local_chunk, std::shared_ptr<nn::Module> wrapper) {
+  LOOM_CHECK(static_cast<int64_t>(local_chunk) < virtual_stages_ && wrapper != nullptr, "PipelineStage::wrap_chunk: "
+             "expected a module for one of this stage's ", virtual_stages_, " local chunks, got ",
+             wrapper ? "" : "a null module for ", "local chunk ", local_chunk);
+  const int64_t c = model_chunk(stage_, static_cast<int64_t>(local_chunk), stages_);
+  register_module(std::to_string(c), wrapper);  // replaces the chunk: parameters() are the wrapper's
+  wrappers_[size_t(c)] = std::move(wrapper);
+}
+
 void PipelineStage::share_weights() {
+  for (int64_t v = 0; v < virtual_stages_; ++v) {
+    LOOM_CHECK(!wrappers_[size_t(model_chunk(stage_, v, stages_))], "PipelineStage::share_weights: model chunk ",
+               model_chunk(stage_, v, stages_), " runs through a ", wrappers_[size_t(model_chunk(stage_, v, stages_))]
+               ->type_name(), " (wrap_chunk), whose parameters are not the chunk's own between steps; gather them "
+               "through the wrapper (fsdp::full_state_dict) instead");
+  }
   NoGradGuard no_grad;
   for (int64_t c = 0; c < static_cast<int64_t>(model_chunks_.size()); ++c) {
     const int owner = static_cast<int>(c % stages_);
@@ -301,7 +317,8 @@ struct PipelineStage::Run {
       x = take(0).detach().requires_grad_(true);  // a leaf: its .grad() is what rank `prev` needs
       inputs[size_t(c)][size_t(m)] = x;
     }
-    Tensor y = (*ps.model_chunks_[size_t(c)])(x);
+    const auto& wrapper = ps.wrappers_[size_t(c)];
+    Tensor y = wrapper ? (*wrapper)(x) : (*ps.model_chunks_[size_t(c)])(x);
     if (c == C - 1) {
       const Tensor& t = micro_targets[size_t(m)];
       // Note [Micro-batch losses add up to the batch's]

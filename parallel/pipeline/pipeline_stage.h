@@ -122,6 +122,12 @@ class PipelineStage : public nn::Module {
     std::function<void(size_t local_chunk, bool last_backward)> before_backward;
   };
   void set_gradient_sync(GradientSync sync) { sync_ = std::move(sync); }
+  // From now on local chunk `local_chunk` (local_chunks()' index) runs through `wrapper`,
+  // a module that holds the chunk and runs it: FSDP, which gathers the chunk's
+  // parameters first (stage_sharding.h). The wrapper takes the chunk's place among the
+  // stage's submodules, so parameters() are the wrapper's (FSDP's shards, the ones the
+  // optimizer steps) and local_chunks() still gives the chunk itself.
+  void wrap_chunk(size_t local_chunk, std::shared_ptr<nn::Module> wrapper);
 
   // After it, every rank's module holds every model chunk's parameters and buffers as
   // the rank that trains the chunk has them (one broadcast per tensor, from its owner):
@@ -159,6 +165,7 @@ class PipelineStage : public nn::Module {
   LossFn loss_fn_;
   int64_t stage_ = 0, stages_ = 1, virtual_stages_ = 1;
   std::vector<std::shared_ptr<nn::Sequential>> model_chunks_;  // all S·V; this rank's are on device_
+  std::vector<std::shared_ptr<nn::Module>> wrappers_;  // [model chunk]: what runs it (wrap_chunk); null: itself
   std::map<int64_t, Agreed> agreed_;  // by model chunk whose output it is
   std::string broken_;                // why an earlier step failed; "" if none did
   GradientSync sync_;

@@ -1,0 +1,69 @@
+// Sharded data parallelism for a pipeline stage: pp x FSDP, and pp x HSDP (torchtitan
+// applies FSDP to each pipeline part: the recipe for a model too large for one device).
+// On a DeviceMesh ("pp", "dp_shard"), the ranks that hold the same stage of different
+// pipelines split that stage's parameters, gradients and optimizer state between them;
+// each reads its own shard of the data.
+//
+//   DeviceMesh mesh = init_device_mesh("cpu", {2, 2}, {"pp", "dp_shard"});
+//   PipelineStage stage(model->sequential(), balance, mesh.group("pp"), device, chunks, "1f1b", loss);
+//   auto sharded = shard_stage(stage, mesh.group("dp_shard"));  // a collective over dp_shard
+//   optim::SGD opt(stage.parameters(), ...);        // the shards: this stage's parameters / N
+//   opt.zero_grad();
+//   stage.step(images, labels);                     // gathers and reduce-scatters once per chunk
+//   opt.step();
+//
+//   // pp x HSDP, on a mesh ("pp", "dp_replicate", "dp_shard"): shard within dp_shard,
+//   // all-reduce the shards' gradients across dp_replicate.
+//   shard_stage(stage, {mesh.group("dp_shard"), mesh.group("dp_replicate")},
+//               {.sharding_strategy = fsdp::ShardingStrategy::HYBRID_SHARD});
+//
+// Each of the stage's model chunks gets a FullyShardedDataParallel of its own over the
+// group(s), which takes the chunk's place in the stage (PipelineStage::wrap_chunk): the
+// stage's parameters() become the chunk's shards, and the stage runs every micro-batch
+// through it. FSDP checks that the replicas built the same chunk and starts them from
+// the group's rank 0's parameters and buffers.
+//
+// What happens in a step (Note [FSDP under a pipeline], parallel/fsdp/runtime.cpp):
+// with the default, reshard_after_forward unset (torchtitan's `not pp_enabled`), each
+// unit of a chunk is gathered by the chunk's first forward of the step and stays
+// gathered; the backwards accumulate full gradients locally but the chunk's last, which
+// reduce-scatters their sum, once per unit (then all-reduces it across dp_replicate
+// under HYBRID_SHARD), and frees the unit. {.reshard_after_forward = true} is FULL_SHARD
+// per micro-batch: every forward and every backward gathers its units and frees them
+// after, 2M gathers per unit and step for M micro-batches instead of one, for the least
+// memory. Buffers (BatchNorm's running statistics) are broadcast from rank 0 after every
+// step, as replicate_stage does (FSDPOptions::broadcast_buffers).
+//
+// Under pp x ZeRO-1 the stage is replicated instead (stage_replicas.h) and the optimizer
+// sharded over the stage's own parameters:
+//
+//   replicate_stage(stage, mesh.group("dp"));
+//   ZeroRedundancyOptimizer opt(stage.parameters(), optimizer_class<optim::SGD>(sgd_options), mesh.group("dp"));
+#pragma once
+
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "parallel/comm/communicator.h"                  // defines: Communicator
+#include "parallel/fsdp/fully_sharded_data_parallel.h"  // defines: FullyShardedDataParallel, FSDPOptions
+#include "parallel/pipeline/pipeline_stage.h"            // defines: PipelineStage
+
+namespace loom::parallel::pipeline {
+
+using StageShards = std::vector<std::shared_ptr<fsdp::FullyShardedDataParallel>>;
+
+// FULL_SHARD (or SHARD_GRAD_OP, NO_SHARD) of each local chunk over `shard_group`.
+// Returns the FSDP of each local chunk (local_chunks()' order; null for a chunk without
+// parameters to train, which is left alone): for checkpoints (fsdp::full_state_dict),
+// memory and traffic figures. A collective over the group: every replica calls it at the
+// same point.
+StageShards shard_stage(PipelineStage& stage, std::shared_ptr<distributed::Communicator> shard_group,
+                        fsdp::FSDPOptions options = {});
+// HYBRID_SHARD: (shard group, replicate group), as FullyShardedDataParallel's pair form.
+StageShards shard_stage(PipelineStage& stage,
+                        std::pair<std::shared_ptr<distributed::Communicator>,
+                                  std::shared_ptr<distributed::Communicator>> process_groups,
+                        fsdp::FSDPOptions options = {.sharding_strategy = fsdp::ShardingStrategy::HYBRID_SHARD});
+
+}  // namespace loom::parallel::pipeline
