@@ -7,7 +7,7 @@
 //                                                                # one process per device
 //   build/examples/train_cifar10 --mode dp --dp-devices 2 --threads 2  # one process, cpu:0 + cpu:1
 //   build/examples/train_cifar10 --mode mp --mp-devices 2              # ResNet cut in 2 stages
-//   build/examples/train_cifar10 --mode pipeline --chunks 4 --pipeline-schedule 1f1b --threads 2
+//   build/examples/train_cifar10 --mode pipeline --microbatches 4 --pipeline-schedule 1f1b --threads 2
 //
 // This file turns flags into a TrainConfig; the loop itself is examples/train/trainer.cpp.
 #include <cstdio>
@@ -85,7 +85,9 @@ int main(int argc, char** argv) {
                                         "stages) | ddp (DistributedDataParallel; start with loomrun) | fsdp "
                                         "(FullyShardedDataParallel; start with loomrun)");
     auto& mp_devices = flags.add<int64_t>("mp-devices", c.mp_devices, "mp, pipeline: stages, one device each");
-    auto& chunks = flags.add<int64_t>("chunks", c.chunks, "pipeline: micro-batches per batch");
+    auto& microbatches = flags.add<int64_t>("microbatches", c.microbatches, "pipeline: micro-batches per batch "
+                                            "(PyTorch pipelining's n_microbatches)");
+    auto& chunks = flags.add<int64_t>("chunks", c.microbatches, "pipeline: --microbatches by torchgpipe's name");
     auto& schedule_name = flags.add<std::string>("pipeline-schedule", c.pipeline_schedule,
                                                  "pipeline: gpipe | 1f1b | interleaved_1f1b");
     auto& virtual_stages = flags.add<int64_t>("virtual-stages", c.virtual_stages, "pipeline, interleaved_1f1b: model "
@@ -94,8 +96,12 @@ int main(int argc, char** argv) {
                                            "FLOPs and bytes: the same every run), time (measured once, on rank 0), or "
                                            "layers per model chunk a,b,... (stages x V entries adding up to the "
                                            "model's Sequential: 14 for resnet18)");
-    auto& pp = flags.add<int64_t>("pp", c.pp, "pipeline stages as processes, one per rank, under loomrun: --mode "
-                                  "pipeline (one pipeline) or --mode ddp (world / P pipelines side by side, pp x dp)");
+    auto& pp = flags.add<int64_t>("pp", c.pp, "degree: pipeline stages as processes, one per rank, under loomrun");
+    auto& dp_replicate = flags.add<int64_t>("dp-replicate", c.dp_replicate, "degree: replicas of the model or of each "
+                                            "stage (DistributedDataParallel; 0: --mode's preset)");
+    auto& dp_shard = flags.add<int64_t>("dp-shard", c.dp_shard, "degree: shards of the model (FullyShardedDataParallel; "
+                                        "-1: what the world leaves; 0: --mode's preset)");
+    auto& tp = flags.add<int64_t>("tp", c.tp, "degree: tensor-parallel ranks");
     auto& pipeline_checkpoint = flags.add<std::string>("pipeline-checkpoint", c.pipeline_checkpoint,
                                                        "pipeline: never | except_last | always (recompute each "
                                                        "micro-batch's activations in its backward: less memory)");
@@ -146,11 +152,16 @@ int main(int argc, char** argv) {
     c.mode = mode;
     c.dp_devices = dp_devices;
     c.mp_devices = mp_devices;
-    c.chunks = chunks;
+    LOOM_CHECK(!flags.given("chunks") || !flags.given("microbatches") || chunks == microbatches, "--chunks ", chunks,
+               " and --microbatches ", microbatches, " are one setting (micro-batches per batch) given twice; keep one");
+    c.microbatches = flags.given("chunks") ? chunks : microbatches;
     c.pipeline_schedule = schedule_name;
     c.virtual_stages = virtual_stages;
     parse_balance(balance, c);
     c.pp = pp;
+    c.dp_replicate = dp_replicate;
+    c.dp_shard = dp_shard;
+    c.tp = tp;
     c.pipeline_checkpoint = pipeline_checkpoint;
     c.backend = backend;
     c.sync_bn = sync_bn;

@@ -31,10 +31,15 @@ ParallelDims ParallelDims::make(const ParallelDims& degrees, int world_size) {
                world_size);
     d.dp_shard = world_size / others;
   }
+  LOOM_CHECK(d.dp_devices >= 1 && d.mp_stages >= 1, "ParallelDims: dp_devices and mp_stages must be at least 1, got ",
+             d.dp_devices, " and ", d.mp_stages);
+  LOOM_CHECK((d.dp_devices == 1 && d.mp_stages == 1) || world_size == 1, "ParallelDims: dp_devices ", d.dp_devices,
+             " and mp_stages ", d.mp_stages, " run in one process over several devices, but WORLD_SIZE is ",
+             world_size, "; across processes use the degrees (pp, dp_replicate, dp_shard, tp)");
   const int64_t product = int64_t(d.pp) * d.dp_replicate * d.dp_shard * d.tp;
   LOOM_CHECK(product == world_size, "ParallelDims: the parallel degrees multiply to ", product, " (", factors(d),
-             ") but the world has ", world_size, " processes (WORLD_SIZE); start ", product,
-             " processes (loomrun --nproc_per_node ", product, ") or change a degree (-1 infers dp_shard)");
+             ") but WORLD_SIZE is ", world_size, "; start ", product, " processes (loomrun --nproc_per_node ",
+             product, ") or change a degree (-1 infers dp_shard)");
   return d;
 }
 
@@ -103,8 +108,11 @@ DeviceMesh ParallelDims::build_mesh(const std::string& device_type) const {
 }
 
 std::string ParallelDims::str() const {
-  return detail::str("pp=", pp, " dp_replicate=", dp_replicate, " dp_shard=", dp_shard, " tp=", tp, " (world ",
-                     world_size, ")");
+  std::string in_process;
+  if (dp_devices_enabled()) in_process += detail::str(" dp_devices=", dp_devices);
+  if (mp_enabled()) in_process += detail::str(" mp_stages=", mp_stages);
+  return detail::str("pp=", pp, " dp_replicate=", dp_replicate, " dp_shard=", dp_shard, " tp=", tp, in_process,
+                     " (world ", world_size, ")");
 }
 
 }  // namespace loom::distributed

@@ -45,10 +45,13 @@ struct ParallelDims {
   int dp_shard = 1;
   int tp = 1;
   int world_size = 1;
+  // In one process, over several devices (no process group; world 1):
+  int dp_devices = 1;  // DataParallel replicas, one device each
+  int mp_stages = 1;   // model-parallel or pipeline stages, one device each
 
   // Checks each degree (>= 1; dp_shard may be -1 to infer) and that their product is the
   // world size, inferring dp_shard = world / (pp · dp_replicate · tp). Every error names
-  // every factor and the world size.
+  // every factor and the world size. The in-process degrees need a world of one process.
   static ParallelDims make(const ParallelDims& degrees, int world_size);
 
   bool pp_enabled() const { return pp > 1; }
@@ -57,6 +60,8 @@ struct ParallelDims {
   bool fsdp_enabled() const { return dp_shard_enabled(); }
   bool tp_enabled() const { return tp > 1; }
   bool dp_enabled() const { return batch_size() > 1; }  // the batch is split over ranks
+  bool dp_devices_enabled() const { return dp_devices > 1; }
+  bool mp_enabled() const { return mp_stages > 1; }
   // How many shards every batch is split into: the data-parallel degree.
   int batch_size() const { return dp_replicate * dp_shard; }
 

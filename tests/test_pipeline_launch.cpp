@@ -172,6 +172,7 @@ TEST_CASE("--balance time under pp x dp: measured once, printed once, and every 
     ++lines;
   CHECK_MESSAGE(lines == 1, r.output);
   CHECK_MESSAGE(contains(r.output, " (by time)"), r.output);
+  CHECK_MESSAGE(contains(r.output, "parallel dims: pp=2 dp_replicate=2 dp_shard=1 tp=1 (world 4)"), r.output);
   Result bad = Launch(loomrun + " --standalone --nproc_per_node 2 " + train +
                       " --mode pipeline --pp 2 --balance flops --model tiny --synthetic --max-steps 1").finish();
   CHECK(bad.code != 0);

@@ -138,7 +138,7 @@ TEST_CASE("--mode pipeline: GPipe, 1F1B and checkpointed micro-batches train bit
   TrainConfig gpipe = small_run();
   gpipe.mode = "pipeline";
   gpipe.mp_devices = 2;
-  gpipe.chunks = 3;  // 32 images: micro-batches of 11, 11, 10
+  gpipe.microbatches = 3;  // 32 images: micro-batches of 11, 11, 10
   gpipe.pipeline_schedule = "gpipe";
   gpipe.max_steps = 6;
   gpipe.save = dir + "/gpipe.safetensors";
@@ -209,7 +209,7 @@ TEST_CASE("counts out of range and unknown pipeline settings are refused before 
     const char* message;
   };
   const Bad cases[] = {
-      {[](TrainConfig& c) { c.chunks = 0; }, "--chunks: expected at least 1 micro-batch per batch, got 0"},
+      {[](TrainConfig& c) { c.microbatches = 0; }, "--microbatches: expected at least 1 micro-batch per batch, got 0"},
       {[](TrainConfig& c) { c.max_steps = -7; }, "--max-steps: expected -1 (no limit) or 0 or more"},
       {[](TrainConfig& c) { c.epochs = 0; }, "--epochs: expected at least 1 (--eval-only evaluates without training)"},
       {[](TrainConfig& c) { c.batch_size = 0; }, "--batch-size: expected at least 1, got 0"},
@@ -222,7 +222,12 @@ TEST_CASE("counts out of range and unknown pipeline settings are refused before 
        "--pipeline-checkpoint: expected never, except_last or always, got 'sometimes'"},
       {[](TrainConfig& c) { c.pipeline_schedule = "zb"; }, "--pipeline-schedule: expected gpipe, 1f1b or interleaved_1f1b, got 'zb'"},
       {[](TrainConfig& c) { c.virtual_stages = 2; }, "--virtual-stages 2 needs --pipeline-schedule interleaved_1f1b, got 1f1b"},
-      {[](TrainConfig& c) { c.pp = 2; }, "--pp 2 runs the stages of a pipeline as processes: --mode pipeline (one pipeline) or --mode ddp (pipelines side by side, each stage's replicas data-parallel); got --mode single"},
+      {[](TrainConfig& c) {
+         c.mode = "mp";
+         c.pp = 2;
+       },
+       "--pp 2 runs the stages of a pipeline as processes: alone, with --mode pipeline or ddp, or with "
+       "--dp-replicate; got --mode mp"},
       {[](TrainConfig& c) { c.balance = {7, 7}; }, "--balance cuts the model into stages: it needs --mode mp or pipeline"},
       {[](TrainConfig& c) {
          c.mode = "pipeline";

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/factory.h"                              // defines: from_vector
+#include "examples/train/degrees.h"                    // defines: needs_process_group, parallel_dims_from_flags
 #include "data/distributed_sampler.h"                  // defines: DistributedSampler
 #include "parallel/comm/process_group.h"               // defines: init_process_group, default_group
 
@@ -12,13 +13,11 @@ namespace loom::examples {
 namespace dist = loom::distributed;
 
 Distributed::Distributed(const TrainConfig& config) {
-  if (!ParallelDims::needs_process_group(config)) {
-    LOOM_CHECK(config.mode == "single" || config.mode == "dp" || config.mode == "mp" || config.mode == "pipeline",
-               "--mode: expected single, dp, mp, pipeline, ddp or fsdp, got '", config.mode, "'");
-    LOOM_CHECK(!config.sync_bn, "--sync-bn needs --mode ddp or fsdp (with one process there is nothing to "
-               "synchronise)");
-    LOOM_CHECK(config.backend.empty(), "--backend needs --mode ddp or fsdp");
-    dims_ = ParallelDims::from_config(config, 1);
+  if (!needs_process_group(config)) {
+    LOOM_CHECK(!config.sync_bn, "--sync-bn needs data-parallel processes (--mode ddp or fsdp, --dp-replicate or "
+               "--dp-shard; with one process there is nothing to synchronise)");
+    LOOM_CHECK(config.backend.empty(), "--backend needs processes (--mode ddp or fsdp, or a degree above 1)");
+    dims_ = parallel_dims_from_flags(config, 1);
     return;
   }
   const Device device(config.device);
@@ -33,10 +32,10 @@ Distributed::Distributed(const TrainConfig& config) {
   comm_ = dist::default_group();
   rank_ = comm_->rank();
   world_ = comm_->size();
-  dims_ = ParallelDims::from_config(config, world_);
+  dims_ = parallel_dims_from_flags(config, world_);
+  at_ = dims_.coordinates(rank_);  // Note [Every rank coordinate comes from the mesh]
+  if (rank_ == 0 && config.progress) std::fprintf(stderr, "parallel dims: %s\n", dims_.str().c_str());
   mesh_.emplace(dims_.build_mesh(device.is_cuda() ? "cuda" : "cpu"));
-  dp_rank_ = dims_.dp_rank(rank_);
-  dp_size_ = dims_.dp_size();
 }
 
 Distributed::~Distributed() {
@@ -51,16 +50,18 @@ Distributed::~Distributed() {
 
 std::shared_ptr<data::Sampler> Distributed::train_sampler(int64_t dataset_size, const TrainConfig& config) const {
   if (!comm_) return nullptr;
-  return std::make_shared<data::DistributedSampler>(dataset_size, dp_size_, dp_rank_, config.shuffle, config.seed);
+  return std::make_shared<data::DistributedSampler>(dataset_size, dims_.batch_size(), at_.batch, config.shuffle,
+                                                    config.seed);
 }
 
 std::shared_ptr<data::Sampler> Distributed::eval_sampler(int64_t count) const {
-  return std::make_shared<data::DistributedSampler>(count, dp_size_, dp_rank_, /*shuffle=*/false);
+  return std::make_shared<data::DistributedSampler>(count, dims_.batch_size(), at_.batch, /*shuffle=*/false);
 }
 
 int64_t Distributed::real_examples(int64_t count) const {
   // Rank r's k-th image is image r + k * R: real while r + k * R < count.
-  return count > dp_rank_ ? (count - dp_rank_ + dp_size_ - 1) / dp_size_ : 0;
+  const int64_t rank = at_.batch, size = dims_.batch_size();
+  return count > rank ? (count - rank + size - 1) / size : 0;
 }
 
 // The metric tensors below are made on the host and reduced on the communicator's device:

@@ -1,8 +1,8 @@
 // What running as several processes adds to the training loop (trainer.cpp), in one
 // place, so that the loop reads the same in every mode:
 //
-//   Distributed dist(config);                 // ddp: init_process_group from loomrun's env,
-//                                             // the ParallelDims and their DeviceMesh
+//   Distributed dist(config);                 // across processes: init_process_group from
+//                                             // loomrun's env, the ParallelDims and their DeviceMesh
 //   auto net = parallelize(model, dist.mesh(), config, ...);   // parallelize.h
 //   DataLoader train(set, {.sampler = dist.train_sampler(...)});   // each rank its shard
 //   ...
@@ -29,7 +29,7 @@
 #include <optional>
 
 #include "data/sampler.h"
-#include "examples/train/parallel_dims.h"  // defines: ParallelDims
+#include "parallel/parallel_dims.h"        // defines: ParallelDims
 #include "examples/train/progress.h"
 #include "examples/train/trainer.h"
 #include "parallel/comm/communicator.h"
@@ -39,8 +39,8 @@ namespace loom::examples {
 
 class Distributed {
  public:
-  // Checks the distributed flags; in ddp mode joins the process group and builds the
-  // mesh of ParallelDims (collectives).
+  // Resolves the degrees (degrees.h); across processes joins the process group, prints
+  // them once and builds their mesh (collectives).
   explicit Distributed(const TrainConfig& config);
   // Leaves the process group, after every rank has arrived (not while unwinding an
   // error: then the process exits and loomrun stops the others).
@@ -53,10 +53,11 @@ class Distributed {
   int world_size() const { return world_; }
   bool is_main() const { return rank_ == 0; }
 
-  const ParallelDims& dims() const { return dims_; }
-  // Whether this rank's examples count in the summed metrics: every stage of a pipeline
-  // (--pp) sees the same batches and the same all-reduced loss, so only stage 0 counts.
-  bool counts_examples() const { return dims_.pp_rank(rank_) == 0; }
+  const distributed::ParallelDims& dims() const { return dims_; }
+  // Whether this rank's examples count in the summed metrics: the stages of a pipeline
+  // (--pp) see the same batches, and only the last has the outputs to score, so only it
+  // counts; so does one rank of a tensor-parallel group.
+  bool counts_examples() const { return at_.pp == dims_.pp - 1 && at_.tp == 0; }
   // The mesh over the processes; null in one process.
   const distributed::DeviceMesh* mesh() const { return mesh_ ? &*mesh_ : nullptr; }
 
@@ -81,9 +82,9 @@ class Distributed {
  private:
   std::shared_ptr<distributed::Communicator> comm_;  // the whole world's
   int rank_ = 0, world_ = 1;
-  ParallelDims dims_;
+  distributed::ParallelDims dims_;
+  distributed::ParallelDims::Coordinates at_;  // this rank's place: at_.batch is the shard of data it reads
   std::optional<distributed::DeviceMesh> mesh_;
-  int dp_rank_ = 0, dp_size_ = 1;  // which shard of the data this rank reads, of how many
 };
 
 }  // namespace loom::examples

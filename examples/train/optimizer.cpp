@@ -12,10 +12,15 @@ std::unique_ptr<optim::Optimizer> build_optimizer(const std::vector<Tensor>& par
   const optim::SGDOptions sgd{.lr = lr, .momentum = config.momentum, .weight_decay = config.weight_decay,
                               .nesterov = config.nesterov};
   if (!config.zero_redundancy_optimizer) return std::make_unique<optim::SGD>(params, sgd);
-  LOOM_CHECK(mesh != nullptr, "--zero-redundancy-optimizer needs a process group (--mode ddp under loomrun)");
+  LOOM_CHECK(mesh != nullptr && mesh->has("dp_replicate"), "--zero-redundancy-optimizer shards the optimizer state "
+             "over DDP's replicas: it needs --dp-replicate (or --mode ddp) under loomrun");
   // The group DDP averages the gradients over: its ranks hold the same parameters.
   return std::make_unique<parallel::ZeroRedundancyOptimizer>(
       params, parallel::optimizer_class<optim::SGD>(sgd), mesh->group("dp_replicate"));
+}
+
+bool is_zero_redundancy(const optim::Optimizer& optimizer) {
+  return dynamic_cast<const parallel::ZeroRedundancyOptimizer*>(&optimizer) != nullptr;
 }
 
 void gather_optimizer_state(optim::Optimizer& optimizer) {

@@ -25,4 +25,7 @@ std::unique_ptr<optim::Optimizer> build_optimizer(const std::vector<Tensor>& par
 // SGD's. Every rank calls it before rank 0 saves; a no-op for a plain optimizer.
 void gather_optimizer_state(optim::Optimizer& optimizer);
 
+// Whether build_optimizer made a ZeroRedundancyOptimizer (its state is partitioned).
+bool is_zero_redundancy(const optim::Optimizer& optimizer);
+
 }  // namespace loom::examples

@@ -2,11 +2,10 @@
 
 #include <omp.h>  // defines: omp_get_max_threads, omp_set_num_threads (balancing a pipeline's stages)
 
-#include <algorithm>  // defines: std::count, std::find (the mesh's dimensions)
+#include <algorithm>  // defines: std::max, std::min
 #include <cstdio>
 
 #include "core/factory.h"                            // defines: zeros (the balance's sample batch)
-#include "cuda/device.h"                             // defines: cuda::device_count (--mode dp's default)
 #include "nn/resnet.h"                               // defines: ResNet::sequential
 #include "parallel/data_parallel.h"                  // defines: DataParallel
 #include "parallel/ddp/distributed_data_parallel.h"  // defines: DistributedDataParallel
@@ -27,10 +26,11 @@ static std::vector<Device> consecutive_devices(Device first, int64_t count) {
   return devices;
 }
 
-std::shared_ptr<nn::Module> apply_data_parallel(std::shared_ptr<nn::Module> model, const TrainConfig& config,
-                                                Device device) {
-  const int64_t count = config.dp_devices > 0 ? config.dp_devices : device.is_cuda() ? cuda::device_count() : 2;
-  auto dp = std::make_shared<parallel::DataParallel>(model, consecutive_devices(device, count));
+// --mode dp: DataParallel over dims.dp_devices devices of --device's type, starting at the
+// model's (cpu:0, cpu:1, ... are CPU virtual devices: one thread each in forward).
+static std::shared_ptr<nn::Module> apply_data_parallel(std::shared_ptr<nn::Module> model, int devices,
+                                                       const TrainConfig& config, Device device) {
+  auto dp = std::make_shared<parallel::DataParallel>(model, consecutive_devices(device, devices));
   if (config.progress) std::fprintf(stderr, "DataParallel over %s\n", dp->extra_repr().c_str());
   return dp;
 }
@@ -39,8 +39,8 @@ std::shared_ptr<nn::Module> apply_data_parallel(std::shared_ptr<nn::Module> mode
 // at most 32. Zeros: the cost model reads only its shape, and timing does not depend on
 // the values.
 static Tensor balance_sample(const nn::ResNet& resnet, const TrainConfig& config, Device device) {
-  const int64_t per_pass = config.mode == "pipeline" ? (config.batch_size + config.chunks - 1) / config.chunks
-                                                     : std::min<int64_t>(config.batch_size, 32);
+  const int64_t per_pass = config.mode == "mp" ? std::min<int64_t>(config.batch_size, 32)
+                                               : (config.batch_size + config.microbatches - 1) / config.microbatches;
   return zeros({std::max<int64_t>(per_pass, 1), resnet.in_channels, 32, 32}, TensorOptions().device(device));
 }
 
@@ -51,15 +51,17 @@ static void print_balance(const std::vector<int64_t>& balance, const TrainConfig
                  config.balance.empty() ? ("by " + config.balance_by).c_str() : "given");
 }
 
-// The stages are balanced by --balance (Note [Stage balance]) and share the model's layers,
-// which move to their devices.
-// pipeline: the same stages, --chunks micro-batches under --pipeline-schedule, with
-// --pipeline-checkpoint's micro-batches recomputed in their backward.
-std::shared_ptr<nn::Module> apply_model_parallel(nn::Module& model, const TrainConfig& config, Device device,
-                                                 nn::CrossEntropyLoss& criterion) {
+// --mode mp | pipeline: the ResNet as a Sequential cut into `stages` stages on consecutive
+// devices, balanced by --balance (Note [Stage balance]), sharing the model's layers, which
+// move to their devices. mp: layer-wise, one batch at a time; pipeline: --microbatches
+// micro-batches under --pipeline-schedule, with --pipeline-checkpoint's micro-batches
+// recomputed in their backward.
+static std::shared_ptr<parallel::ModelParallel> apply_model_parallel(nn::Module& model, int stages,
+                                                                     const TrainConfig& config, Device device,
+                                                                     nn::CrossEntropyLoss& criterion) {
   auto* resnet = dynamic_cast<nn::ResNet*>(&model);
   LOOM_CHECK(resnet != nullptr, "--mode mp needs a ResNet (its layers as a Sequential), got ", model.type_name());
-  const int64_t count = config.mp_devices;
+  const int64_t count = stages;
   const std::vector<Device> devices = consecutive_devices(device, count);
   auto layers = resnet->sequential();
   const int64_t model_chunks = count * config.virtual_stages;  // interleaved_1f1b: V per stage
@@ -76,7 +78,7 @@ std::shared_ptr<nn::Module> apply_model_parallel(nn::Module& model, const TrainC
   std::shared_ptr<parallel::ModelParallel> mp;
   if (config.mode == "pipeline")
     mp = std::make_shared<parallel::pipeline::Pipeline>(
-        layers, devices, balance, config.chunks, config.pipeline_schedule,
+        layers, devices, balance, config.microbatches, config.pipeline_schedule,
         [&criterion](const Tensor& out, const Tensor& target) { return criterion(out, target); },
         config.pipeline_checkpoint);
   else
@@ -96,7 +98,7 @@ std::shared_ptr<parallel::pipeline::PipelineStage> apply_pipeline(nn::Module& mo
   auto world = distributed::default_group();
   auto stage = parallel::pipeline::apply_pipeline_processes(
       resnet->sequential(), std::move(pp_group), device,
-      {.balance = config.balance, .balance_by = config.balance_by, .chunks = config.chunks,
+      {.balance = config.balance, .balance_by = config.balance_by, .chunks = config.microbatches,
        .schedule = config.pipeline_schedule, .virtual_stages = config.virtual_stages},
       [&criterion](const Tensor& out, const Tensor& target) { return criterion(out, target); },
       balance_sample(*resnet, config, device), world);
@@ -109,7 +111,6 @@ std::shared_ptr<parallel::pipeline::PipelineStage> apply_pipeline(nn::Module& mo
 
 std::shared_ptr<nn::Module> apply_ddp(std::shared_ptr<nn::Module> model,
                                       std::shared_ptr<distributed::Communicator> dp_group, const TrainConfig& config) {
-  if (config.sync_bn) nn::convert_sync_batchnorm(model, dp_group);
   ddp::DDPOptions options;
   options.bucket_cap_mb = config.bucket_cap_mb;
   // .grad() is a view into the reduced bucket: finalize then has nothing to copy back, a
@@ -122,14 +123,6 @@ std::shared_ptr<nn::Module> apply_ddp(std::shared_ptr<nn::Module> model,
   return std::make_shared<ddp::DistributedDataParallel>(model, std::move(dp_group), options);
 }
 
-void apply_ddp_to_stage(parallel::pipeline::PipelineStage& stage,
-                        std::shared_ptr<distributed::Communicator> dp_group, const TrainConfig& config) {
-  ddp::DDPOptions options;
-  options.bucket_cap_mb = config.bucket_cap_mb;
-  options.gradient_as_bucket_view = true;  // as apply_ddp: see there
-  parallel::pipeline::replicate_stage(stage, std::move(dp_group), options);
-}
-
 // As torchtitan's apply_fsdp: every block is a unit (the default ModuleWrapPolicy), and
 // the last block stays gathered from its forward to its backward, beside the head
 // (Note [Which units stay gathered], parallel/fsdp/runtime.cpp).
@@ -137,48 +130,76 @@ static fsdp::FSDPOptions fsdp_options(fsdp::ShardingStrategy strategy) {
   return fsdp::FSDPOptions{.sharding_strategy = strategy, .keep_last_gathered = 2};
 }
 
-std::shared_ptr<nn::Module> apply_fsdp(std::shared_ptr<nn::Module> model, const distributed::DeviceMesh& mesh,
-                                       const TrainConfig& config) {
-  const fsdp::ShardingStrategy strategy = fsdp::parse_sharding_strategy(config.sharding_strategy);
-  auto has = [&mesh](const std::string& dim) {
-    const auto& names = mesh.dim_names();
-    return std::find(names.begin(), names.end(), dim) != names.end();
-  };
-  // A degree of 1 is no mesh dimension (ParallelDims::build_mesh): one process has only
-  // the one-rank "dp_replicate" dimension, and hybrid_shard with one replica (or shards
-  // of one rank) is FULL_SHARD (or NO_SHARD) over the one dimension there is.
-  if (strategy == fsdp::ShardingStrategy::HYBRID_SHARD && has("dp_shard") && has("dp_replicate")) {
-    LOOM_CHECK(!config.sync_bn, "--sync-bn with --sharding-strategy hybrid_shard: SyncBatchNorm needs one group over "
-               "every data-parallel rank, which this mesh does not have; use full_shard");
+std::shared_ptr<fsdp::FullyShardedDataParallel> apply_fsdp(std::shared_ptr<nn::Module> model,
+                                                           const distributed::ParallelDims& dims,
+                                                           const distributed::DeviceMesh& mesh,
+                                                           const TrainConfig& config) {
+  // SyncBatchNorm over every data-parallel rank: the flattened "batch" group.
+  if (config.sync_bn) nn::convert_sync_batchnorm(model, mesh.group("batch"));
+  fsdp::ShardingStrategy strategy = fsdp::parse_sharding_strategy(config.sharding_strategy);
+  if (dims.dp_replicate_enabled())  // HSDP: shards within dp_shard, replicas across dp_replicate
     return std::make_shared<fsdp::FullyShardedDataParallel>(
         model, std::pair{mesh.group("dp_shard"), mesh.group("dp_replicate")},
-        fsdp_options(strategy));
-  }
-  auto group = mesh.group(has("dp_shard") ? "dp_shard" : "dp_replicate");
-  if (config.sync_bn) nn::convert_sync_batchnorm(model, group);
-  fsdp::ShardingStrategy one_dim = strategy;
-  if (strategy == fsdp::ShardingStrategy::HYBRID_SHARD)
-    one_dim = has("dp_shard") ? fsdp::ShardingStrategy::FULL_SHARD : fsdp::ShardingStrategy::NO_SHARD;
-  return std::make_shared<fsdp::FullyShardedDataParallel>(model, group, fsdp_options(one_dim));
+        fsdp_options(fsdp::ShardingStrategy::HYBRID_SHARD));
+  if (strategy == fsdp::ShardingStrategy::HYBRID_SHARD) strategy = fsdp::ShardingStrategy::FULL_SHARD;  // one replica
+  return std::make_shared<fsdp::FullyShardedDataParallel>(model, mesh.group("dp_shard"), fsdp_options(strategy));
 }
 
-std::shared_ptr<nn::Module> parallelize(std::shared_ptr<nn::Module> model, const distributed::DeviceMesh* mesh,
-                                        const TrainConfig& config, Device device, nn::CrossEntropyLoss& criterion) {
-  // Inside one process, over several devices.
-  if (config.mode == "dp") return apply_data_parallel(model, config, device);
-  if (config.pp > 1) {
-    LOOM_CHECK(mesh != nullptr, "--pp ", config.pp, " runs one stage per process: start it with loomrun");
-    auto stage = apply_pipeline(*model, mesh->group("pp"), config, device, criterion);
-    const auto& dims = mesh->dim_names();
-    if (config.mode == "ddp" && std::count(dims.begin(), dims.end(), "dp_replicate"))
-      apply_ddp_to_stage(*stage, mesh->group("dp_replicate"), config);  // 2-D: pp x dp
-    return stage;
+nn::Module& ParallelModel::for_evaluation() {
+  if (!gather_weights) return *module;
+  gather_weights();  // --pp: every rank evaluates the whole model
+  return *model;
+}
+
+ParallelModel parallelize(std::shared_ptr<nn::Module> model, const distributed::ParallelDims& dims,
+                          const distributed::DeviceMesh* mesh, const TrainConfig& config, Device device,
+                          nn::CrossEntropyLoss& criterion) {
+  ParallelModel out{.model = model, .module = model};
+  if (dims.dp_devices_enabled()) {  // in one process, over several devices
+    out.module = apply_data_parallel(model, dims.dp_devices, config, device);
+    return out;
   }
-  if (config.mode == "mp" || config.mode == "pipeline") return apply_model_parallel(*model, config, device, criterion);
-  if (mesh == nullptr) return model;  // one process, one device
-  // Across processes: shards of the model, or replicas of it, over the data-parallel dimensions.
-  if (config.mode == "fsdp") return apply_fsdp(model, *mesh, config);
-  return apply_ddp(model, mesh->group("dp_replicate"), config);
+  if (dims.mp_enabled()) {
+    auto mp = apply_model_parallel(*model, dims.mp_stages, config, device, criterion);
+    out.module = mp;
+    if (auto pipeline = std::dynamic_pointer_cast<parallel::pipeline::Pipeline>(mp))
+      out.pipeline_step = [pipeline](const Tensor& input, const Tensor& target, double loss_scale) {
+        auto r = pipeline->step(input, target, loss_scale);
+        return PipelineStepResult{r.loss, r.output};
+      };
+    return out;
+  }
+  if (mesh == nullptr) return out;  // one process, one device
+  // Across processes. SyncBatchNorm converts the model before anything cuts or wraps it,
+  // over the "batch" ranks: every rank of a stage's data-parallel group (FSDP: apply_fsdp).
+  LOOM_CHECK(!config.sync_bn || dims.dp_enabled(), "--sync-bn synchronises BatchNorm statistics over the "
+             "data-parallel ranks, and this run has none (", dims.str(), "); drop --sync-bn");
+  if (config.sync_bn && !dims.dp_shard_enabled()) nn::convert_sync_batchnorm(model, mesh->group("batch"));
+  if (dims.pp_enabled()) {  // the pipeline split first; then each stage's parts
+    auto stage = apply_pipeline(*model, mesh->group("pp"), config, device, criterion);
+    LOOM_CHECK(!dims.dp_shard_enabled(), "--pp with --dp-shard (FSDP on each stage) is not in this build yet; use "
+               "--dp-replicate (DDP on each stage, with --zero-redundancy-optimizer for ZeRO-1)");
+    if (dims.dp_replicate_enabled()) {
+      ddp::DDPOptions options;
+      options.bucket_cap_mb = config.bucket_cap_mb;
+      options.gradient_as_bucket_view = true;  // as apply_ddp: see there
+      parallel::pipeline::replicate_stage(*stage, mesh->group("dp_replicate"), options);
+    }
+    out.module = stage;
+    out.pipeline_step = [stage](const Tensor& input, const Tensor& target, double loss_scale) {
+      auto r = stage->step(input, target, loss_scale);  // this rank's stage; the loss on every rank
+      return PipelineStepResult{r.loss, r.output};
+    };
+    out.gather_weights = [stage] { stage->share_weights(); };
+    return out;
+  }
+  if (dims.dp_shard_enabled()) {
+    out.fsdp = apply_fsdp(model, dims, *mesh, config);
+    out.module = out.fsdp;
+  } else if (dims.dp_replicate_enabled()) {
+    out.module = apply_ddp(model, mesh->group("dp_replicate"), config);
+  }
+  return out;
 }
 
 }  // namespace loom::examples

@@ -1,66 +1,85 @@
 // parallelize: one function per parallelism, each over a plain model, as torchtitan's
-// parallelize.py. The training loop calls whatever module `parallelize` returns and never
-// asks which mode it is in; ParallelDims (parallel_dims.h) decided that, once.
+// parallelize.py, applied in its order and chosen by ParallelDims' predicates alone:
 //
-//   ParallelDims dims = ParallelDims::from_config(config, world_size);
-//   auto mesh = dims.build_mesh("cpu");             // under loomrun
-//   auto net = parallelize(model, &mesh, config, device, criterion);
-//   optim::SGD optimizer(net->parameters(), ...);   // the model's own parameters
+//   pp        split the model into pipeline stages first, one per process (apply_pipeline)
+//   ...       then, on each part (the stage's model chunks, or the whole model):
+//   dp_shard  FullyShardedDataParallel (HSDP with dp_replicate)   apply_fsdp
+//   dp_replicate  DistributedDataParallel (+ ZeRO-1: build_optimizer)   apply_ddp
+//   in one process: DataParallel (dp_devices), ModelParallel / Pipeline (mp_stages)
 //
-// Each apply_* wraps or cuts the model and returns the module the loop calls; they share
-// the model's parameters, so the optimizer and checkpoints use the model's own.
+//   auto dims = parallel_dims_from_flags(config, world_size);   // degrees.h
+//   auto mesh = dims.build_mesh("cpu");                         // under loomrun
+//   ParallelModel parallel = parallelize(model, dims, &mesh, config, device, criterion);
+//   optim::SGD optimizer(parallel.module->parameters(), ...);   // this rank's parameters
+//
+// The loop then calls parallel.module (forward) or, under a pipeline, parallel.pipeline_step
+// (forward and backward of the whole batch, the schedule's): that is its one branch, as
+// torchtitan's train_step. It never asks which wrapper it got.
 #pragma once
 
+#include <functional>
 #include <memory>
 
-#include "core/device.h"                  // defines: Device
-#include "examples/train/parallel_dims.h"  // defines: ParallelDims
-#include "examples/train/trainer.h"        // defines: TrainConfig
-#include "nn/loss.h"                       // defines: CrossEntropyLoss
-#include "nn/module.h"                     // defines: Module
-#include "parallel/device_mesh.h"          // defines: DeviceMesh
-#include "parallel/pipeline/pipeline_stage.h"  // defines: PipelineStage (--pp)
+#include "core/device.h"                        // defines: Device
+#include "examples/train/trainer.h"             // defines: TrainConfig
+#include "nn/loss.h"                            // defines: CrossEntropyLoss
+#include "nn/module.h"                          // defines: Module
+#include "parallel/device_mesh.h"               // defines: DeviceMesh
+#include "parallel/fsdp/fully_sharded_data_parallel.h"  // defines: FullyShardedDataParallel
+#include "parallel/parallel_dims.h"             // defines: ParallelDims
+#include "parallel/pipeline/pipeline_stage.h"   // defines: PipelineStage (--pp)
 
 namespace loom::examples {
 
-// --mode dp: DataParallel over --dp-devices devices of --device's type, starting at the
-// model's (cpu:0, cpu:1, ... are CPU virtual devices: one thread each in forward).
-std::shared_ptr<nn::Module> apply_data_parallel(std::shared_ptr<nn::Module> model, const TrainConfig& config,
-                                                Device device);
+// What a pipeline's step gives back: the batch's loss (on every rank) and the outputs of
+// every micro-batch, concatenated, where the last stage runs (undefined elsewhere).
+struct PipelineStepResult {
+  Tensor loss;
+  Tensor output;
+};
 
-// --mode mp / pipeline: the ResNet as a Sequential cut into --mp-devices stages on
-// consecutive devices, layer-wise (mp) or over --chunks micro-batches (pipeline).
-std::shared_ptr<nn::Module> apply_model_parallel(nn::Module& model, const TrainConfig& config, Device device,
-                                                 nn::CrossEntropyLoss& criterion);
+struct ParallelModel {
+  // The plain model: its parameters' names (checkpoints, --save), and what a pipeline's
+  // ranks evaluate once gather_weights has given each of them the whole model.
+  std::shared_ptr<nn::Module> model;
+  // What the loop calls, and whose parameters() this rank's optimizer steps: the model,
+  // or its wrapper (DataParallel, DDP, FSDP, ModelParallel, Pipeline), or --pp's stage.
+  std::shared_ptr<nn::Module> module;
+  // Under a pipeline (--pp, --mode pipeline): forward and backward of one batch.
+  std::function<PipelineStepResult(const Tensor& input, const Tensor& target, double loss_scale)> pipeline_step;
+  // --pp: every rank's model made whole (each stage's weights broadcast from its owner).
+  std::function<void()> gather_weights;
+  // --dp-shard: the sharded module, for checkpoints (its state is not the model's).
+  std::shared_ptr<fsdp::FullyShardedDataParallel> fsdp;
 
-// --mode pipeline --pp P (and --mode ddp --pp P): this process's stage of the pipeline
-// over `pp_group` (parallel/pipeline/pipeline_processes.h): --balance, or rank 0's
-// measured one; --chunks micro-batches under --pipeline-schedule (--virtual-stages chunks
-// per stage).
+  // The module to evaluate: the module the loop calls, or under --pp the whole model.
+  nn::Module& for_evaluation();
+};
+
+// --pp: this process's stage of the pipeline over mesh "pp" (parallel/pipeline/
+// pipeline_processes.h); --balance agreed over the world; --microbatches micro-batches
+// under --pipeline-schedule (--virtual-stages model chunks per stage).
 std::shared_ptr<parallel::pipeline::PipelineStage> apply_pipeline(nn::Module& model,
                                                                   std::shared_ptr<distributed::Communicator> pp_group,
                                                                   const TrainConfig& config, Device device,
                                                                   nn::CrossEntropyLoss& criterion);
 
-// --mode ddp: SyncBatchNorm (--sync-bn), then DistributedDataParallel over `dp_group`.
+// dp_replicate: SyncBatchNorm (--sync-bn), then DistributedDataParallel over `dp_group`.
 std::shared_ptr<nn::Module> apply_ddp(std::shared_ptr<nn::Module> model,
                                       std::shared_ptr<distributed::Communicator> dp_group, const TrainConfig& config);
 
-// --mode ddp --pp P (2-D): each of the stage's model chunks data-parallel over the
-// stage's replicas in `dp_group` (a DDP reducer per chunk, synchronised on the chunk's
-// last backward of a step: Note [A replicated stage synchronises once]).
-void apply_ddp_to_stage(parallel::pipeline::PipelineStage& stage,
-                        std::shared_ptr<distributed::Communicator> dp_group, const TrainConfig& config);
+// dp_shard: FullyShardedDataParallel with --sharding-strategy over mesh "dp_shard", and
+// across "dp_replicate" where that is enabled too (HSDP). SyncBatchNorm (--sync-bn)
+// first, over the "batch" ranks.
+std::shared_ptr<fsdp::FullyShardedDataParallel> apply_fsdp(std::shared_ptr<nn::Module> model,
+                                                           const distributed::ParallelDims& dims,
+                                                           const distributed::DeviceMesh& mesh,
+                                                           const TrainConfig& config);
 
-// --mode fsdp: FullyShardedDataParallel with --sharding-strategy over the mesh's
-// "dp_shard" dimension (hybrid_shard: and across "dp_replicate"). SyncBatchNorm (--sync-bn)
-// first, over the data-parallel ranks.
-std::shared_ptr<nn::Module> apply_fsdp(std::shared_ptr<nn::Module> model, const distributed::DeviceMesh& mesh,
-                                       const TrainConfig& config);
-
-// The module the loop calls: `model` itself on one device, else the apply_* the flags
-// ask for. `mesh` (ParallelDims::build_mesh) is null in one process.
-std::shared_ptr<nn::Module> parallelize(std::shared_ptr<nn::Module> model, const distributed::DeviceMesh* mesh,
-                                        const TrainConfig& config, Device device, nn::CrossEntropyLoss& criterion);
+// The parallelisms `dims` enables, applied to `model` in the order above. `mesh`
+// (ParallelDims::build_mesh) is null in one process.
+ParallelModel parallelize(std::shared_ptr<nn::Module> model, const distributed::ParallelDims& dims,
+                          const distributed::DeviceMesh* mesh, const TrainConfig& config, Device device,
+                          nn::CrossEntropyLoss& criterion);
 
 }  // namespace loom::examples

@@ -9,14 +9,16 @@
 //   sharded  (SHARDED_STATE_DICT) every rank writes <dir>/step-<N>/shard-<rank>-of-<world>.safetensors,
 //                                 then rank 0 the manifest, last (Note [The manifest is written
 //                                 last], parallel/distributed_checkpoint.h).
-// The default is sharded where the state is sharded (--mode fsdp, --zero-redundancy-optimizer)
-// and full elsewhere. A shard file is a full checkpoint's file with this rank's part of the
-// model and optimizer state:
+// The default is sharded where the ranks hold different state (FSDP, ZeRO-1, a pipeline's
+// stages: Checkpointer, checkpointer.h) and full elsewhere. A shard file is a full
+// checkpoint's file with this rank's part of the model and optimizer state:
 //   fsdp   model.flat_param_<k> (this rank's shards) and model.<buffer>; optimizer.* is the
 //          SGD over the shards' own state (shard-shaped momentum); fsdp.* metadata: the cut
 //          (parallel/fsdp/sharded_state_dict.h)
 //   ZeRO-1 model.* whole (it is replicated: each rank keeps its own copy, buffers included),
 //          optimizer.* this rank's partition (Note [ZeRO's sharded state])
+//   --pp   model.* whole, of which this rank's stage's chunks are the ones it trains (the
+//          others are whatever it last received), optimizer.* its stage's SGD
 // and, in every shard, the scheduler, scaler, this rank's generator and the position. A
 // resume loads each rank's own shard from the newest complete step directory, after
 // checking that the world size, the strategy and the layout are the ones that wrote it
@@ -32,13 +34,9 @@
 
 namespace loom::examples {
 
-// --checkpoint-format resolved: true for sharded. "" picks sharded under --mode fsdp or
-// --zero-redundancy-optimizer; "sharded" elsewhere is a loom::Error (nothing is sharded).
-bool sharded_checkpoint_format(const TrainConfig& config);
-
 // Every rank (a collective: barriers): writes its shard of <dir>/step-<global step>, then
 // rank 0 the manifest, then rank 0 removes older step directories but the newest complete
-// one. `fsdp` null: ZeRO-1 (the optimizer is a ZeroRedundancyOptimizer).
+// one. `fsdp` null: the model's own state dict (ZeRO-1, --pp).
 void save_sharded_checkpoint(const std::string& dir, const Distributed& dist, fsdp::FullyShardedDataParallel* fsdp,
                              const nn::Module& model, const optim::Optimizer& optimizer,
                              const optim::LRScheduler* scheduler, const TrainingPosition& position,

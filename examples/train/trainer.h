@@ -60,12 +60,16 @@ struct TrainConfig {
   std::string mode = "single";       // single | dp | mp | pipeline | ddp | fsdp
   int64_t dp_devices = 0;            // dp: devices to use; 0 = every GPU (cuda), 2 (cpu)
   int64_t mp_devices = 2;            // mp, pipeline: stages, one device each
-  int64_t chunks = 4;                // pipeline: micro-batches per batch
+  int64_t microbatches = 4;          // pipeline: micro-batches per batch (--microbatches; torchgpipe's --chunks)
   std::string pipeline_schedule = "1f1b";  // pipeline: gpipe | 1f1b | interleaved_1f1b
   int64_t virtual_stages = 1;        // pipeline, interleaved_1f1b: model chunks per stage (V)
   std::vector<int64_t> balance;      // pipeline, mp: layers per model chunk (stages x V); empty: by balance_by
   std::string balance_by = "cost";   // pipeline, mp: cost | time (Note [Stage balance], parallel/balance.h)
-  int64_t pp = 1;                    // pipeline: stages as processes (under loomrun), one per rank
+  // The degrees across processes (examples/train/degrees.h): 0 = not given (--mode's preset).
+  int64_t pp = 1;                    // pipeline stages as processes (under loomrun), one per rank
+  int64_t dp_replicate = 0;          // replicas (DistributedDataParallel)
+  int64_t dp_shard = 0;              // shards (FullyShardedDataParallel); -1: what the world leaves
+  int64_t tp = 1;                    // tensor-parallel ranks
   std::string pipeline_checkpoint = "never";  // pipeline: never | except_last | always (recompute activations)
   std::string backend;               // ddp: gloo | nccl; "" = nccl on CUDA, gloo on CPU
   bool sync_bn = false;              // ddp: BatchNorm2d statistics over every rank
