@@ -96,5 +96,5 @@ TEST_CASE("--zero-redundancy-optimizer outside --mode ddp is a clear error") {
   Result r = Launch(path_from_env("TRAIN_CIFAR10") + kTrainArgs + " --max-steps 1 --zero-redundancy-optimizer").finish();
   CHECK(r.code != 0);
   CHECK_MESSAGE(contains(r.output, "--zero-redundancy-optimizer shards the optimizer state over DDP's ranks: it needs "
-                                   "--mode ddp, got --mode single"), r.output);
+                                   "--mode ddp or --dp-replicate, got --mode single"), r.output);
 }
