@@ -1,7 +1,7 @@
 // Each parallel mode's communication per training step, counted by the communicator
 // (parallel/comm/traffic.h) and set against the mode's formula (docs/communication.md):
-// DDP, ZeRO-1, FSDP (FULL_SHARD, SHARD_GRAD_OP; one-sided and collective gathers) and a
-// pipeline's sends across a cut. Ranks are threads (tests/rank_threads.h).
+// DDP, ZeRO-1, FSDP (FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD; one-sided and collective
+// gathers) and a pipeline's sends across a cut. Ranks are threads (tests/rank_threads.h).
 //
 // Ψ is the model's trainable parameter count; parameters are float32 (4 bytes), so a
 // full copy of them is 4Ψ bytes. Counts do not depend on the machine: the checks are
@@ -25,7 +25,7 @@
 #include "parallel/fsdp/fully_sharded_data_parallel.h"  // defines: FullyShardedDataParallel
 #include "parallel/pipeline/pipeline_stage.h"           // defines: PipelineStage
 #include "parallel/zero_redundancy_optimizer.h"         // defines: ZeroRedundancyOptimizer
-#include "rank_threads.h"                               // defines: run_ranks
+#include "rank_threads.h"                               // defines: run_ranks, run_rank_threads
 #include "transparency.h"                               // defines: small_net
 
 using namespace loom;
@@ -155,6 +155,55 @@ FsdpStep fsdp_step(const std::shared_ptr<nn::Module>& start, int world, Sharding
   return out;
 }
 
+// One HYBRID_SHARD step on 4 ranks as 2 replicas x 2 shards (row-major, as DeviceMesh
+// lays out [replicate, shard]: ranks {0, 1} and {2, 3} are replicas): what each group moved.
+struct HsdpStep {
+  Traffic in_shard, across;  // the shard group's, the replicate group's
+  int64_t units = 0, gathered_elements = 0, padded_sum = 0, freed_total = 0;  // as FsdpStep
+};
+
+HsdpStep hsdp_step(const std::shared_ptr<nn::Module>& start) {
+  constexpr int kWorld = 4, S = 2, R = 2;
+  const Batch batch(kWorld);
+  std::vector<std::shared_ptr<nn::Module>> replicas;
+  for (int r = 0; r < kWorld; ++r) replicas.push_back(start->clone());
+  std::vector<Traffic> in_shard(kWorld), across(kWorld);
+  std::vector<int64_t> padded, totals;
+  require_no_errors(run_rank_threads(kWorld, [&](int r, std::shared_ptr<distributed::TCPStore> store) {
+    omp_set_num_threads(1);
+    distributed::GlooOptions options;
+    options.timeout = 20s;
+    auto shard = std::make_shared<distributed::GlooCommunicator>(store, "shard" + std::to_string(r / S), r % S, S,
+                                                                 options);
+    auto replicate = std::make_shared<distributed::GlooCommunicator>(store, "replicate" + std::to_string(r % S),
+                                                                     r / S, R, options);
+    fsdp::FSDPOptions fsdp_options;
+    fsdp_options.sharding_strategy = ShardingStrategy::HYBRID_SHARD;
+    fsdp::FullyShardedDataParallel model(replicas[r], std::pair{shard, replicate}, fsdp_options);
+    optim::SGD opt(model.parameters(), {.lr = 0.1});
+    if (r == 0)
+      for (const auto& unit : model.units())
+        if (unit.flat) {
+          padded.push_back(unit.flat->layout().padded);
+          totals.push_back(unit.flat->layout().total);
+        }
+    shard->reset_traffic();
+    replicate->reset_traffic();
+    train_step(model, opt, batch, r);
+    in_shard[r] = shard->traffic();
+    across[r] = replicate->traffic();
+  }));
+  HsdpStep out{same_on_every_rank(in_shard), same_on_every_rank(across)};
+  out.units = int64_t(padded.size());
+  for (size_t u = 0; u < padded.size(); ++u) {
+    const bool kept = u + 1 == padded.size();  // keep_last_gathered = 1
+    out.gathered_elements += padded[u] * (kept ? 1 : 2);
+    out.freed_total += kept ? 0 : totals[u];
+    out.padded_sum += padded[u];
+  }
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("DDP, one step of resnet_tiny: all_reduce moves 2(N-1)/N * 4Ψ bytes per rank; buffers go by broadcast") {
@@ -227,6 +276,30 @@ TEST_CASE("FSDP, one step of resnet_tiny: all_gather per forward (and backward w
     CHECK(t.all_reduce.calls == 0);
     CHECK(t.broadcast.bytes == buffer_bytes(*start));
   }
+}
+
+// HYBRID_SHARD over 4 ranks as 2 replicas x 2 shards: FULL_SHARD's traffic within each
+// pair of shards, and each unit's reduced gradient shard all-reduced across the replicas.
+TEST_CASE("FSDP HYBRID_SHARD 2 x 2, one step: FULL_SHARD's bytes within the shard group, 2(R-1)/R * 4Ψ/S across replicas") {
+  constexpr int S = 2, R = 2;
+  manual_seed(6);
+  auto start = nn::resnet_tiny(10);
+  const double psi = double(trainable_count(*start));
+  const HsdpStep h = hsdp_step(start);
+  const Traffic &t = h.in_shard, &x = h.across;
+  CHECK(t.all_gather.bytes == (S - 1) * 4 * h.gathered_elements / S);
+  CHECK(t.reduce_scatter.bytes == (S - 1) * 4 * h.padded_sum / S);
+  CHECK(t.all_reduce.calls == 0);
+  CHECK(x.all_reduce.calls == h.units);
+  CHECK(x.all_reduce.payload_bytes == 4 * h.padded_sum / S);  // each unit's gradient shard
+  CHECK(std::abs(x.all_reduce.bytes - all_reduce_formula(4.0 * h.padded_sum / S, R)) <= 0.5 * x.all_reduce.calls);
+  CHECK(x.all_gather.calls + x.reduce_scatter.calls == 0);
+  CHECK(within(t.all_gather.bytes, gather_formula(4 * (psi + double(h.freed_total)), S), 0.05));
+  CHECK(within(t.reduce_scatter.bytes, gather_formula(4 * psi, S), 0.05));
+  CHECK(within(x.all_reduce.bytes, all_reduce_formula(4 * psi / S, R), 0.05));
+  // Buffers go from world rank 0 over both groups.
+  CHECK(t.broadcast.bytes == buffer_bytes(*start));
+  CHECK(x.broadcast.bytes == buffer_bytes(*start));
 }
 
 // small_net cut after its first ReLU: the cut carries [B, 6, 8, 8] float64 activations
@@ -315,8 +388,15 @@ TEST_CASE("the table of docs/communication.md: each mode's bytes per step, formu
     table += row("FSDP SHARD_GRAD_OP", n, "all_gather", "(N-1)/N · 4Ψ", gather_formula(4 * psi, n),
                  grad_op.traffic.all_gather.bytes);
     table += row("FSDP SHARD_GRAD_OP", n, "reduce_scatter", "(N-1)/N · 4Ψ", gather_formula(4 * psi, n),
-                 grad_op.traffic.reduce_scatter.bytes);
-  }
+                 grad_op.traffic.reduce_scatter.bytes);  }
+  // HYBRID_SHARD on the 4 ranks as 2 replicas (R) x 2 shards (S).
+  const HsdpStep h = hsdp_step(start);
+  table += row("FSDP HYBRID_SHARD 2 × 2", 4, "all_gather (shard group)", "(S-1)/S · 4(Ψ + Ψ_freed)",
+               gather_formula(4 * (psi + freed), 2), h.in_shard.all_gather.bytes);
+  table += row("FSDP HYBRID_SHARD 2 × 2", 4, "reduce_scatter (shard group)", "(S-1)/S · 4Ψ", gather_formula(4 * psi, 2),
+               h.in_shard.reduce_scatter.bytes);
+  table += row("FSDP HYBRID_SHARD 2 × 2", 4, "all_reduce (replicate group)", "2(R-1)/R · 4Ψ/S",
+               all_reduce_formula(4 * psi / 2, 2), h.across.all_reduce.bytes);
   std::printf("\n%s: Ψ = %s float32 parameters (4Ψ = %s bytes), Ψ_freed = %s (FULL_SHARD's units but the last), "
               "buffers %s bytes\n\n",
               model.c_str(), thousands(psi).c_str(), thousands(4 * psi).c_str(), thousands(freed).c_str(),
