@@ -141,6 +141,8 @@ class PipelineStage : public nn::Module {
   const std::string& schedule_name() const { return schedule_name_; }
   const std::vector<int64_t>& balance() const { return balance_; }
   const Device& device() const { return device_; }
+  // The pipeline group: its rank is this stage.
+  const std::shared_ptr<distributed::Communicator>& group() const { return group_; }
   // This rank's model chunks (V of them): model chunks stage, stage + S, ...
   std::vector<std::shared_ptr<nn::Sequential>> local_chunks() const;
   bool is_first() const { return stage_ == 0; }                 // holds the model's first chunk
