@@ -76,11 +76,12 @@ void kill_after_first_checkpoint(const fs::path& checkpoint_dir, const std::stri
 std::string fresh_mark() { return std::to_string(::getpid()) + "_" + std::to_string(std::random_device{}()); }
 
 // The cases of one mode compare with the same uninterrupted run; it is made once.
-std::string reference_weights(const fs::path& dir, const std::string& args = kTrainArgs) {
+std::string reference_weights(const fs::path& dir, const std::string& args = kTrainArgs, int nproc = 2) {
   static std::map<std::string, std::string> cached;
   if (cached.count(args)) return cached[args];
   const fs::path weights = dir / "uninterrupted.safetensors";
-  Result r = Launch(path_from_env("LOOMRUN") + " --standalone --nproc_per_node 2 " + path_from_env("TRAIN_CIFAR10") +
+  Result r = Launch(path_from_env("LOOMRUN") + " --standalone --nproc_per_node " + std::to_string(nproc) + " " +
+                    path_from_env("TRAIN_CIFAR10") +
                     args + " --quiet --save " + weights.string())
                  .finish();
   REQUIRE_MESSAGE(r.code == 0, r.output);
@@ -94,17 +95,17 @@ void check_resumed(const std::string& output) {
   CHECK_MESSAGE(contains(output, "resumed from "), output);  // not trained again from scratch
 }
 
-// One node, 2 ranks, `args`, checkpoints every 4 steps under --max-restarts 1: rank 1 is
+// One node, `nproc` ranks, `args`, checkpoints every 4 steps under --max-restarts 1: rank 1 is
 // killed after the first checkpoint; the job must finish, resumed, with the reference's
 // weights bit for bit. Returns loomrun's output.
-std::string kill_one_rank_and_compare(const fs::path& dir, const std::string& args) {
-  const std::string reference = reference_weights(dir, args);
+std::string kill_one_rank_and_compare(const fs::path& dir, const std::string& args, int nproc = 2) {
+  const std::string reference = reference_weights(dir, args, nproc);
   REQUIRE(reference.size() > 10000);
   const fs::path checkpoints = dir / "ckpt", weights = dir / "restarted.safetensors";
   const std::string mark = fresh_mark();
   Launch job("LOOM_TEST_MARK=" + mark + " " + path_from_env("LOOMRUN") +
-             " --standalone --nproc_per_node 2 --max-restarts 1 --grace_period 1 " + path_from_env("TRAIN_CIFAR10") +
-             args + " --checkpoint-dir " + checkpoints.string() + " --checkpoint-every 4 --save " + weights.string());
+             " --standalone --nproc_per_node " + std::to_string(nproc) + " --max-restarts 1 --grace_period 1 " +
+             path_from_env("TRAIN_CIFAR10") + args + " --checkpoint-dir " + checkpoints.string() + " --checkpoint-every 4 --save " + weights.string());
   kill_after_first_checkpoint(checkpoints, mark, 1);
   Result r = job.finish();
   REQUIRE_MESSAGE(r.code == 0, r.output);
@@ -155,4 +156,13 @@ TEST_CASE("--mode fsdp, sharded checkpoints: kill -9 mid-epoch, restart from the
   CHECK(fs::exists(checkpoints / "step-00000016" / "shard-1-of-2.safetensors"));
   CHECK(fs::exists(checkpoints / "step-00000012" / ".metadata"));
   CHECK(!fs::exists(checkpoints / "step-00000004"));
+}
+
+// The guide's recipe under a failure: a pipeline of 2 stages, each sharded over 2 ranks
+// (FSDP per stage), each rank checkpointing its own shards of its stage.
+TEST_CASE("kill -9 of a rank under --pp 2 --dp-shard 2 --max-restarts 1: restart, resume, same weights bit for bit") {
+  TempDir dir("loom_elastic_pp_fsdp");
+  const std::string output =
+      kill_one_rank_and_compare(dir.path, " --pp 2 --dp-shard 2 --microbatches 2" + kCommonArgs, /*nproc=*/4);
+  CHECK_MESSAGE(contains(output, "worker rank 1 (local rank 1, pid "), output);
 }

@@ -49,15 +49,15 @@ TrainingPosition Checkpointer::resume() {
   }
   TrainingPosition at;
   if (sharded_) {
-    at = load_sharded_checkpoint(from, dist_, parallel_.fsdp.get(), *parallel_.model, optimizer_, scheduler_, scaler_);
+    at = load_sharded_checkpoint(from, dist_, parallel_, optimizer_, scheduler_, scaler_);
     // Every rank must have picked the same step (a shard written meanwhile could differ).
     LOOM_CHECK(dist_.sum(static_cast<double>(at.global_step)) == dist_.world_size() * at.global_step,
                "--checkpoint-dir ", dir, ": the ranks resumed from different sharded checkpoints; on several nodes "
                "the directory must be shared by every rank");
-  } else if (parallel_.fsdp) {
+  } else if (auto* fsdp = parallel_.whole_model_fsdp()) {
     CheckpointState state = read_checkpoint(dir, scheduler_, scaler_);
-    fsdp::load_full_state_dict(*parallel_.fsdp, state.model);
-    fsdp::load_full_optim_state_dict(*parallel_.fsdp, optimizer_, state.optimizer);
+    fsdp::load_full_state_dict(*fsdp, state.model);
+    fsdp::load_full_optim_state_dict(*fsdp, optimizer_, state.optimizer);
     at = state.position;
   } else {
     at = load_checkpoint(dir, *parallel_.model, optimizer_, scheduler_, scaler_);
@@ -74,10 +74,10 @@ void Checkpointer::save(const TrainingPosition& at) {
   if (config_.checkpoint_dir.empty()) return;
   const std::string& dir = config_.checkpoint_dir;
   if (sharded_) {
-    save_sharded_checkpoint(dir, dist_, parallel_.fsdp.get(), *parallel_.model, optimizer_, scheduler_, at, scaler_);
-  } else if (parallel_.fsdp) {  // gathered: every rank takes part, rank 0 writes
-    OrderedDict<Tensor> model_state = fsdp::full_state_dict(*parallel_.fsdp);
-    OrderedDict<Tensor> optimizer_state = fsdp::full_optim_state_dict(*parallel_.fsdp, optimizer_);
+    save_sharded_checkpoint(dir, dist_, parallel_, optimizer_, scheduler_, at, scaler_);
+  } else if (auto* fsdp = parallel_.whole_model_fsdp()) {  // gathered: every rank takes part, rank 0 writes
+    OrderedDict<Tensor> model_state = fsdp::full_state_dict(*fsdp);
+    OrderedDict<Tensor> optimizer_state = fsdp::full_optim_state_dict(*fsdp, optimizer_);
     if (dist_.is_main()) save_checkpoint(dir, model_state, optimizer_state, scheduler_, at, scaler_);
   } else {
     gather_optimizer_state(optimizer_);  // ZeRO-1: the whole state to rank 0 (a collective)
@@ -88,11 +88,12 @@ void Checkpointer::save(const TrainingPosition& at) {
 
 void Checkpointer::save_weights(const std::string& path) {
   if (path.empty()) return;
-  if (parallel_.gather_weights) parallel_.gather_weights();  // --pp: rank 0 saves the whole model
+  if (parallel_.gather_weights) parallel_.gather_weights();  // --pp: the whole model on every rank
   // FSDP: the model's parameters are shards; every rank gathers, rank 0 writes the file.
-  if (parallel_.fsdp) fsdp::save_full_state_dict(*parallel_.fsdp, path);
+  fsdp::FullyShardedDataParallel* fsdp = parallel_.whole_model_fsdp();
+  if (fsdp) fsdp::save_full_state_dict(*fsdp, path);
   if (dist_.is_main()) {
-    if (!parallel_.fsdp) nn::save(*parallel_.model, path);  // the model's own keys, without DDP's "module."
+    if (!fsdp) nn::save(*parallel_.whole, path);  // the model's own keys, without DDP's "module."
     std::printf("saved weights to %s\n", path.c_str());
   }
 }

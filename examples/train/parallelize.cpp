@@ -14,7 +14,9 @@
 #include "parallel/model_parallel.h"                 // defines: ModelParallel, choose_balance
 #include "parallel/pipeline/pipeline.h"              // defines: Pipeline
 #include "parallel/pipeline/pipeline_processes.h"    // defines: apply_pipeline_processes
-#include "parallel/pipeline/stage_replicas.h"        // defines: replicate_stage (--mode ddp --pp)
+#include "parallel/pipeline/schedule.h"              // defines: model_chunk (a stage's chunks' numbers)
+#include "parallel/pipeline/stage_replicas.h"        // defines: replicate_stage (--pp with --dp-replicate)
+#include "parallel/pipeline/stage_sharding.h"        // defines: shard_stage, gather_stage_weights (--pp with --dp-shard)
 #include "parallel/sync_batch_norm.h"                // defines: convert_sync_batchnorm
 
 namespace loom::examples {
@@ -148,13 +150,41 @@ std::shared_ptr<fsdp::FullyShardedDataParallel> apply_fsdp(std::shared_ptr<nn::M
 nn::Module& ParallelModel::for_evaluation() {
   if (!gather_weights) return *module;
   gather_weights();  // --pp: every rank evaluates the whole model
-  return *model;
+  return *whole;
+}
+
+fsdp::FullyShardedDataParallel* ParallelModel::whole_model_fsdp() const {
+  return sharded_parts.size() == 1 && sharded_parts[0].prefix.empty() ? sharded_parts[0].fsdp.get() : nullptr;
+}
+
+// --pp with --dp-shard: FSDP on each of the stage's model chunks over "dp_shard" (HSDP:
+// and across "dp_replicate"); parameters stay gathered over a step's micro-batches and
+// gradients are reduce-scattered once per chunk (Note [FSDP under a pipeline]). The ranks
+// evaluate and save a copy of the model that gather_stage_weights fills.
+static void shard_pipeline_stage(ParallelModel& out, std::shared_ptr<parallel::pipeline::PipelineStage> stage,
+                                 const distributed::ParallelDims& dims, const distributed::DeviceMesh& mesh,
+                                 const TrainConfig& config) {
+  auto copy = std::dynamic_pointer_cast<nn::ResNet>(out.model->clone());
+  LOOM_CHECK(copy != nullptr, "--pp with --dp-shard needs a ResNet, got ", out.model->type_name());
+  fsdp::ShardingStrategy strategy = fsdp::parse_sharding_strategy(config.sharding_strategy);
+  if (strategy == fsdp::ShardingStrategy::HYBRID_SHARD) strategy = fsdp::ShardingStrategy::FULL_SHARD;
+  const parallel::pipeline::StageShards shards =
+      dims.dp_replicate_enabled()
+          ? parallel::pipeline::shard_stage(*stage, {mesh.group("dp_shard"), mesh.group("dp_replicate")})
+          : parallel::pipeline::shard_stage(*stage, mesh.group("dp_shard"), {.sharding_strategy = strategy});
+  for (size_t v = 0; v < shards.size(); ++v) {
+    const int64_t chunk = parallel::pipeline::model_chunk(stage->stage_index(), int64_t(v), stage->num_stages());
+    if (shards[v]) out.sharded_parts.push_back({"chunk" + std::to_string(chunk) + ".", shards[v]});
+  }
+  auto layers = copy->sequential();
+  out.whole = copy;
+  out.gather_weights = [stage, shards, layers] { parallel::pipeline::gather_stage_weights(*stage, shards, *layers); };
 }
 
 ParallelModel parallelize(std::shared_ptr<nn::Module> model, const distributed::ParallelDims& dims,
                           const distributed::DeviceMesh* mesh, const TrainConfig& config, Device device,
                           nn::CrossEntropyLoss& criterion) {
-  ParallelModel out{.model = model, .module = model};
+  ParallelModel out{.model = model, .module = model, .whole = model};
   if (dims.dp_devices_enabled()) {  // in one process, over several devices
     out.module = apply_data_parallel(model, dims.dp_devices, config, device);
     return out;
@@ -177,9 +207,10 @@ ParallelModel parallelize(std::shared_ptr<nn::Module> model, const distributed::
   if (config.sync_bn && !dims.dp_shard_enabled()) nn::convert_sync_batchnorm(model, mesh->group("batch"));
   if (dims.pp_enabled()) {  // the pipeline split first; then each stage's parts
     auto stage = apply_pipeline(*model, mesh->group("pp"), config, device, criterion);
-    LOOM_CHECK(!dims.dp_shard_enabled(), "--pp with --dp-shard (FSDP on each stage) is not in this build yet; use "
-               "--dp-replicate (DDP on each stage, with --zero-redundancy-optimizer for ZeRO-1)");
-    if (dims.dp_replicate_enabled()) {
+    out.gather_weights = [stage] { stage->share_weights(); };
+    if (dims.dp_shard_enabled()) {
+      shard_pipeline_stage(out, stage, dims, *mesh, config);
+    } else if (dims.dp_replicate_enabled()) {
       ddp::DDPOptions options;
       options.bucket_cap_mb = config.bucket_cap_mb;
       options.gradient_as_bucket_view = true;  // as apply_ddp: see there
@@ -190,12 +221,12 @@ ParallelModel parallelize(std::shared_ptr<nn::Module> model, const distributed::
       auto r = stage->step(input, target, loss_scale);  // this rank's stage; the loss on every rank
       return PipelineStepResult{r.loss, r.output};
     };
-    out.gather_weights = [stage] { stage->share_weights(); };
     return out;
   }
   if (dims.dp_shard_enabled()) {
-    out.fsdp = apply_fsdp(model, dims, *mesh, config);
-    out.module = out.fsdp;
+    auto fsdp = apply_fsdp(model, dims, *mesh, config);
+    out.sharded_parts.push_back({"", fsdp});
+    out.module = fsdp;
   } else if (dims.dp_replicate_enabled()) {
     out.module = apply_ddp(model, mesh->group("dp_replicate"), config);
   }

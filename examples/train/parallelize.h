@@ -19,6 +19,8 @@
 
 #include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "core/device.h"                        // defines: Device
 #include "examples/train/trainer.h"             // defines: TrainConfig
@@ -47,13 +49,23 @@ struct ParallelModel {
   std::shared_ptr<nn::Module> module;
   // Under a pipeline (--pp, --mode pipeline): forward and backward of one batch.
   std::function<PipelineStepResult(const Tensor& input, const Tensor& target, double loss_scale)> pipeline_step;
-  // --pp: every rank's model made whole (each stage's weights broadcast from its owner).
+  // --pp: `whole` made whole on every rank (each stage's weights broadcast from its owner).
   std::function<void()> gather_weights;
-  // --dp-shard: the sharded module, for checkpoints (its state is not the model's).
-  std::shared_ptr<fsdp::FullyShardedDataParallel> fsdp;
+  // What holds the whole model after gather_weights: the model itself, or under --pp
+  // with --dp-shard a copy (the stages' own layers run through FSDP and hold shards).
+  std::shared_ptr<nn::Module> whole;
+  // --dp-shard: the FSDP modules, and the prefix each one's state goes under in a sharded
+  // checkpoint: one for the whole model (""), or one per model chunk of a stage.
+  struct ShardedPart {
+    std::string prefix;
+    std::shared_ptr<fsdp::FullyShardedDataParallel> fsdp;
+  };
+  std::vector<ShardedPart> sharded_parts;
 
   // The module to evaluate: the module the loop calls, or under --pp the whole model.
   nn::Module& for_evaluation();
+  // The FSDP of the whole model (--dp-shard without --pp), else null.
+  fsdp::FullyShardedDataParallel* whole_model_fsdp() const;
 };
 
 // --pp: this process's stage of the pipeline over mesh "pp" (parallel/pipeline/

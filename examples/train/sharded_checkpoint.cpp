@@ -15,18 +15,35 @@ parallel::ZeroRedundancyOptimizer* zero_of(const optim::Optimizer& optimizer) {
 
 }  // namespace
 
-void save_sharded_checkpoint(const std::string& dir, const Distributed& dist, fsdp::FullyShardedDataParallel* fsdp,
-                             const nn::Module& model, const optim::Optimizer& optimizer,
-                             const optim::LRScheduler* scheduler, const TrainingPosition& position,
-                             const optim::GradScaler* scaler) {
+namespace {
+
+// The entries of `all` under `prefix`, without it.
+template <typename V>
+OrderedDict<V> under(const OrderedDict<V>& all, const std::string& prefix) {
+  OrderedDict<V> out;
+  for (const auto& [key, value] : all)
+    if (key.compare(0, prefix.size(), prefix) == 0) out.insert(key.substr(prefix.size()), value);
+  return out;
+}
+
+}  // namespace
+
+void save_sharded_checkpoint(const std::string& dir, const Distributed& dist, const ParallelModel& parallel,
+                             const optim::Optimizer& optimizer, const optim::LRScheduler* scheduler,
+                             const TrainingPosition& position, const optim::GradScaler* scaler) {
   // This rank's state: FSDP's shards or the model (ZeRO-1: replicated; --pp: this stage's
   // chunks are the ones it trains), and its optimizer's (ZeRO-1: its partition).
+  OrderedDict<Tensor> model_state;
+  safetensors::Metadata layout;
+  if (parallel.sharded_parts.empty()) model_state = parallel.model->state_dict();
+  for (const ParallelModel::ShardedPart& part : parallel.sharded_parts) {
+    for (const auto& [key, value] : fsdp::sharded_state_dict(*part.fsdp)) model_state.insert(part.prefix + key, value);
+    for (const auto& [key, value] : fsdp::sharding_metadata(*part.fsdp)) layout.insert(part.prefix + key, value);
+  }
   const parallel::ZeroRedundancyOptimizer* zero = zero_of(optimizer);
-  safetensors::File file =
-      pack_training_state(fsdp ? fsdp::sharded_state_dict(*fsdp) : model.state_dict(),
-                          zero ? zero->sharded_state_dict() : optimizer.state_dict(), scheduler, position, scaler);
-  if (fsdp)
-    for (const auto& [key, value] : fsdp::sharding_metadata(*fsdp)) file.metadata.insert(key, value);
+  safetensors::File file = pack_training_state(model_state, zero ? zero->sharded_state_dict() : optimizer.state_dict(),
+                                               scheduler, position, scaler);
+  for (const auto& [key, value] : layout) file.metadata.insert(key, value);
   const std::string step_dir = dir + "/" + ckpt::step_dir_name(position.global_step);
   // The same step saved again (--checkpoint-every at an epoch's last step, then the
   // epoch's end): its old manifest goes first, so it never vouches for a mix of shards.
@@ -41,18 +58,16 @@ void save_sharded_checkpoint(const std::string& dir, const Distributed& dist, fs
 }
 
 TrainingPosition load_sharded_checkpoint(const std::string& step_dir, const Distributed& dist,
-                                         fsdp::FullyShardedDataParallel* fsdp, nn::Module& model,
-                                         optim::Optimizer& optimizer, optim::LRScheduler* scheduler,
-                                         optim::GradScaler* scaler) {
+                                         const ParallelModel& parallel, optim::Optimizer& optimizer,
+                                         optim::LRScheduler* scheduler, optim::GradScaler* scaler) {
   const std::string source = step_dir + "/" + ckpt::shard_file_name(dist.rank(), dist.world_size());
   // read_shard refuses another world size first; fsdp's check names the rest of the cut.
   CheckpointState state =
       unpack_training_state(ckpt::read_shard(step_dir, dist.rank(), dist.world_size()), source, scheduler, scaler);
-  if (fsdp) {
-    fsdp::check_sharded_compatible(*fsdp, state.metadata, source);
-    fsdp::load_sharded_state_dict(*fsdp, state.model);
-  } else {
-    model.load_state_dict(state.model, /*strict=*/true);
+  if (parallel.sharded_parts.empty()) parallel.model->load_state_dict(state.model, /*strict=*/true);
+  for (const ParallelModel::ShardedPart& part : parallel.sharded_parts) {
+    fsdp::check_sharded_compatible(*part.fsdp, under(state.metadata, part.prefix), source);
+    fsdp::load_sharded_state_dict(*part.fsdp, under(state.model, part.prefix));
   }
   if (auto* zero = zero_of(optimizer)) zero->load_sharded_state_dict(state.optimizer);
   else optimizer.load_state_dict(state.optimizer);

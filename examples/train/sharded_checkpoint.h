@@ -14,7 +14,8 @@
 // checkpoint's file with this rank's part of the model and optimizer state:
 //   fsdp   model.flat_param_<k> (this rank's shards) and model.<buffer>; optimizer.* is the
 //          SGD over the shards' own state (shard-shaped momentum); fsdp.* metadata: the cut
-//          (parallel/fsdp/sharded_state_dict.h)
+//          (parallel/fsdp/sharded_state_dict.h). Under --pp, each of the stage's chunks
+//          likewise under model.chunk<c>.* and chunk<c>.fsdp.*
 //   ZeRO-1 model.* whole (it is replicated: each rank keeps its own copy, buffers included),
 //          optimizer.* this rank's partition (Note [ZeRO's sharded state])
 //   --pp   model.* whole, of which this rank's stage's chunks are the ones it trains (the
@@ -30,15 +31,17 @@
 #include "examples/train/checkpoint.h"   // defines: TrainingPosition, CheckpointState
 #include "examples/train/distributed.h"  // defines: Distributed (rank, world, barrier)
 #include "examples/train/trainer.h"      // defines: TrainConfig
-#include "parallel/fsdp/fully_sharded_data_parallel.h"  // defines: FullyShardedDataParallel
+#include "examples/train/parallelize.h"  // defines: ParallelModel (its sharded parts)
 
 namespace loom::examples {
 
 // Every rank (a collective: barriers): writes its shard of <dir>/step-<global step>, then
 // rank 0 the manifest, then rank 0 removes older step directories but the newest complete
-// one. `fsdp` null: the model's own state dict (ZeRO-1, --pp).
-void save_sharded_checkpoint(const std::string& dir, const Distributed& dist, fsdp::FullyShardedDataParallel* fsdp,
-                             const nn::Module& model, const optim::Optimizer& optimizer,
+// one. The model's state is its FSDP parts' shards, each under its prefix (one part and
+// no prefix without --pp; "chunk<c>." per model chunk of a stage), or without FSDP the
+// model's own state dict (ZeRO-1, --pp).
+void save_sharded_checkpoint(const std::string& dir, const Distributed& dist, const ParallelModel& parallel,
+                             const optim::Optimizer& optimizer,
                              const optim::LRScheduler* scheduler, const TrainingPosition& position,
                              const optim::GradScaler* scaler);
 
@@ -47,8 +50,7 @@ void save_sharded_checkpoint(const std::string& dir, const Distributed& dist, fs
 // naming what the checkpoint was written for when this run's world size, strategy or
 // layout differ. Not collective.
 TrainingPosition load_sharded_checkpoint(const std::string& step_dir, const Distributed& dist,
-                                         fsdp::FullyShardedDataParallel* fsdp, nn::Module& model,
-                                         optim::Optimizer& optimizer, optim::LRScheduler* scheduler,
+                                         const ParallelModel& parallel, optim::Optimizer& optimizer, optim::LRScheduler* scheduler,
                                          optim::GradScaler* scaler);
 
 // A first start under the sharded format: rank 0 removes an earlier run's step

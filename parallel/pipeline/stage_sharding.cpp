@@ -1,6 +1,13 @@
 #include "parallel/pipeline/stage_sharding.h"
 
 #include <functional>
+#include <map>  // defines: std::map (gather_stage_weights: this rank's chunks, whole)
+
+#include "autograd/grad_mode.h"          // defines: NoGradGuard
+#include "core/error.h"                  // defines: LOOM_CHECK
+#include "parallel/fsdp/state_dict.h"    // defines: full_state_dict (gather_stage_weights)
+#include "parallel/model_parallel.h"     // defines: split_module
+#include "parallel/pipeline/schedule.h"  // defines: model_chunk
 
 namespace loom::parallel::pipeline {
 
@@ -75,6 +82,32 @@ StageShards shard_stage(PipelineStage& stage,
   return shard_chunks(stage, std::move(options), [&](std::shared_ptr<nn::Module> chunk, fsdp::FSDPOptions o) {
     return std::make_shared<FullyShardedDataParallel>(std::move(chunk), process_groups, std::move(o));
   });
+}
+
+void gather_stage_weights(PipelineStage& stage, const StageShards& shards, nn::Sequential& whole) {
+  const int64_t stages = stage.num_stages(), me = stage.stage_index();
+  const std::vector<std::shared_ptr<nn::Sequential>> pieces = split_module(whole, stage.balance());
+  const std::vector<std::shared_ptr<nn::Sequential>> locals = stage.local_chunks();
+  LOOM_CHECK(shards.size() == locals.size(), "gather_stage_weights: ", shards.size(), " shards for the stage's ",
+             locals.size(), " local chunks; pass what shard_stage returned");
+  NoGradGuard no_grad;
+  // This rank's chunks, whole: gathered from the shards (a collective within each chunk's
+  // FSDP groups, whose ranks hold the same chunks), or the chunk's own state.
+  std::map<int64_t, OrderedDict<Tensor>> mine;
+  for (size_t v = 0; v < locals.size(); ++v)
+    mine[model_chunk(me, int64_t(v), stages)] =
+        shards[v] ? fsdp::full_state_dict(*shards[v], /*rank0_only=*/false) : locals[v]->state_dict();
+  distributed::Communicator& group = *stage.group();
+  for (int64_t c = 0; c < static_cast<int64_t>(pieces.size()); ++c) {
+    const int owner = static_cast<int>(c % stages);
+    for (const auto& [key, t] : pieces[size_t(c)]->state_dict()) {
+      const Tensor* own = owner == me ? mine.at(c).find(key) : &t;
+      LOOM_CHECK(own != nullptr, "gather_stage_weights: model chunk ", c, " has no '", key, "' on its own stage");
+      Tensor buffer = own->detach().contiguous().clone().to(group.tensor_device());
+      group.broadcast(buffer, owner)->wait();
+      Tensor(t).copy_(buffer.to(t.device()));
+    }
+  }
 }
 
 }  // namespace loom::parallel::pipeline

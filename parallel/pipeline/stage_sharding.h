@@ -66,4 +66,13 @@ StageShards shard_stage(PipelineStage& stage,
                                   std::shared_ptr<distributed::Communicator>> process_groups,
                         fsdp::FSDPOptions options = {.sharding_strategy = fsdp::ShardingStrategy::HYBRID_SHARD});
 
+// Every rank's `whole` (the whole model as a Sequential, built alike on every rank, apart
+// from the stage: e.g. a clone of the model made before the stage was sharded) gets every
+// model chunk's full parameters and buffers from a rank of the stage that trains it:
+// local chunks' shards gathered within their FSDP group (fsdp::full_state_dict), then each
+// chunk broadcast over the pipeline group from its owner. For evaluating or saving the
+// whole model under pp x FSDP, where share_weights cannot read the chunks' parameters.
+// A collective over the pipeline group and every chunk's FSDP groups.
+void gather_stage_weights(PipelineStage& stage, const StageShards& shards, nn::Sequential& whole);
+
 }  // namespace loom::parallel::pipeline

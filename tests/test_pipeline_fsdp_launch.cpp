@@ -1,0 +1,87 @@
+// train_cifar10 --pp P --dp-shard S under loomrun: the guide's recipe for a model too large
+// for one device, a pipeline whose every stage is sharded (FSDP on each stage's model
+// chunks, parallel/pipeline/stage_sharding.h). With one micro-batch a pipeline computes
+// exactly what one process computes, so pp x dp_shard must save what --dp-shard alone
+// saves from the same --init, and pp x dp_replicate x dp_shard what HSDP saves; each rank
+// checkpoints its own shards of its stage and a resumed run continues bit for bit.
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "core/tensor.h"
+#include "nn/safetensors.h"   // defines: load_file
+#include "process_launch.h"   // defines: Launch, Result, TempDir, path_from_env, contains
+
+using namespace loom;
+using namespace loom::testing;
+
+namespace {
+
+// The tiny ResNet's Sequential has 10 layers. Shuffled, augmented data: the shards'
+// DistributedSampler must be the same with and without the pipeline.
+const std::string kCommon = " --model tiny --synthetic --max-steps 2 --batch-size 8 --eval-limit 40 --threads 1 "
+                            "--workers 0 --quiet";
+
+std::string progress_line(const std::string& out) {
+  const auto start = out.find("epoch 1/");
+  return start == std::string::npos ? out : out.substr(start, out.find(" time", start) - start);
+}
+
+void check_same_weights(const std::string& want, const std::string& got) {
+  auto a = safetensors::load_file(want), b = safetensors::load_file(got);
+  REQUIRE(a.size() == b.size());
+  for (const auto& [key, tensor] : a) {
+    const std::string& name = key;  // See Note [doctest messages name no structured binding]
+    CAPTURE(name);
+    REQUIRE(b.find(name) != nullptr);
+    CHECK(tensor.to(kFloat64).tolist<double>() == b.find(name)->to(kFloat64).tolist<double>());
+  }
+}
+
+}  // namespace
+
+TEST_CASE("--pp 2 --dp-shard 2 (and x --dp-replicate 2) with one micro-batch saves the weights of the same flags without --pp") {
+  TempDir dir("loom_pp_fsdp");
+  const std::string loomrun = path_from_env("LOOMRUN"), train = path_from_env("TRAIN_CIFAR10");
+  const std::string init = (dir.path / "init.safetensors").string();
+  Result made = Launch(train + kCommon + " --max-steps 0 --save " + init).finish();
+  REQUIRE_MESSAGE(made.code == 0, made.output);
+  struct Case {
+    std::string flags;
+    int ranks;  // without the pipeline
+  };
+  int n = 0;
+  for (const Case& c : {Case{" --dp-shard 2", 2}, Case{" --dp-replicate 2 --dp-shard 2", 4}}) {
+    CAPTURE(c.flags);
+    const std::string want = (dir.path / ("flat" + std::to_string(n) + ".safetensors")).string();
+    const std::string got = (dir.path / ("pp" + std::to_string(n++) + ".safetensors")).string();
+    Result flat = Launch(loomrun + " --standalone --nproc_per_node " + std::to_string(c.ranks) + " " + train + kCommon +
+                         c.flags + " --init " + init + " --save " + want).finish();
+    REQUIRE_MESSAGE(flat.code == 0, flat.output);
+    Result pp = Launch(loomrun + " --standalone --nproc_per_node " + std::to_string(2 * c.ranks) + " " + train +
+                       kCommon + c.flags + " --pp 2 --microbatches 1 --balance 5,5 --init " + init + " --save " + got)
+                    .finish();
+    REQUIRE_MESSAGE(pp.code == 0, pp.output);
+    CHECK(progress_line(flat.output) == progress_line(pp.output));
+    check_same_weights(want, got);
+  }
+}
+
+TEST_CASE("--pp 2 --dp-shard 2 --checkpoint-dir: 2 steps, then --resume to 4, equals 4 straight steps, bit for bit") {
+  TempDir dir("loom_pp_fsdp_resume");
+  const std::string loomrun = path_from_env("LOOMRUN"), train = path_from_env("TRAIN_CIFAR10");
+  const std::string run = loomrun + " --standalone --nproc_per_node 4 " + train +
+                          " --model tiny --synthetic --batch-size 8 --eval-limit 40 --threads 1 --workers 0 --quiet "
+                          "--pp 2 --dp-shard 2 --microbatches 2 --seed 5";
+  const std::string want = (dir.path / "straight.safetensors").string(), got = (dir.path / "resumed.safetensors").string();
+  const std::string ckpt = (dir.path / "ckpt").string();
+  Result straight = Launch(run + " --max-steps 4 --save " + want).finish();
+  REQUIRE_MESSAGE(straight.code == 0, straight.output);
+  Result first = Launch(run + " --max-steps 2 --checkpoint-dir " + ckpt).finish();
+  REQUIRE_MESSAGE(first.code == 0, first.output);
+  Result second = Launch(run + " --max-steps 4 --checkpoint-dir " + ckpt + " --resume --save " + got).finish();
+  REQUIRE_MESSAGE(second.code == 0, second.output);
+  CHECK_MESSAGE(contains(second.output, "resumed from"), second.output);
+  CHECK(progress_line(straight.output) == progress_line(second.output));
+  check_same_weights(want, got);
+}
