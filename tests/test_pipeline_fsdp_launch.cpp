@@ -85,3 +85,27 @@ TEST_CASE("--pp 2 --dp-shard 2 --checkpoint-dir: 2 steps, then --resume to 4, eq
   CHECK(progress_line(straight.output) == progress_line(second.output));
   check_same_weights(want, got);
 }
+
+// --metrics-json's comm_bytes_per_step: under pp x FSDP each stage's parameters are
+// gathered once per step, whatever the micro-batches (they stay gathered from the first
+// forward to the last backward), and their gradients reduce-scattered once: the two
+// kinds move the same bytes, (N-1)/N * 4 * Psi_stage each. Activations cross the cut
+// forward (send on stage 0) and gradients back (recv).
+TEST_CASE("--pp 2 --dp-shard 2 --metrics-json: one all-gather and one reduce-scatter of the stage per step") {
+  TempDir dir("loom_pp_fsdp_bytes");
+  const std::string loomrun = path_from_env("LOOMRUN"), train = path_from_env("TRAIN_CIFAR10");
+  const std::string json = (dir.path / "m.json").string();
+  Result r = Launch(loomrun + " --standalone --nproc_per_node 4 " + train + kCommon +
+                    " --pp 2 --dp-shard 2 --microbatches 4 --balance 5,5 --metrics-json " + json).finish();
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const std::string text = read_file(json);
+  auto number = [&text](const std::string& key) {
+    const size_t at = text.find("\"" + key + "\": ", text.find("comm_bytes_per_step"));
+    REQUIRE_MESSAGE(at != std::string::npos, text);
+    return std::stoll(text.substr(at + key.size() + 4));
+  };
+  CHECK(number("all_gather") > 0);
+  CHECK(number("all_gather") == number("reduce_scatter"));
+  CHECK(number("send") >= number("recv"));  // stage 0 sends activations, receives their gradients
+  CHECK(number("recv") > 0);
+}

@@ -338,8 +338,11 @@ TrainResult train_cifar10(const TrainConfig& config) {
       auto step_start = Clock::now();
       trace::Span step_span("step " + std::to_string(position.global_step + 1), "train");
       // On a GPU: queued copies from pinned memory; the host runs ahead to the forward.
+      const distributed::Traffic comm_before = distributed::process_traffic();
       StepOutput step = train_step(parallel, criterion, *optimizer, amp, to_training_device(batch.data, device, input_format),
                                    to_training_device(batch.target, device));
+      result.comm += distributed::process_traffic() - comm_before;  // the step's own collectives
+      ++result.comm_steps;
       if (scheduler) scheduler->step();
       const auto [step_loss, step_correct] = loss_and_correct(step);
       const double counted = dist.counts_examples() ? static_cast<double>(batch.size()) : 0;
@@ -390,12 +393,15 @@ void write_metrics_json(const TrainResult& r, const std::string& path) {
   std::snprintf(json, sizeof(json),
                 "{\"train_loss\": %.6f, \"train_acc\": %.6f, \"test_loss\": %.6f, \"test_acc\": %.6f, "
                 "\"test_images\": %lld, \"img_per_s\": %.3f, \"median_step_s\": %.6f, \"peak_memory_mib\": %.1f, "
-                "\"model_state_mib\": %.1f, \"steps\": %lld, \"epochs\": %lld}\n",
+                "\"model_state_mib\": %.1f, \"steps\": %lld, \"epochs\": %lld, ",
                 r.train_loss, r.train_acc, r.test_loss, r.test_acc, static_cast<long long>(r.test_images), r.img_per_s,
                 r.median_step_s, static_cast<double>(r.peak_memory_bytes) / (1 << 20),
                 static_cast<double>(r.model_state_bytes) / (1 << 20), static_cast<long long>(r.steps),
                 static_cast<long long>(r.epochs));
-  write_file_atomically(path, json, "--metrics-json");  // readers never see half a file
+  // Rank 0's collectives per training step, by kind (docs/communication.md has each mode's formula).
+  const std::string text = std::string(json) + "\"comm_bytes_per_step\": " +
+                           distributed::traffic_json(r.comm, std::max<int64_t>(r.comm_steps, 1)) + "}\n";
+  write_file_atomically(path, text, "--metrics-json");  // readers never see half a file
 }
 
 }  // namespace loom::examples

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "parallel/comm/traffic.h"  // defines: Traffic (the bytes each collective moved)
+
 namespace loom::examples {
 
 struct TrainConfig {
@@ -93,6 +95,10 @@ struct TrainResult {
   int64_t model_state_bytes = 0;
   int64_t steps = 0;     // optimizer steps taken in total (including before a resume)
   int64_t epochs = 0;    // epochs completed
+  // What this process's collectives moved inside its training steps (bytes per kind, as
+  // nccl-tests count them: parallel/comm/traffic.h), over comm_steps steps of this run.
+  distributed::Traffic comm;
+  int64_t comm_steps = 0;
 };
 
 TrainResult train_cifar10(const TrainConfig& config);
