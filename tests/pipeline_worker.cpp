@@ -118,7 +118,7 @@ int main(int argc, char** argv) {
       if (opt) opt->zero_grad();
       auto r = stage->step(x, y);
       if (opt) opt->step();
-      if (group->rank() == 0) std::printf("loss %.10f correct %lld\n", r.loss.item<double>(), (long long)r.correct);
+      if (group->rank() == 0) std::printf("loss %.10f\n", r.loss.item<double>());
     }
     stage->share_weights();
     if (group->rank() == 0) nn::save(*net, argv[5]);

@@ -6,7 +6,7 @@
 #include <optional>
 
 #include "autograd/grad_mode.h"           // defines: GradMode
-#include "autograd/ops.h"                 // defines: chunk, cat, argmax, eq
+#include "autograd/ops.h"                 // defines: chunk, cat
 #include "core/error.h"
 #include "core/factory.h"                 // defines: from_vector, empty, zeros
 #include "core/trace.h"                   // defines: trace::Span (each action a span, as in one process)
@@ -439,27 +439,22 @@ struct PipelineStage::Run {
     return finish();
   }
 
-  // Note [A failed stage stops the pipeline]: (3). One all-reduce of [loss, correct,
-  // classification?, 0, then per rank: failure, micro-batch, pass, model chunk].
+  // Note [A failed stage stops the pipeline]: (3). One all-reduce of [loss, then per
+  // rank: failure, micro-batch, pass, model chunk].
   StepResult finish() {
     StepResult result;
-    std::vector<double> status(size_t(4 + 4 * S), 0.0);
+    std::vector<double> status(size_t(1 + 4 * S), 0.0);
     if (!failure && ps.is_last()) {
       try {  // an error here still reaches the all-reduce: the others are waiting in it
         Tensor loss = losses[0];
         for (size_t m = 1; m < losses.size(); ++m) loss = loss + losses[m];
         status[0] = loss.to(kFloat64).to(Device(DeviceType::CPU)).item<double>();
         result.output = cat(logits, 0);
-        if (result.output.dim() == 2 && target.dim() == 1 && !is_floating(target.dtype())) {
-          status[1] = static_cast<double>(
-              eq(argmax(result.output, 1), target.to(result.output.device())).sum().to(kInt64).item<int64_t>());
-          status[2] = 1;
-        }
       } catch (...) {
         fail(1, std::nullopt);
       }
     }
-    double* mine = &status[size_t(4 + 4 * rank)];
+    double* mine = &status[size_t(1 + 4 * rank)];
     mine[0] = failure;
     mine[1] = failed_action ? double(failed_action->micro_batch) : -1;
     mine[2] = failed_action ? double(int(failed_action->pass)) : -1;
@@ -477,12 +472,12 @@ struct PipelineStage::Run {
     int64_t origin = -1;
     for (int kind : {1, 2}) {
       for (int64_t r = 0; r < S && origin < 0; ++r)
-        if (all[size_t(4 + 4 * r)] == kind) origin = r;
+        if (all[size_t(1 + 4 * r)] == kind) origin = r;
       if (origin >= 0) break;
     }
     if (origin >= 0) {
       if (origin == rank) rethrow_own();
-      const double* theirs = &all[size_t(4 + 4 * origin)];
+      const double* theirs = &all[size_t(1 + 4 * origin)];
       std::string what = "its step";
       if (theirs[1] >= 0)
         what = detail::str("the ", theirs[2] == 0 ? "forward" : "backward", " of micro-batch ", int64_t(theirs[1]),
@@ -492,7 +487,6 @@ struct PipelineStage::Run {
                 "; stage ", rank, " stopped its step (the error is on rank ", origin, ")");
     }
     result.loss = from_vector(std::vector<double>{all[0]}, {});
-    result.correct = all[2] > 0 ? static_cast<int64_t>(all[1]) : -1;
     return result;
   }
 

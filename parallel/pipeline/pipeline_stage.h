@@ -53,7 +53,7 @@
 // rank's next message gets it instead, which fails that receive at once (the transport
 // refuses a message of another shape); that rank then does the same, so the stop spreads
 // along the pipeline. (3) Every rank, failed or not, ends each step with one all-reduce
-// of its status (and the loss and accuracy sums): so every rank learns which stage
+// of its status (and the loss): so every rank learns which stage
 // failed first, in which pass and micro-batch, and throws an error naming it. A rank
 // that dies instead is noticed by its neighbours' transport (or the communicator's
 // timeout) and loomrun stops the job. After a failed step the group's messages are out
@@ -100,9 +100,8 @@ class PipelineStage : public nn::Module {
                 std::string schedule, LossFn loss_fn);
 
   struct StepResult {
-    Tensor loss;           // the batch's loss, on every rank (all-reduced), float64 on the CPU
-    Tensor output;         // the last stage's outputs of every micro-batch, concatenated (there only)
-    int64_t correct = -1;  // classification (output [N, C], integer targets [N]): argmax hits, on every rank
+    Tensor loss;    // the batch's loss, on every rank (all-reduced), float64 on the CPU
+    Tensor output;  // the last stage's outputs of every micro-batch, concatenated (there only)
   };
   // Forward and backward of one batch under the schedule; this rank's parameters'
   // gradients accumulate (zero_grad first). Every rank passes the batch: the first stage
