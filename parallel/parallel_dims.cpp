@@ -115,4 +115,32 @@ std::string ParallelDims::str() const {
                      " (world ", world_size, ")");
 }
 
+std::string ParallelDims::draw() const {
+  // Ranks found by searching coordinates(): the picture is drawn from the one layout.
+  std::vector<int> rank_at(static_cast<size_t>(world_size));
+  for (int r = 0; r < world_size; ++r) {
+    const Coordinates at = coordinates(r);
+    rank_at[size_t((at.pp * batch_size() + at.batch) * tp + at.tp)] = r;
+  }
+  std::string out = str() + "\n";
+  const std::string label_blank(40, ' ');
+  for (int p = 0; p < pp; ++p) {
+    std::string header = detail::str("pp ", p);
+    header.resize(label_blank.size(), ' ');
+    for (int t = 0; t < tp; ++t) header += detail::str("tp ", t, t < 10 ? "     " : "    ");
+    out += header.substr(0, header.find_last_not_of(' ') + 1) + "\n";
+    for (int b = 0; b < batch_size(); ++b) {
+      std::string row = detail::str("  batch ", b, " (dp_replicate ", b / dp_shard, ", dp_shard ", b % dp_shard, ")");
+      row.resize(label_blank.size(), ' ');
+      for (int t = 0; t < tp; ++t) {
+        std::string cell = detail::str("rank ", rank_at[size_t((p * batch_size() + b) * tp + t)]);
+        cell.resize(9, ' ');
+        row += cell;
+      }
+      out += row.substr(0, row.find_last_not_of(' ') + 1) + "\n";
+    }
+  }
+  return out;
+}
+
 }  // namespace loom::distributed

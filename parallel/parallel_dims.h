@@ -88,6 +88,12 @@ struct ParallelDims {
 
   // "pp=2 dp_replicate=1 dp_shard=2 tp=1 (world 4)", as the trainer prints it.
   std::string str() const;
+
+  // Every rank's place as a picture: one block per pipeline stage, a row per data shard
+  // (batch coordinate, with its dp_replicate and dp_shard), a column per tp rank:
+  //   pp 1                        tp 0     tp 1
+  //     batch 0 (dp_replicate 0, dp_shard 0)   rank 4   rank 5
+  std::string draw() const;
 };
 
 }  // namespace loom::distributed

@@ -80,6 +80,21 @@ TEST_CASE("coordinates at pp=2 x dp_replicate=2 x dp_shard=2 x tp=2: row-major, 
   CHECK_THROWS_WITH_AS(d.coordinates(16), doctest::Contains("rank 16 is outside the world of 16"), Error);
 }
 
+TEST_CASE("draw: a block per stage, a row per data shard, a column per tp rank, from coordinates()") {
+  const ParallelDims d = ParallelDims::make(degrees(2, 1, 2, 2), 8);
+  const std::string picture = d.draw();
+  MESSAGE(picture);
+  CHECK(picture.find("pp=2 dp_replicate=1 dp_shard=2 tp=2 (world 8)\n") == 0);
+  // Stage 1, shard 1: ranks 6 and 7 (tp innermost).
+  const size_t stage1 = picture.find("pp 1");
+  REQUIRE(stage1 != std::string::npos);
+  const size_t row = picture.find("  batch 1 (dp_replicate 0, dp_shard 1)", stage1);
+  REQUIRE(row != std::string::npos);
+  const std::string line = picture.substr(row, picture.find('\n', row) - row);
+  CHECK(line.find("rank 6") != std::string::npos);
+  CHECK(line.find("rank 7") > line.find("rank 6"));
+}
+
 // The mesh built by 8 ranks (threads) at pp=2 x dp_shard=2 x tp=2: each rank's
 // coordinates from the mesh equal coordinates(), the groups hold the right ranks, and
 // one all_reduce along "tp" and one along "batch" add what they should.
