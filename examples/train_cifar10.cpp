@@ -115,6 +115,10 @@ int main(int argc, char** argv) {
                                  "ddp: ZeRO-1, each rank keeps and steps the optimizer state of 1/N of the parameters");
     auto& sharding_strategy = flags.add<std::string>("sharding-strategy", c.sharding_strategy,
                                                      "fsdp: full_shard | shard_grad_op | no_shard | hybrid_shard");
+    auto& reshard_after_forward = flags.add<std::string>(
+        "reshard-after-forward", c.reshard_after_forward,
+        "--dp-shard: default | always | never: free each unit's parameters after its forward (default: always, "
+        "never under --pp, where a stage's units stay gathered through the step's micro-batches)");
     auto& shard_group_size = flags.add<int64_t>("shard-group-size", c.shard_group_size,
                                                 "fsdp hybrid_shard: ranks per shard group (divides the world)");
     flags.parse(argc, argv);
@@ -169,6 +173,7 @@ int main(int argc, char** argv) {
     c.bucket_cap_mb = bucket_cap_mb;
     c.zero_redundancy_optimizer = zero;
     c.sharding_strategy = sharding_strategy;
+    c.reshard_after_forward = reshard_after_forward;
     c.shard_group_size = shard_group_size;
     LOOM_CHECK(!c.eval_only || !c.init.empty() || c.resume, "--eval-only needs --init PATH (or --resume)");
     train_cifar10(c);

@@ -91,21 +91,27 @@ TEST_CASE("--pp 2 --dp-shard 2 --checkpoint-dir: 2 steps, then --resume to 4, eq
 // forward to the last backward), and their gradients reduce-scattered once: the two
 // kinds move the same bytes, (N-1)/N * 4 * Psi_stage each. Activations cross the cut
 // forward (send on stage 0) and gradients back (recv).
-TEST_CASE("--pp 2 --dp-shard 2 --metrics-json: one all-gather and one reduce-scatter of the stage per step") {
+TEST_CASE("--pp 2 --dp-shard 2 --metrics-json: one all-gather and one reduce-scatter of the stage per step; always: more gathers") {
   TempDir dir("loom_pp_fsdp_bytes");
   const std::string loomrun = path_from_env("LOOMRUN"), train = path_from_env("TRAIN_CIFAR10");
-  const std::string json = (dir.path / "m.json").string();
-  Result r = Launch(loomrun + " --standalone --nproc_per_node 4 " + train + kCommon +
-                    " --pp 2 --dp-shard 2 --microbatches 4 --balance 5,5 --metrics-json " + json).finish();
-  REQUIRE_MESSAGE(r.code == 0, r.output);
-  const std::string text = read_file(json);
-  auto number = [&text](const std::string& key) {
-    const size_t at = text.find("\"" + key + "\": ", text.find("comm_bytes_per_step"));
+  // One run's rank-0 bytes per step of `kind`.
+  auto bytes = [&](const std::string& reshard, const std::string& kind) {
+    const std::string json = (dir.path / ("m_" + reshard + ".json")).string();
+    Result r = Launch(loomrun + " --standalone --nproc_per_node 4 " + train + kCommon +
+                      " --pp 2 --dp-shard 2 --microbatches 4 --balance 5,5 --reshard-after-forward " + reshard +
+                      " --metrics-json " + json).finish();
+    REQUIRE_MESSAGE(r.code == 0, r.output);
+    const std::string text = read_file(json);
+    const size_t at = text.find("\"" + kind + "\": ", text.find("comm_bytes_per_step"));
     REQUIRE_MESSAGE(at != std::string::npos, text);
-    return std::stoll(text.substr(at + key.size() + 4));
+    return std::stoll(text.substr(at + kind.size() + 4));
   };
-  CHECK(number("all_gather") > 0);
-  CHECK(number("all_gather") == number("reduce_scatter"));
-  CHECK(number("send") >= number("recv"));  // stage 0 sends activations, receives their gradients
-  CHECK(number("recv") > 0);
+  CHECK(bytes("default", "all_gather") > 0);
+  CHECK(bytes("default", "all_gather") == bytes("default", "reduce_scatter"));
+  CHECK(bytes("default", "send") >= bytes("default", "recv"));  // stage 0 sends activations, receives gradients
+  CHECK(bytes("default", "recv") > 0);
+  // --reshard-after-forward always: FULL_SHARD per micro-batch, a stage's units gathered
+  // again for every forward and backward; the gradients are still reduce-scattered once.
+  CHECK(bytes("always", "all_gather") > 4 * bytes("default", "all_gather"));
+  CHECK(bytes("always", "reduce_scatter") == bytes("default", "reduce_scatter"));
 }

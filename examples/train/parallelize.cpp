@@ -128,8 +128,10 @@ std::shared_ptr<nn::Module> apply_ddp(std::shared_ptr<nn::Module> model,
 // As torchtitan's apply_fsdp: every block is a unit (the default ModuleWrapPolicy), and
 // the last block stays gathered from its forward to its backward, beside the head
 // (Note [Which units stay gathered], parallel/fsdp/runtime.cpp).
-static fsdp::FSDPOptions fsdp_options(fsdp::ShardingStrategy strategy) {
-  return fsdp::FSDPOptions{.sharding_strategy = strategy, .keep_last_gathered = 2};
+static fsdp::FSDPOptions fsdp_options(fsdp::ShardingStrategy strategy, const TrainConfig& config) {
+  fsdp::FSDPOptions options{.sharding_strategy = strategy, .keep_last_gathered = 2};
+  if (config.reshard_after_forward != "default") options.reshard_after_forward = config.reshard_after_forward == "always";
+  return options;
 }
 
 std::shared_ptr<fsdp::FullyShardedDataParallel> apply_fsdp(std::shared_ptr<nn::Module> model,
@@ -142,9 +144,9 @@ std::shared_ptr<fsdp::FullyShardedDataParallel> apply_fsdp(std::shared_ptr<nn::M
   if (dims.dp_replicate_enabled())  // HSDP: shards within dp_shard, replicas across dp_replicate
     return std::make_shared<fsdp::FullyShardedDataParallel>(
         model, std::pair{mesh.group("dp_shard"), mesh.group("dp_replicate")},
-        fsdp_options(fsdp::ShardingStrategy::HYBRID_SHARD));
+        fsdp_options(fsdp::ShardingStrategy::HYBRID_SHARD, config));
   if (strategy == fsdp::ShardingStrategy::HYBRID_SHARD) strategy = fsdp::ShardingStrategy::FULL_SHARD;  // one replica
-  return std::make_shared<fsdp::FullyShardedDataParallel>(model, mesh.group("dp_shard"), fsdp_options(strategy));
+  return std::make_shared<fsdp::FullyShardedDataParallel>(model, mesh.group("dp_shard"), fsdp_options(strategy, config));
 }
 
 nn::Module& ParallelModel::for_evaluation() {
@@ -168,10 +170,14 @@ static void shard_pipeline_stage(ParallelModel& out, std::shared_ptr<parallel::p
   LOOM_CHECK(copy != nullptr, "--pp with --dp-shard needs a ResNet, got ", out.model->type_name());
   fsdp::ShardingStrategy strategy = fsdp::parse_sharding_strategy(config.sharding_strategy);
   if (strategy == fsdp::ShardingStrategy::HYBRID_SHARD) strategy = fsdp::ShardingStrategy::FULL_SHARD;
+  // As shard_stage's defaults (every block a unit), with --reshard-after-forward.
+  fsdp::FSDPOptions options{.sharding_strategy = dims.dp_replicate_enabled() ? fsdp::ShardingStrategy::HYBRID_SHARD
+                                                                              : strategy};
+  if (config.reshard_after_forward != "default") options.reshard_after_forward = config.reshard_after_forward == "always";
   const parallel::pipeline::StageShards shards =
       dims.dp_replicate_enabled()
-          ? parallel::pipeline::shard_stage(*stage, {mesh.group("dp_shard"), mesh.group("dp_replicate")})
-          : parallel::pipeline::shard_stage(*stage, mesh.group("dp_shard"), {.sharding_strategy = strategy});
+          ? parallel::pipeline::shard_stage(*stage, {mesh.group("dp_shard"), mesh.group("dp_replicate")}, options)
+          : parallel::pipeline::shard_stage(*stage, mesh.group("dp_shard"), options);
   for (size_t v = 0; v < shards.size(); ++v) {
     const int64_t chunk = parallel::pipeline::model_chunk(stage->stage_index(), int64_t(v), stage->num_stages());
     if (shards[v]) out.sharded_parts.push_back({"chunk" + std::to_string(chunk) + ".", shards[v]});

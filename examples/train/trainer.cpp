@@ -210,6 +210,9 @@ void check_flags(const TrainConfig& c) {
              "--pipeline-checkpoint: expected never, except_last or always, got '", c.pipeline_checkpoint, "'");
   LOOM_CHECK(!c.zero_redundancy_optimizer || c.mode == "ddp" || c.dp_replicate > 1, "--zero-redundancy-optimizer "
              "shards the optimizer state over DDP's ranks: it needs --mode ddp or --dp-replicate, got --mode ", c.mode);
+  LOOM_CHECK(c.reshard_after_forward == "default" || c.reshard_after_forward == "always" ||
+                 c.reshard_after_forward == "never",
+             "--reshard-after-forward: expected default, always or never, got '", c.reshard_after_forward, "'");
   LOOM_CHECK(c.lr_scaling == "none" || c.lr_scaling == "linear", "--lr-scaling: expected none or linear, got '",
              c.lr_scaling, "'");
   LOOM_CHECK(c.pipeline_checkpoint == "never" || c.mode == "pipeline", "--pipeline-checkpoint ",

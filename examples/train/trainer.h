@@ -80,6 +80,10 @@ struct TrainConfig {
   bool zero_redundancy_optimizer = false;  // ddp: ZeRO-1, each rank the optimizer state of its partition
   std::string sharding_strategy = "full_shard";  // fsdp: full_shard | shard_grad_op | no_shard | hybrid_shard
   int64_t shard_group_size = 0;      // fsdp hybrid_shard: ranks per shard group (must divide the world)
+  // --dp-shard: default | always | never (torchtitan's fsdp_reshard_after_forward): free a
+  // unit's parameters after its forward. default: always, but never under --pp, where a
+  // stage's units stay gathered through the step's micro-batches.
+  std::string reshard_after_forward = "default";
 };
 
 struct TrainResult {
