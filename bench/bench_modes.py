@@ -13,7 +13,8 @@ interleaved --repeat times; the table gives img/s (global batch / median step; m
 over repeats) and each mode against loom single, loom's peak tensor memory (the
 allocator's, in the process or rank 0; the pipeline's checkpointing rows trade speed for
 it), rank 0's model state (parameters + gradients + optimizer state, model_state_mib: what
-ZeRO-1 shards; docs/sharding.md), and the PyTorch rows against their loom counterparts (median of per-repeat ratios: configurations of one repeat run minutes apart
+ZeRO-1 shards; docs/sharding.md), rank 0's bytes moved by collectives per step (every kind,
+comm_mib_per_step; docs/communication.md), and the PyTorch rows against their loom counterparts (median of per-repeat ratios: configurations of one repeat run minutes apart
 at most). PyTorch 1.13's DataParallel needs GPUs, so it has no row; its Pipe keeps one
 worker per device, so with both stages on the CPU it runs GPipe's schedule on one worker.
 Needs a built loom (build/) and, for the PyTorch rows, python3-torch (--torch-python).
@@ -61,6 +62,8 @@ def loom(args, tmp, mode, *extra, processes=1, replicas=None):
     out = {"img_per_s": args.batch_size / m["median_step_s"], "peak_mib": m["peak_memory_mib"]}
     if "model_state_mib" in m:  # parameters + gradients + optimizer state per device (rank 0's)
         out["model_state_mib"] = m["model_state_mib"]
+    if "comm_bytes_per_step" in m:  # rank 0's collectives per step, every kind (docs/communication.md)
+        out["comm_mib_per_step"] = sum(m["comm_bytes_per_step"].values()) / 2**20
     return out
 
 
@@ -91,9 +94,9 @@ def summarise(results):
         ips = [r["img_per_s"] for r in runs]
         row = {"mode": name, "img_per_s": round(statistics.median(ips), 2),
                "speedup_vs_single": round(statistics.median(x / s for x, s in zip(ips, single)), 3),
-               "peak_mib": None, "model_state_mib": None, "torch_img_per_s": None,
+               "peak_mib": None, "model_state_mib": None, "comm_mib_per_step": None, "torch_img_per_s": None,
                "img_per_s_runs": [round(x, 2) for x in ips]}
-        for key in ("peak_mib", "model_state_mib"):
+        for key in ("peak_mib", "model_state_mib", "comm_mib_per_step"):
             values = [r[key] for r in runs if key in r]
             if values:
                 row[key] = round(statistics.median(values), 1)
@@ -204,6 +207,12 @@ def main():
         # cores, so this row shows that it runs and what it holds, not its speed).
         ("loom ddp --pp 2 (pp 2 x dp 2)", lambda t: loom(args, t, "ddp", "--pp", "2", "--chunks", c,
                                                          processes=4, replicas=2)),
+        # The guide's recipe: a pipeline whose stages are sharded (FSDP per stage), and one
+        # whose stages' optimizer states are (ZeRO-1 per stage); 4 processes, as above.
+        ("loom pp 2 x fsdp 2", lambda t: loom(args, t, "single", "--pp", "2", "--dp-shard", "2", "--chunks", c,
+                                              processes=4, replicas=2)),
+        ("loom pp 2 x zero1 2", lambda t: loom(args, t, "single", "--pp", "2", "--dp-replicate", "2",
+                                               "--zero-redundancy-optimizer", "--chunks", c, processes=4, replicas=2)),
         # The sharded family (docs/sharding.md, docs/fsdp.md): as ddp, a process per device.
         ("loom fsdp full_shard", lambda t: loom(args, t, "fsdp", "--sharding-strategy", "full_shard",
                                                 processes=args.devices)),
@@ -241,11 +250,12 @@ def main():
                 print(f"#   repeat {r + 1}: {name:30s} {results[name][-1]['img_per_s']:7.1f} img/s", flush=True)
     rows = summarise(results)
     print(f"{'configuration':30s} {'img/s':>7s}  {'/ loom single':>13s}  {'peak MiB':>8s}  {'state MiB':>9s}  "
-          "img/s of each repeat")
+          f"{'comm MiB/step':>13s}  img/s of each repeat")
     for row in rows:
         peak = f"{row['peak_mib']:8.0f}" if row["peak_mib"] is not None else f"{'':8s}"
         state = f"{row['model_state_mib']:9.1f}" if row["model_state_mib"] is not None else f"{'':9s}"
-        print(f"{row['mode']:30s} {row['img_per_s']:7.1f}  {row['speedup_vs_single']:13.2f}  {peak}  {state}  "
+        comm = f"{row['comm_mib_per_step']:13.1f}" if row["comm_mib_per_step"] is not None else f"{'':13s}"
+        print(f"{row['mode']:30s} {row['img_per_s']:7.1f}  {row['speedup_vs_single']:13.2f}  {peak}  {state}  {comm}  "
               f"{' '.join(f'{x:.1f}' for x in row['img_per_s_runs'])}")
     for sharded in ("loom ddp+zero1", "loom fsdp full_shard", "loom fsdp shard_grad_op"):
         if sharded in results and "loom ddp" in results:
