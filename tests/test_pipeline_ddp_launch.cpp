@@ -9,6 +9,7 @@
 #include "core/tensor.h"
 #include "nn/safetensors.h"   // defines: load_file
 #include "process_launch.h"   // defines: Launch, Result, TempDir, path_from_env, contains
+#include "saved_weights.h"    // defines: check_same_weights, progress_line
 
 using namespace loom;
 using namespace loom::testing;
@@ -20,10 +21,6 @@ namespace {
 const std::string kCommon = " --model tiny --synthetic --max-steps 2 --batch-size 8 --eval-limit 40 --threads 1 "
                             "--workers 0 --quiet";
 
-std::string progress_line(const std::string& out) {
-  const auto start = out.find("epoch 1/");
-  return start == std::string::npos ? out : out.substr(start, out.find(" time", start) - start);
-}
 
 }  // namespace
 
@@ -42,14 +39,7 @@ TEST_CASE("--mode ddp --pp 2 on 4 processes with one micro-batch saves --mode dd
   REQUIRE_MESSAGE(pp_dp.code == 0, pp_dp.output);
   // The same losses, accuracies and evaluation (rank 0's buffers on every replica).
   CHECK(progress_line(ddp.output) == progress_line(pp_dp.output));
-  auto a = safetensors::load_file(want), b = safetensors::load_file(got);
-  REQUIRE(a.size() == b.size());
-  for (const auto& [key, tensor] : a) {
-    const std::string& name = key;  // See Note [doctest messages name no structured binding]
-    CAPTURE(name);
-    REQUIRE(b.find(name) != nullptr);
-    CHECK(tensor.to(kFloat64).tolist<double>() == b.find(name)->to(kFloat64).tolist<double>());
-  }
+  check_same_weights(want, got);
 }
 
 TEST_CASE("--mode ddp --pp: a world that pipelines of P stages cannot fill is refused, naming both") {
@@ -78,18 +68,6 @@ double model_state_mib(const std::string& out, int rank) {
   REQUIRE_MESSAGE(at != std::string::npos, out);
   const size_t state = out.find("model state ", at);
   return std::stod(out.substr(state + 12));
-}
-
-// Both runs' saved weights, tensor by tensor, bit for bit.
-void check_same_weights(const std::string& want, const std::string& got) {
-  auto a = safetensors::load_file(want), b = safetensors::load_file(got);
-  REQUIRE(a.size() == b.size());
-  for (const auto& [key, tensor] : a) {
-    const std::string& name = key;  // See Note [doctest messages name no structured binding]
-    CAPTURE(name);
-    REQUIRE(b.find(name) != nullptr);
-    CHECK(tensor.to(kFloat64).tolist<double>() == b.find(name)->to(kFloat64).tolist<double>());
-  }
 }
 
 }  // namespace

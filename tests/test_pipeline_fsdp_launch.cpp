@@ -11,6 +11,7 @@
 #include "core/tensor.h"
 #include "nn/safetensors.h"   // defines: load_file
 #include "process_launch.h"   // defines: Launch, Result, TempDir, path_from_env, contains
+#include "saved_weights.h"    // defines: check_same_weights, progress_line
 
 using namespace loom;
 using namespace loom::testing;
@@ -22,21 +23,7 @@ namespace {
 const std::string kCommon = " --model tiny --synthetic --max-steps 2 --batch-size 8 --eval-limit 40 --threads 1 "
                             "--workers 0 --quiet";
 
-std::string progress_line(const std::string& out) {
-  const auto start = out.find("epoch 1/");
-  return start == std::string::npos ? out : out.substr(start, out.find(" time", start) - start);
-}
 
-void check_same_weights(const std::string& want, const std::string& got) {
-  auto a = safetensors::load_file(want), b = safetensors::load_file(got);
-  REQUIRE(a.size() == b.size());
-  for (const auto& [key, tensor] : a) {
-    const std::string& name = key;  // See Note [doctest messages name no structured binding]
-    CAPTURE(name);
-    REQUIRE(b.find(name) != nullptr);
-    CHECK(tensor.to(kFloat64).tolist<double>() == b.find(name)->to(kFloat64).tolist<double>());
-  }
-}
 
 }  // namespace
 

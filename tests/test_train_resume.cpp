@@ -11,9 +11,11 @@
 #include "examples/train/checkpoint.h"
 #include "examples/train/trainer.h"
 #include "nn/safetensors.h"
+#include "saved_weights.h"  // defines: check_same_weights
 
 using namespace loom;
 using namespace loom::examples;
+using loom::testing::check_same_weights;
 
 namespace {
 
@@ -40,17 +42,6 @@ TrainConfig small_run() {
   return c;
 }
 
-void check_same_weights(const std::string& a, const std::string& b) {
-  auto wa = safetensors::load_file(a), wb = safetensors::load_file(b);
-  REQUIRE(wa.size() == wb.size());
-  for (const auto& [key, tensor] : wa) {
-    const std::string& name = key;  // See Note [doctest messages name no structured binding]
-    const Tensor* other = wb.find(name);
-    REQUIRE_MESSAGE(other, "missing ", name);
-    Tensor x = tensor.to(kFloat64), y = other->to(kFloat64);
-    CHECK_MESSAGE(x.tolist<double>() == y.tolist<double>(), name, " differs after resume");
-  }
-}
 
 // Trains `straight` again, stopping after `stop` steps with a checkpoint, then resumes to
 // straight.max_steps; the final weights must equal straight.save's bit for bit. Returns
