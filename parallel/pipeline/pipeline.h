@@ -19,14 +19,14 @@
 // action only reads what another stage finished before the flag was set. Stages do not
 // wait for each other's unrelated actions (a clock with a barrier per tick did: a
 // stage's backward paired with the other's shorter forward wasted the difference at
-// every tick, 841 ms a ResNet18 step instead of 710). The run is deterministic: each stage accumulates its micro-batches'
-// gradients in its own fixed order, 0, 1, ... in both schedules, so GPipe and 1F1B give
-// the same gradients bit for bit. Between stages the activation is detached and moved to
-// the next device, where it becomes a leaf that requires grad; the backward of
-// micro-batch m on stage s starts from the gradient stage s + 1's backward left in that
-// leaf. So each stage's autograd graph is its own, and stages back-propagate
-// concurrently on their threads (autograd/engine.h allows independent graphs on
-// different threads). A stage that throws wakes the others, which stop.
+// every tick, 841 ms a ResNet18 step instead of 710). Each action is MicrobatchRunner's
+// (microbatch_runner.h): every stage's autograd graph is its own (Note [One graph per
+// virtual stage and micro-batch]), so the stages back-propagate concurrently on their
+// threads; what moves between them is a device copy of the activation forward and of
+// the input's gradient back. The run is deterministic: each stage accumulates its
+// micro-batches' gradients in its own fixed order, 0, 1, ... in every schedule, so GPipe
+// and 1F1B give the same gradients bit for bit. A stage that throws wakes the others,
+// which stop.
 //
 // Note [Micro-batch losses add up to the batch's]
 // loss_fn returns a mean over its micro-batch (as cross_entropy does). Micro-batch m of
@@ -105,11 +105,6 @@ class Pipeline : public ModelParallel {
   std::string extra_repr() const override;
 
  private:
-  // Whether micro-batch m of M is checkpointed.
-  bool checkpointed(int64_t m, int64_t M) const;
-  // "stage 1", or with virtual stages "model chunk 3 (stage 1's chunk 1)".
-  std::string chunk_name(int64_t c) const;
-
   std::vector<Device> stage_devices_;
   int64_t virtual_stages_ = 1;
   int64_t chunks_;
@@ -117,10 +112,5 @@ class Pipeline : public ModelParallel {
   LossFn loss_fn_;
   std::string checkpoint_;
 };
-
-// The trace span's name of an action: "F3 stage 1", with virtual stages "F3 stage 1
-// chunk 3" (the model chunk). Shared by the in-process and cross-process pipelines, so
-// their traces read (and are measured: docs/pipeline.md) alike.
-std::string action_name(const Action& action, int64_t stage, int64_t stages, int64_t virtual_stages);
 
 }  // namespace loom::parallel::pipeline

@@ -6,12 +6,11 @@
 #include <optional>
 
 #include "autograd/grad_mode.h"           // defines: GradMode
-#include "autograd/ops.h"                 // defines: chunk, cat
 #include "core/error.h"
 #include "core/factory.h"                 // defines: from_vector, empty, zeros
 #include "core/trace.h"                   // defines: trace::Span (each action a span, as in one process)
 #include "parallel/model_parallel.h"      // defines: split_module
-#include "parallel/pipeline/pipeline.h"   // defines: action_name
+#include "parallel/pipeline/microbatch_runner.h"  // defines: MicrobatchRunner, micro_batch_sizes, action_name
 #include "parallel/pipeline/schedule.h"   // defines: make_schedule, model_chunk
 
 namespace loom::parallel::pipeline {
@@ -33,15 +32,6 @@ std::string describe_settings(const std::vector<int64_t>& row) {
   for (int64_t i = 0; i < std::min(row[0], kMaxBalance); ++i) balance += (i ? ", " : "") + std::to_string(row[size_t(4 + i)]);
   if (row[0] > kMaxBalance) balance += ", ...";
   return detail::str("balance ", balance, "], chunks ", row[1], ", schedule ", names[std::clamp<int64_t>(row[2], 0, 3)]);
-}
-
-// The micro-batch sizes chunk(batch, chunks) gives: ceil(B / chunks) each, the last what
-// remains (fewer micro-batches when the batch is small).
-std::vector<int64_t> micro_batch_sizes(int64_t batch, int64_t chunks) {
-  const int64_t each = (batch - 1) / chunks + 1;
-  std::vector<int64_t> sizes;
-  for (int64_t start = 0; start < batch; start += each) sizes.push_back(std::min(each, batch - start));
-  return sizes;
 }
 
 std::string what_of(const std::exception_ptr& error) {
@@ -165,9 +155,7 @@ struct PipelineStage::Run {
   std::vector<int64_t> sizes;  // of the micro-batches
   std::vector<int64_t> backwards_done;  // [model chunk]: backwards run so far this step
   std::vector<Action> order;   // this rank's row of the schedule
-  std::vector<Tensor> micro_inputs, micro_targets;
-  std::vector<std::vector<Tensor>> inputs, outputs;  // [model chunk][m]: received leaves, outputs (or weighted loss)
-  std::vector<Tensor> losses, logits;                // [m], on the last stage
+  std::optional<MicrobatchRunner> runner;  // this rank's virtual stages' work: made once the arguments are checked
   // The receives this rank's order makes, per tag (0: activations from `prev`,
   // 1: gradients from `next`), in order; posted[k] of them posted, taken[k] consumed.
   struct Expected {
@@ -208,11 +196,7 @@ struct PipelineStage::Run {
       if (a.pass == Pass::Forward && c > 0) expected[0].push_back({c - 1, a.micro_batch, {}, {}});
       if (a.pass == Pass::Backward && c < C - 1) expected[1].push_back({c, a.micro_batch, {}, {}});
     }
-    inputs.assign(size_t(C), std::vector<Tensor>(size_t(M)));
     backwards_done.assign(size_t(C), 0);
-    outputs.assign(size_t(C), std::vector<Tensor>(size_t(M)));
-    losses.resize(size_t(M));
-    logits.resize(size_t(M));
   }
 
   // Checks that need only this rank (after plan(), so a failure here drains).
@@ -224,13 +208,19 @@ struct PipelineStage::Run {
     if (ps.is_first()) {
       LOOM_CHECK(input.defined() && input.dim() > 0 && input.size(0) == batch, "PipelineStage::step: the first stage "
                  "needs the batch's input, got ", input.str(), " for a batch of ", batch);
-      micro_inputs = chunk(input.detach(), ps.chunks_, 0);
     }
     if (ps.is_last()) {
       LOOM_CHECK(target.defined() && target.dim() > 0 && target.size(0) == batch, "PipelineStage::step: the last "
                  "stage needs the batch's target, got ", target.str(), " for a batch of ", batch);
-      micro_targets = chunk(target, ps.chunks_, 0);
     }
+    std::vector<MicrobatchRunner::VirtualStage> virtual_stages(size_t(C), {nullptr, ps.device_});
+    for (int64_t v = 0; v < V; ++v) {  // this rank's; the others run elsewhere
+      const int64_t c = model_chunk(rank, v, S);
+      const auto& wrapper = ps.wrappers_[size_t(c)];
+      virtual_stages[size_t(c)].module = wrapper ? wrapper.get() : ps.model_chunks_[size_t(c)].get();
+    }
+    runner.emplace(std::move(virtual_stages), S, ps.loss_fn_, batch, ps.chunks_, ps.is_first() ? input : Tensor(),
+                   ps.is_last() ? target : Tensor(), loss_scale);
   }
 
   // The dtype and shape of expected receive e on tag k, if known yet.
@@ -242,7 +232,8 @@ struct PipelineStage::Run {
       shape.insert(shape.end(), it->second.sample.begin(), it->second.sample.end());
       return std::make_pair(it->second.dtype, shape);
     }
-    const Tensor& out = outputs[size_t(e.boundary)][size_t(e.m)];
+    if (!runner) return std::nullopt;
+    const Tensor& out = runner->kept_output(e.boundary, e.m);
     if (!out.defined()) return std::nullopt;
     return std::make_pair(out.dtype(), out.shape());
   }
@@ -307,29 +298,12 @@ struct PipelineStage::Run {
     return t.to(ps.device_);
   }
 
-  // Model chunk c's forward of micro-batch m; as Pipeline::step's (the same ops, in the
-  // same order: the weights match bit for bit).
+  // Model chunk c's forward of micro-batch m: the runner's, as Pipeline::step's (Note
+  // [One graph per virtual stage and micro-batch]); its input comes from rank `prev`, its
+  // output goes to rank `next`.
   void forward(int64_t c, int64_t m) {
-    Tensor x;
-    if (c == 0) {
-      x = micro_inputs[size_t(m)].to(ps.device_);
-    } else {
-      x = take(0).detach().requires_grad_(true);  // a leaf: its .grad() is what rank `prev` needs
-      inputs[size_t(c)][size_t(m)] = x;
-    }
-    const auto& wrapper = ps.wrappers_[size_t(c)];
-    Tensor y = wrapper ? (*wrapper)(x) : (*ps.model_chunks_[size_t(c)])(x);
-    if (c == C - 1) {
-      const Tensor& t = micro_targets[size_t(m)];
-      // Note [Micro-batch losses add up to the batch's]
-      Tensor loss = ps.loss_fn_(y, t.to(y.device())) * (static_cast<double>(t.size(0)) / static_cast<double>(batch));
-      losses[size_t(m)] = loss.detach();
-      logits[size_t(m)] = y.detach();
-      outputs[size_t(c)][size_t(m)] = loss_scale == 1.0 ? loss : loss * loss_scale;
-      return;
-    }
-    LOOM_CHECK(y.dim() >= 1 && y.size(0) == sizes[size_t(m)], "the output ", y.str(), " of model chunk ", c,
-               " does not keep the micro-batch's ", sizes[size_t(m)], " samples in its first dimension");
+    Tensor y = runner->forward(c, m, c == 0 ? Tensor() : take(0));
+    if (c == C - 1) return;  // the loss, kept by the runner
     auto it = ps.agreed_.find(c);
     if (it == ps.agreed_.end()) {
       send_header(c, y);
@@ -340,32 +314,18 @@ struct PipelineStage::Run {
                  " [micro-batch] + ", it->second.sample, " (Note [Shapes are agreed once]); a "
                  "stage's output must keep its shape and dtype from step to step");
     }
-    outputs[size_t(c)][size_t(m)] = y;
-    sends.push_back(comm.send(on_comm(y.detach()), next, kActivationTag));
+    sends.push_back(comm.send(on_comm(y), next, kActivationTag));
     post_ahead(0);
   }
 
+  // Its backward: the output's gradient from rank `next`, the input's to rank `prev`.
   void backward(int64_t c, int64_t m) {
-    Tensor& out = outputs[size_t(c)][size_t(m)];
     if (ps.sync_.before_backward) {  // See Note [A replicated stage synchronises once]
       const bool last = ++backwards_done[size_t(c)] == static_cast<int64_t>(sizes.size());
       ps.sync_.before_backward(static_cast<size_t>(c / S), last);
     }
-    if (c == C - 1) {
-      out.backward();
-    } else {
-      Tensor grad = take(1);
-      if (out.requires_grad()) out.backward(grad.to(out.device()));
-    }
-    out = Tensor();  // frees this micro-batch's graph on this chunk
-    if (c > 0) {
-      Tensor& in = inputs[size_t(c)][size_t(m)];
-      Tensor grad = in.grad();
-      LOOM_CHECK(grad.defined(), "model chunk ", c, " left no gradient for its input of micro-batch ", m,
-                 "; does its first layer use its input?");
-      sends.push_back(comm.send(on_comm(grad), prev, kGradientTag));
-      in = Tensor();
-    }
+    Tensor grad = runner->backward(c, m, c == C - 1 ? Tensor() : take(1));
+    if (c > 0) sends.push_back(comm.send(on_comm(grad), prev, kGradientTag));
   }
 
   void fail(int kind, std::optional<Action> action) {
@@ -446,10 +406,8 @@ struct PipelineStage::Run {
     std::vector<double> status(size_t(1 + 4 * S), 0.0);
     if (!failure && ps.is_last()) {
       try {  // an error here still reaches the all-reduce: the others are waiting in it
-        Tensor loss = losses[0];
-        for (size_t m = 1; m < losses.size(); ++m) loss = loss + losses[m];
-        status[0] = loss.to(kFloat64).to(Device(DeviceType::CPU)).item<double>();
-        result.output = cat(logits, 0);
+        status[0] = runner->loss().to(kFloat64).to(Device(DeviceType::CPU)).item<double>();
+        result.output = runner->output();
       } catch (...) {
         fail(1, std::nullopt);
       }

@@ -29,8 +29,9 @@
 // "messages in order"). Sends are asynchronous and waited for only at the end of the
 // step, so a stage computes its next micro-batch while the last send is in flight; the
 // next receive on each tag is posted ahead (as soon as its shape is known), so the data
-// lands while the stage computes. Each chunk runs exactly the ops of the in-process
-// Pipeline, in the same order, and accumulates its gradients in micro-batch order: the
+// lands while the stage computes. Each action is MicrobatchRunner's, as in the in-process
+// Pipeline (Note [One graph per virtual stage and micro-batch], microbatch_runner.h):
+// the same ops in the same order, gradients accumulated in micro-batch order, so the
 // weights after any number of steps are bitwise those of Pipeline with the same balance,
 // chunks and schedule (tests/test_pipeline_stage.cpp).
 //
