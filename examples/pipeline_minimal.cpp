@@ -38,10 +38,10 @@ int main(int argc, char** argv) try {
   std::shared_ptr<nn::Module> stages;  // what the optimizer steps: this process's stages
   std::function<Tensor(const Tensor&, const Tensor&)> step;  // one batch's forward + backward
   if (launched) {
-    // dist.init_process_group(); stage = PipelineStage(model chunk, rank, world_size, device)
+    // dist.init_process_group(); stage = PipelineStage(this rank's layers, rank, world_size, device)
     distributed::init_process_group("gloo");
     auto stage = std::make_shared<pp::PipelineStage>(model->sequential(), std::vector<int64_t>{7, 7},
-                                                     distributed::default_group(), Device("cpu"), /*chunks=*/4,
+                                                     distributed::default_group(), Device("cpu"), /*n_microbatches=*/4,
                                                      "1f1b", loss_fn);
     // schedule = Schedule1F1B(stage, n_microbatches=4, loss_fn); schedule.step(x, target=y)
     step = [stage](const Tensor& x, const Tensor& y) { return stage->step(x, y).loss; };  // loss: every rank's
@@ -50,7 +50,7 @@ int main(int argc, char** argv) try {
     const std::vector<Device> devices =
         cuda::device_count() >= 2 ? std::vector<Device>{"cuda:0", "cuda:1"} : std::vector<Device>{"cpu:0", "cpu:1"};
     auto pipe = std::make_shared<pp::Pipeline>(model->sequential(), devices, std::vector<int64_t>{7, 7},
-                                               /*chunks=*/4, "1f1b", loss_fn);
+                                               /*n_microbatches=*/4, "1f1b", loss_fn);
     step = [pipe](const Tensor& x, const Tensor& y) { return pipe->step(x, y).loss; };
     stages = pipe;
   }

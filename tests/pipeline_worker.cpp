@@ -2,8 +2,8 @@
 // loomrun (apply_pipeline_processes), or the in-process Pipeline as the reference, on the
 // same small model and batches; rank 0 saves the weights after `steps` SGD steps.
 //
-//   loomrun --nproc_per_node 2 pipeline_worker processes SCHEDULE BALANCE CHUNKS OUT [DIE_RANK]
-//   pipeline_worker reference SCHEDULE BALANCE STAGES CHUNKS OUT
+//   loomrun --nproc_per_node 2 pipeline_worker processes SCHEDULE BALANCE MICROBATCHES OUT [DIE_RANK]
+//   pipeline_worker reference SCHEDULE BALANCE STAGES MICROBATCHES OUT
 //
 // BALANCE is comma-separated layer counts ("" or "-": measured on rank 0). With DIE_RANK,
 // that rank's process exits (status 7) in its second micro-batch's forward: a stage
@@ -90,10 +90,10 @@ int main(int argc, char** argv) {
     std::vector<std::pair<Tensor, Tensor>> batches;
     for (int s = 0; s < kSteps; ++s) batches.push_back({randn({kBatch, 3, 8, 8}, kFloat64), randint(0, 10, {kBatch})});
     if (mode == "reference") {
-      const int64_t stages = std::stoll(argv[4]), chunks = std::stoll(argv[5]);
+      const int64_t stages = std::stoll(argv[4]), n_microbatches = std::stoll(argv[5]);
       std::vector<Device> devices;
       for (int64_t s = 0; s < stages; ++s) devices.push_back(Device(DeviceType::CPU, int(s)));
-      parallel::pipeline::Pipeline pipe(net, devices, balance, chunks, schedule, loss_of);
+      parallel::pipeline::Pipeline pipe(net, devices, balance, n_microbatches, schedule, loss_of);
       optim::SGD opt(pipe.parameters(), {.lr = 0.1, .momentum = 0.9});
       for (const auto& [x, y] : batches) {
         opt.zero_grad();
@@ -104,12 +104,12 @@ int main(int argc, char** argv) {
       nn::save(*net, argv[6]);
       return 0;
     }
-    const int64_t chunks = std::stoll(argv[4]);
+    const int64_t n_microbatches = std::stoll(argv[4]);
     distributed::init_process_group("gloo");
     auto group = distributed::default_group();
     const int64_t virtual_stages = balance.empty() ? 1 : static_cast<int64_t>(balance.size()) / group->size();
     auto stage = parallel::pipeline::apply_pipeline_processes(
-        net, group, Device("cpu"), {.balance = balance, .chunks = chunks, .schedule = schedule,
+        net, group, Device("cpu"), {.balance = balance, .chunks = n_microbatches, .schedule = schedule,
                                     .virtual_stages = virtual_stages},
         loss_of, batches[0].first.narrow(0, 0, 2));
     std::optional<optim::SGD> opt;  // a stage of ReLU and Flatten has nothing to train

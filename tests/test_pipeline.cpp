@@ -40,7 +40,7 @@ TEST_CASE("transparency: GPipe and 1F1B give one device's gradients, loss and SG
   struct Case {
     std::vector<Device> devices;
     std::vector<int64_t> balance;
-    int64_t chunks, batch;
+    int64_t n_microbatches, batch;
   };
   const std::vector<Case> cases = {{{"cpu:0", "cpu:1"}, {2, 4}, 4, 8},
                                    {{"cpu:0", "cpu:1"}, {3, 3}, 3, 7},  // uneven micro-batches: 3, 3, 1
@@ -53,13 +53,13 @@ TEST_CASE("transparency: GPipe and 1F1B give one device's gradients, loss and SG
       CAPTURE(schedule);
       CAPTURE(checkpoint);
       CAPTURE(c.devices.size());
-      CAPTURE(c.chunks);
+      CAPTURE(c.n_microbatches);
       CAPTURE(c.batch);
       manual_seed(7);
       auto single = small_net();
       auto staged = small_net();
       staged->load_state_dict(single->state_dict());
-      Pipeline pipe(staged, c.devices, c.balance, c.chunks, schedule, loss_of, checkpoint);
+      Pipeline pipe(staged, c.devices, c.balance, c.n_microbatches, schedule, loss_of, checkpoint);
       optim::SGD opt_single(single->parameters(), {.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-3});
       optim::SGD opt_pipe(pipe.parameters(), {.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-3});
       for (int step = 0; step < 3; ++step) {
@@ -257,11 +257,11 @@ TEST_CASE("a stage that throws: an error naming the stage, the micro-batch and t
                        doctest::Contains("needs grad mode on"), Error);
 }
 
-TEST_CASE("interleaved 1F1B: S×V model chunks on S devices give one device's gradients and GPipe's bit for bit") {
+TEST_CASE("interleaved 1F1B: S×V virtual stages on S devices give one device's gradients and GPipe's bit for bit") {
   struct Case {
     std::vector<Device> devices;
     std::vector<int64_t> balance;  // S×V entries
-    int64_t chunks, batch;
+    int64_t n_microbatches, batch;
   };
   const std::vector<Case> cases = {{{"cpu:0", "cpu:1"}, {1, 2, 1, 2}, 4, 8},
                                    {{"cpu:0", "cpu:1"}, {2, 1, 1, 2}, 3, 7},  // micro-batches 3, 3, 1
@@ -269,18 +269,18 @@ TEST_CASE("interleaved 1F1B: S×V model chunks on S devices give one device's gr
                                    {{"cpu:0", "cpu:1", "cpu:2"}, {1, 1, 1, 1, 1, 1}, 2, 4}};
   for (const Case& c : cases) {
     CAPTURE(c.devices.size());
-    CAPTURE(c.chunks);
+    CAPTURE(c.n_microbatches);
     manual_seed(11);
     auto single = small_net(), interleaved_net = small_net(), gpipe_net = small_net();
     interleaved_net->load_state_dict(single->state_dict());
     gpipe_net->load_state_dict(single->state_dict());
-    Pipeline interleaved(interleaved_net, c.devices, c.balance, c.chunks, "interleaved_1f1b", loss_of);
+    Pipeline interleaved(interleaved_net, c.devices, c.balance, c.n_microbatches, "interleaved_1f1b", loss_of);
     CHECK(interleaved.virtual_stages() == 2);
     CHECK(interleaved.stages().size() == 2 * c.devices.size());
-    // Model chunk k on devices[k % S]: the same chunks GPipe runs on S·V devices.
+    // Virtual stage k on devices[k % S]: the same layers GPipe runs on S·V devices.
     std::vector<Device> all;
     for (size_t k = 0; k < c.balance.size(); ++k) all.push_back(Device(DeviceType::CPU, int(k)));
-    Pipeline gpipe(gpipe_net, all, c.balance, c.chunks, "gpipe", loss_of);
+    Pipeline gpipe(gpipe_net, all, c.balance, c.n_microbatches, "gpipe", loss_of);
     for (size_t k = 0; k < c.balance.size(); ++k)
       CHECK(interleaved.devices()[k] == c.devices[k % c.devices.size()]);
     optim::SGD opt_single(single->parameters(), {.lr = 0.1, .momentum = 0.9});
@@ -310,7 +310,7 @@ TEST_CASE("interleaved 1F1B: S×V model chunks on S devices give one device's gr
   }
   auto net = small_net();
   CHECK_THROWS_WITH_AS(Pipeline(net, {"cpu:0", "cpu:1"}, {2, 2, 2}, 2, "interleaved_1f1b", loss_of),
-                       doctest::Contains("interleaved_1f1b needs S×V entries in the balance (V model chunks on each of "
+                       doctest::Contains("interleaved_1f1b needs S×V entries in the balance (V virtual stages on each of "
                                          "the 2 devices), got 3"), Error);
   CHECK_THROWS_WITH_AS(Pipeline(net, {"cpu:0", "cpu:1"}, {1, 1, 1, 1}, 2, "interleaved_1f1b", loss_of),
                        doctest::Contains("the balance covers 4 layers, but the Sequential has 6"), Error);

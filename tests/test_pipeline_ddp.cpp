@@ -1,7 +1,7 @@
 // 2-D parallelism, pp x dp (parallel/pipeline/stage_replicas.h): pipelines of processes
 // side by side on a DeviceMesh ("pp", "dp"), each stage data-parallel over its replicas.
 // Ranks are threads. The contract: after SGD steps with momentum and weight decay, every
-// stage's weights are those of the in-process Pipeline (same balance, chunks, schedule)
+// stage's weights are those of the in-process Pipeline (same balance, micro-batches, schedule)
 // stepping on the average of its gradients over the replicas' shards.
 #include <doctest/doctest.h>
 
@@ -37,7 +37,7 @@ struct Case {
   int pp, dp;
   std::vector<int64_t> balance;
   std::string schedule;
-  int64_t chunks;
+  int64_t n_microbatches;
 };
 
 constexpr int kSteps = 3;
@@ -50,7 +50,7 @@ std::map<std::string, std::vector<double>> reference_weights(const Case& c, std:
                                                              const std::vector<std::vector<Batch>>& data) {
   std::vector<Device> devices;
   for (int s = 0; s < c.pp; ++s) devices.push_back(Device(DeviceType::CPU, s));
-  parallel::pipeline::Pipeline pipe(net, devices, c.balance, c.chunks, c.schedule, loss_of);
+  parallel::pipeline::Pipeline pipe(net, devices, c.balance, c.n_microbatches, c.schedule, loss_of);
   optim::SGD opt(pipe.parameters(), kSGD);
   for (const auto& shards : data) {
     opt.zero_grad();
@@ -74,13 +74,13 @@ TEST_CASE("pp x dp: each stage's replicas train as the in-process pipeline on th
       {2, 2, {2, 4}, "gpipe", 4},
       {2, 2, {3, 3}, "1f1b", 3},
       {2, 3, {3, 3}, "1f1b", 2},
-      {3, 2, {1, 1, 1, 1, 1, 1}, "interleaved_1f1b", 3},  // chunks of ReLU / Flatten: nothing to replicate
+      {3, 2, {1, 1, 1, 1, 1, 1}, "interleaved_1f1b", 3},  // virtual stages of ReLU / Flatten: nothing to replicate
   };
   for (const Case& c : cases) {
     CAPTURE(c.pp);
     CAPTURE(c.dp);
     CAPTURE(c.schedule);
-    CAPTURE(c.chunks);
+    CAPTURE(c.n_microbatches);
     manual_seed(11);
     auto reference_net = small_net();
     const int world = c.pp * c.dp;
@@ -100,7 +100,7 @@ TEST_CASE("pp x dp: each stage's replicas train as the in-process pipeline on th
       distributed::World w{.store = store, .rank = r, .size = world, .timeout = std::chrono::seconds(30)};
       distributed::DeviceMesh mesh("cpu", {c.pp, c.dp}, {"pp", "dp"}, w);
       auto& net = nets[static_cast<size_t>(r)];
-      PipelineStage stage(net, c.balance, mesh.group("pp"), Device("cpu"), c.chunks, c.schedule, loss_of);
+      PipelineStage stage(net, c.balance, mesh.group("pp"), Device("cpu"), c.n_microbatches, c.schedule, loss_of);
       parallel::pipeline::replicate_stage(stage, mesh.group("dp"));
       std::optional<optim::SGD> sgd;
       if (!stage.parameters().empty()) sgd.emplace(stage.parameters(), kSGD);
@@ -110,13 +110,13 @@ TEST_CASE("pp x dp: each stage's replicas train as the in-process pipeline on th
         stage.step(b.images, b.labels);
         if (sgd) sgd->step();
       }
-      // The chunk's names are its own ("0.weight"); the whole model's are what the
+      // The virtual stage's names are its own ("0.weight"); the whole model's are what the
       // reference keys by, so translate through the identity of the tensors.
       std::map<const void*, std::string> whole;
       for (const auto& [name, t] : net->named_parameters()) whole[t.data_ptr<double>()] = name;
       std::map<std::string, std::vector<double>> renamed;
-      for (const auto& chunk : stage.local_chunks())
-        for (const auto& [name, t] : chunk->named_parameters())
+      for (const auto& layers : stage.local_chunks())
+        for (const auto& [name, t] : layers->named_parameters())
           renamed[whole.at(t.data_ptr<double>())] = t.tolist<double>();
       trained[static_cast<size_t>(r)] = renamed;
     });

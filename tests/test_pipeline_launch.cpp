@@ -1,6 +1,6 @@
 // Stages as processes under loomrun (tests/pipeline_worker.cpp): 2 and 3 processes, one
 // stage each, under GPipe, 1F1B and interleaved 1F1B, save the same weights as the
-// in-process Pipeline with the same balance, chunks and schedule after 2 SGD steps; a
+// in-process Pipeline with the same balance, micro-batches and schedule after 2 SGD steps; a
 // stage's process that dies mid-step makes loomrun stop the others, naming it. The same
 // train_cifar10 --pp command saves the same bytes whether the machine is idle or busy,
 // and every rank of a pp x dp world cuts the model alike.
@@ -24,18 +24,18 @@ TEST_CASE("a pipeline of processes under loomrun saves the in-process pipeline's
   struct Case {
     int ranks;
     std::string schedule, balance;
-    int chunks;
+    int n_microbatches;
   };
   for (const Case& c : {Case{2, "gpipe", "2,4", 4}, Case{2, "1f1b", "3,3", 3}, Case{2, "interleaved_1f1b", "1,2,1,2", 4},
                         Case{3, "1f1b", "2,2,2", 4}, Case{3, "interleaved_1f1b", "1,1,1,1,1,1", 3}}) {
     CAPTURE(c.schedule);
     CAPTURE(c.ranks);
     const std::string want = (dir.path / "reference.safetensors").string(), got = (dir.path / "processes.safetensors").string();
-    const std::string n = std::to_string(c.ranks), chunks = std::to_string(c.chunks);
-    Result reference = Launch(worker + " reference " + c.schedule + " " + c.balance + " " + n + " " + chunks + " " + want).finish();
+    const std::string n = std::to_string(c.ranks), n_microbatches = std::to_string(c.n_microbatches);
+    Result reference = Launch(worker + " reference " + c.schedule + " " + c.balance + " " + n + " " + n_microbatches + " " + want).finish();
     REQUIRE_MESSAGE(reference.code == 0, reference.output);
     Result processes = Launch(loomrun + " --standalone --nproc_per_node " + n + " " + worker + " processes " +
-                              c.schedule + " " + c.balance + " " + chunks + " " + got).finish();
+                              c.schedule + " " + c.balance + " " + n_microbatches + " " + got).finish();
     REQUIRE_MESSAGE(processes.code == 0, processes.output);
     CHECK(contains(processes.output, "loss "));
     auto a = safetensors::load_file(want), b = safetensors::load_file(got);
@@ -65,7 +65,7 @@ TEST_CASE("train_cifar10 --mode pipeline --pp P under loomrun saves the in-proce
   // The tiny ResNet's Sequential has 10 layers; BatchNorm normalises each micro-batch alike
   // in both. Sequential order and no augmentation: the same batches in both runs.
   const std::string common = " --mode pipeline --model tiny --synthetic --max-steps 2 --batch-size 8 --eval-limit 40 "
-                             "--threads 1 --workers 0 --quiet --no-shuffle --no-augment --chunks 4";
+                             "--threads 1 --workers 0 --quiet --no-shuffle --no-augment --microbatches 4";
   struct Case {
     int ranks;
     std::string flags;
@@ -137,7 +137,7 @@ TEST_CASE("the same --pp 2 command, run on an idle and on a busy machine, saves 
   // with the load would change the weights.
   const std::string command = loomrun + " --standalone --nproc_per_node 2 " + train +
                               " --mode pipeline --pp 2 --model tiny --synthetic --max-steps 3 --batch-size 16 "
-                              "--eval-limit 16 --threads 1 --workers 0 --no-shuffle --amp bf16 --chunks 4 --save ";
+                              "--eval-limit 16 --threads 1 --workers 0 --no-shuffle --amp bf16 --microbatches 4 --save ";
   const std::string idle = (dir.path / "idle.safetensors").string(), busy = (dir.path / "busy.safetensors").string();
   Result first = Launch(command + idle).finish();
   REQUIRE_MESSAGE(first.code == 0, first.output);
@@ -164,7 +164,7 @@ TEST_CASE("--balance time under pp x dp: measured once, printed once, and every 
   const std::string loomrun = path_from_env("LOOMRUN"), train = path_from_env("TRAIN_CIFAR10");
   Result r = Launch(loomrun + " --standalone --nproc_per_node 4 " + train +
                     " --mode ddp --pp 2 --balance time --model tiny --synthetic --max-steps 2 --batch-size 8 "
-                    "--eval-limit 8 --threads 1 --workers 0 --chunks 2").finish();
+                    "--eval-limit 8 --threads 1 --workers 0 --microbatches 2").finish();
   REQUIRE_MESSAGE(r.code == 0, r.output);
   size_t lines = 0;
   for (size_t at = r.output.find("pipeline balance: "); at != std::string::npos;

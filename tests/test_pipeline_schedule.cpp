@@ -10,58 +10,60 @@ using namespace loom::parallel::pipeline;
 
 namespace {
 
-// Every action's dependency finished at an earlier tick, and every model chunk (stage s's
-// chunk v is chunk v·S + s) runs every micro-batch's forward and backward exactly once.
+// Every action's dependency finished at an earlier tick, and every virtual stage (stage
+// s's local stage v is virtual stage v·S + s) runs every micro-batch's forward and
+// backward exactly once.
 void check_valid(const Schedule& s) {
-  const int64_t chunks = s.stages * s.virtual_stages;
+  const int64_t C = s.stages * s.virtual_stages;
   std::vector<std::vector<std::vector<int64_t>>> at(
-      2, std::vector<std::vector<int64_t>>(size_t(chunks), std::vector<int64_t>(size_t(s.micro_batches), -1)));
+      2, std::vector<std::vector<int64_t>>(size_t(C), std::vector<int64_t>(size_t(s.micro_batches), -1)));
   for (size_t t = 0; t < s.ticks.size(); ++t)
     for (int64_t st = 0; st < s.stages; ++st)
       if (const auto& a = s.ticks[t][size_t(st)]) {
-        const int64_t c = a->chunk * s.stages + st;
+        const int64_t c = virtual_stage(st, a->local_stage, s.stages);
         REQUIRE(at[size_t(a->pass)][size_t(c)][size_t(a->micro_batch)] == -1);
         at[size_t(a->pass)][size_t(c)][size_t(a->micro_batch)] = int64_t(t);
       }
-  for (int64_t c = 0; c < chunks; ++c)
+  for (int64_t c = 0; c < C; ++c)
     for (int64_t m = 0; m < s.micro_batches; ++m) {
       const int64_t f = at[0][size_t(c)][size_t(m)], b = at[1][size_t(c)][size_t(m)];
       REQUIRE(f >= 0);
       REQUIRE(b > f);
       if (c > 0) CHECK(f > at[0][size_t(c) - 1][size_t(m)]);
-      if (c + 1 < chunks) CHECK(b > at[1][size_t(c) + 1][size_t(m)]);
+      if (c + 1 < C) CHECK(b > at[1][size_t(c) + 1][size_t(m)]);
     }
 }
 
-// Each model chunk runs its backwards in micro-batch order (so gradients accumulate in
+// Each virtual stage runs its backwards in micro-batch order (so gradients accumulate in
 // the same order under every schedule: bitwise the same).
 void check_backward_order(const Schedule& s) {
   std::vector<int64_t> next(size_t(s.stages * s.virtual_stages), 0);
   for (const auto& row : s.ticks)
     for (int64_t st = 0; st < s.stages; ++st)
       if (const auto& a = row[size_t(st)]; a && a->pass == Pass::Backward)
-        CHECK(a->micro_batch == next[size_t(a->chunk * s.stages + st)]++);
+        CHECK(a->micro_batch == next[size_t(virtual_stage(st, a->local_stage, s.stages))]++);
 }
 
 // The messages between each pair of neighbouring ranks, in the order the sender sends
 // them and in the order the receiver receives them, are the same (a cross-process
 // pipeline matches them by call order: Note [Interleaved 1F1B: virtual stages]).
 void check_messages_in_order(const Schedule& s) {
-  const int64_t S = s.stages, chunks = S * s.virtual_stages;
-  // sent[pass][rank], received[pass][rank]: (model chunk boundary, micro-batch) in order.
+  const int64_t S = s.stages, C = S * s.virtual_stages;
+  // sent[pass][rank], received[pass][rank]: (the virtual stage whose output it is,
+  // micro-batch) in order.
   std::vector<std::vector<std::vector<std::pair<int64_t, int64_t>>>> sent(
       2, std::vector<std::vector<std::pair<int64_t, int64_t>>>(size_t(S))), received = sent;
   for (const auto& row : s.ticks)
     for (int64_t st = 0; st < S; ++st) {
       const auto& a = row[size_t(st)];
       if (!a) continue;
-      const int64_t c = a->chunk * S + st;
+      const int64_t c = virtual_stage(st, a->local_stage, S);
       const int64_t p = int64_t(a->pass);
       if (a->pass == Pass::Forward) {
         if (c > 0) received[size_t(p)][size_t(st)].push_back({c - 1, a->micro_batch});
-        if (c + 1 < chunks) sent[size_t(p)][size_t(st)].push_back({c, a->micro_batch});
+        if (c + 1 < C) sent[size_t(p)][size_t(st)].push_back({c, a->micro_batch});
       } else {
-        if (c + 1 < chunks) received[size_t(p)][size_t(st)].push_back({c, a->micro_batch});
+        if (c + 1 < C) received[size_t(p)][size_t(st)].push_back({c, a->micro_batch});
         if (c > 0) sent[size_t(p)][size_t(st)].push_back({c - 1, a->micro_batch});
       }
     }
@@ -125,18 +127,18 @@ TEST_CASE("orders that deadlock, and unknown names, are clear errors") {
                        Error);
   CHECK_THROWS_WITH_AS(make_schedule("zero-bubble", 2, 2), doctest::Contains("expected gpipe, 1f1b or interleaved_1f1b"),
                        Error);
-  CHECK_THROWS_WITH_AS(make_schedule("1f1b", 2, 2, 2), doctest::Contains("1f1b runs one model chunk per stage"), Error);
+  CHECK_THROWS_WITH_AS(make_schedule("1f1b", 2, 2, 2), doctest::Contains("1f1b runs one virtual stage per stage (V = 1), got 2"), Error);
   CHECK_THROWS_WITH_AS(interleaved_1f1b_schedule(2, 2, 0), doctest::Contains("at least one virtual stage"), Error);
   CHECK_THROWS_WITH_AS(place_on_clock({{{Pass::Forward, 0, 1}, {Pass::Backward, 0, 1}}}, 1),
-                       doctest::Contains("chunk 1 is out of range for 1 virtual stages"), Error);
+                       doctest::Contains("local stage 1 is out of range for 1 virtual stages per stage"), Error);
   CHECK_THROWS_WITH_AS(gpipe_schedule(0, 2), doctest::Contains("at least one stage"), Error);
 }
 
-TEST_CASE("interleaved 1F1B: V chunks per stage, every dependency, the picture, messages in order") {
+TEST_CASE("interleaved 1F1B: V virtual stages per stage, every dependency, the picture, messages in order") {
   Schedule s = interleaved_1f1b_schedule(2, 4, 2);
   check_valid(s);
-  // Stage 0 holds chunks 0 and 2 (a, b), stage 1 chunks 1 and 3: a micro-batch goes
-  // 0a -> 1a -> 0b -> 1b and back.
+  // Stage 0 holds virtual stages 0 and 2 (a, b), stage 1 virtual stages 1 and 3: a
+  // micro-batch goes 0a -> 1a -> 0b -> 1b and back.
   CHECK(draw(s) ==
         "stage 0: F0a F1a F0b F1b F2a B0b F3a B1b F2b B0a F3b B1a .   B2b .   B3b B2a B3a\n"
         "stage 1: .   F0a F1a F0b B0b F1b B1b F2a B0a F3a B1a F2b B2b F3b B3b B2a B3a .\n");
@@ -153,7 +155,7 @@ TEST_CASE("interleaved 1F1B: V chunks per stage, every dependency, the picture, 
         check_messages_in_order(big);
         check_messages_in_order(one_f_one_b_schedule(stages, m));
         check_messages_in_order(gpipe_schedule(stages, m));
-        // Megatron's warm-up bounds the chunk-activations a stage holds: 2·(S - 1 - s) +
+        // Megatron's warm-up bounds the virtual-stage activations a stage holds: 2·(S - 1 - s) +
         // (V - 1)·S + 1, each 1/V of a stage's (V = 1: 1F1B's S - s, up to a factor of 2).
         const int64_t round = (m + std::max<int64_t>(1, m / stages) - 1) / std::max<int64_t>(1, m / stages);
         for (int64_t st = 0; st < stages; ++st)
@@ -162,8 +164,8 @@ TEST_CASE("interleaved 1F1B: V chunks per stage, every dependency, the picture, 
   CHECK(interleaved_1f1b_order(3, 6, 1) != one_f_one_b_order(3, 6));  // V = 1 warms up longer: 2·(S-1-s)
 }
 
-TEST_CASE("the bubble: (S - 1) / (V·M + S - 1) of each stage's time, in chunk-sized ticks") {
-  // With forward and backward of a chunk taking one tick each, a stage is busy 2·V·M
+TEST_CASE("the bubble: (S - 1) / (V·M + S - 1) of each stage's time, in ticks of one virtual stage") {
+  // With forward and backward of a virtual stage taking one tick each, a stage is busy 2·V·M
   // ticks. GPipe and 1F1B idle 2·(S - 1) whole-stage ticks; interleaved idles 2·(S - 1)
   // ticks of 1/V of a stage (when S divides M).
   auto idle_share = [](const Schedule& s) { return bubble_fraction(s); };

@@ -1,7 +1,7 @@
 // Pipeline stages as processes (parallel/pipeline/pipeline_stage.h), with threads as
 // ranks (tests/rank_threads.h): at 2 and 3 ranks, under GPipe, 1F1B and interleaved 1F1B
 // (V = 2), the weights after 2 SGD steps are bitwise those of the in-process Pipeline
-// with the same balance, chunks and schedule; and the faults: a stage that throws
+// with the same balance, micro-batches and schedule; and the faults: a stage that throws
 // mid-step (forward, backward, the loss), ranks that disagree on the balance, a wrong
 // balance, a stage whose output shape changes. None hangs.
 #include <doctest/doctest.h>
@@ -40,8 +40,8 @@ std::vector<Batch> batches(int n, int64_t size) {
   return out;
 }
 
-// The owner (model chunk) of each layer of a Sequential cut by `balance`.
-std::vector<int64_t> chunk_of_layer(const std::vector<int64_t>& balance) {
+// The owner (virtual stage) of each layer of a Sequential cut by `balance`.
+std::vector<int64_t> virtual_stage_of_layer(const std::vector<int64_t>& balance) {
   std::vector<int64_t> out;
   for (size_t c = 0; c < balance.size(); ++c)
     for (int64_t k = 0; k < balance[c]; ++k) out.push_back(int64_t(c));
@@ -75,7 +75,7 @@ TEST_CASE("stages as processes: GPipe, 1F1B and interleaved 1F1B give the in-pro
     int ranks;
     std::vector<int64_t> balance;
     std::string schedule;
-    int64_t chunks, batch;
+    int64_t n_microbatches, batch;
   };
   const std::vector<Case> cases = {
       {2, {2, 4}, "gpipe", 4, 8},          {2, {3, 3}, "1f1b", 3, 7},  // micro-batches 3, 3, 1
@@ -85,7 +85,7 @@ TEST_CASE("stages as processes: GPipe, 1F1B and interleaved 1F1B give the in-pro
   for (const Case& c : cases) {
     CAPTURE(c.ranks);
     CAPTURE(c.schedule);
-    CAPTURE(c.chunks);
+    CAPTURE(c.n_microbatches);
     CAPTURE(c.batch);
     manual_seed(5);
     auto reference_net = small_net();
@@ -98,7 +98,7 @@ TEST_CASE("stages as processes: GPipe, 1F1B and interleaved 1F1B give the in-pro
     data.push_back(batches(1, 5)[0]);  // an epoch's last, smaller batch: fewer micro-batches, the same shapes agreed
     std::vector<Device> devices;
     for (int r = 0; r < c.ranks; ++r) devices.push_back(Device(DeviceType::CPU, r));
-    Pipeline reference(reference_net, devices, c.balance, c.chunks, c.schedule, loss_of);
+    Pipeline reference(reference_net, devices, c.balance, c.n_microbatches, c.schedule, loss_of);
     optim::SGD opt(reference.parameters(), {.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-3});
     std::vector<double> reference_losses;
     std::vector<std::vector<double>> reference_outputs;
@@ -113,7 +113,7 @@ TEST_CASE("stages as processes: GPipe, 1F1B and interleaved 1F1B give the in-pro
     std::vector<std::map<std::string, std::vector<double>>> trained(size_t(c.ranks));  // before share_weights
     auto errors = run_ranks(c.ranks, [&](std::shared_ptr<distributed::Communicator> comm) {
       const int r = comm->rank();
-      PipelineStage stage(nets[size_t(r)], c.balance, comm, Device("cpu"), c.chunks, c.schedule, loss_of);
+      PipelineStage stage(nets[size_t(r)], c.balance, comm, Device("cpu"), c.n_microbatches, c.schedule, loss_of);
       std::optional<optim::SGD> sgd;  // a stage of ReLU and Flatten has nothing to train
       if (!stage.parameters().empty())
         sgd.emplace(stage.parameters(), optim::SGDOptions{.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-3});
@@ -133,7 +133,7 @@ TEST_CASE("stages as processes: GPipe, 1F1B and interleaved 1F1B give the in-pro
     CHECK(outputs == reference_outputs);  // what a trainer's accuracy is computed from
     // Every layer's parameters on the rank that owns it: bitwise the reference's; after
     // share_weights, on every rank.
-    const auto owner = chunk_of_layer(c.balance);
+    const auto owner = virtual_stage_of_layer(c.balance);
     for (const auto& [key, want] : reference_net->state_dict()) {
       const std::string& name = key;  // See Note [doctest messages name no structured binding]
       CAPTURE(name);
@@ -159,10 +159,10 @@ TEST_CASE("a stage that throws mid-step: every rank stops with an error naming t
   const std::vector<Case> cases = {{2, {3, 4}, "1f1b", 1, "forward of micro-batch 2"},
                                    {2, {4, 3}, "gpipe", 0, "forward of micro-batch 2"},
                                    {3, {2, 2, 3}, "1f1b", 1, "forward of micro-batch 2"},
-                                   {3, {1, 1, 1, 1, 1, 2}, "interleaved_1f1b", 0, "forward of micro-batch 2 on model chunk 3"},
+                                   {3, {1, 1, 1, 1, 1, 2}, "interleaved_1f1b", 0, "forward of micro-batch 2 on virtual stage 3"},
                                    // The first step's first micro-batch: before any shape header went out.
                                    {3, {2, 2, 3}, "gpipe", 1, "forward of micro-batch 0", 1},
-                                   {2, {1, 1, 2, 3}, "interleaved_1f1b", 0, "forward of micro-batch 0 on model chunk 2", 1}};
+                                   {2, {1, 1, 2, 3}, "interleaved_1f1b", 0, "forward of micro-batch 0 on virtual stage 2", 1}};
   for (const Case& c : cases) {
     CAPTURE(c.ranks);
     CAPTURE(c.schedule);
@@ -238,8 +238,8 @@ TEST_CASE("ranks that disagree on the balance, a balance of the wrong sum or cou
     PipelineStage stage(nets[size_t(comm->rank())], balance, comm, Device("cpu"), 2, "1f1b", loss_of);
   });
   CHECK(contains(errors[0], "the ranks of the pipeline group disagree on the pipeline: rank 0 has balance [2, 4], "
-                            "chunks 2, schedule 1f1b but rank 1 has balance [3, 3], chunks 2, schedule 1f1b"));
-  CHECK(contains(errors[1], "rank 1 has balance [3, 3], chunks 2, schedule 1f1b but rank 0 has balance [2, 4]"));
+                            "n_microbatches 2, schedule 1f1b but rank 1 has balance [3, 3], n_microbatches 2, schedule 1f1b"));
+  CHECK(contains(errors[1], "rank 1 has balance [3, 3], n_microbatches 2, schedule 1f1b but rank 0 has balance [2, 4]"));
   errors = run_ranks(2, [&](std::shared_ptr<distributed::Communicator> comm) {
     PipelineStage stage(nets[size_t(comm->rank())], {2, 2}, comm, Device("cpu"), 2, "1f1b", loss_of);
   });
@@ -273,7 +273,7 @@ TEST_CASE("a stage whose output shape changes after the first step: a clear erro
     stage.step(x, y);
   });
   CHECK(contains(errors[0], "stage 0 (rank 0 of the pipeline group, cpu:0) failed in the forward of micro-batch 0: "
-                            "model chunk 0's output is Tensor[float64, [2, 6], cpu:0], but the stages agreed at the "
+                            "stage 0's output is Tensor[float64, [2, 6], cpu:0], but the stages agreed at the "
                             "first step on float64 [micro-batch] + [5]"));
   CHECK(contains(errors[1], "stage 0 (rank 0 of the pipeline group) failed in the forward of micro-batch 0; stage 1 "
                             "stopped"));
@@ -305,9 +305,9 @@ TEST_CASE("two pipelines side by side, each over its own group of a 4-rank world
     stage.step(shards[size_t(dp)].images, shards[size_t(dp)].labels);
   });
   for (const auto& e : errors) CHECK(e == "");
-  // Each rank's own chunks' gradients: its pipeline's reference's.
+  // Each rank's own virtual stages' gradients: its pipeline's reference's.
   for (int world_rank = 0; world_rank < 4; ++world_rank) {
-    const auto owner = chunk_of_layer({1, 2, 1, 2});
+    const auto owner = virtual_stage_of_layer({1, 2, 1, 2});
     const auto mine = nets[size_t(world_rank)]->named_parameters(), want = references[size_t(world_rank % 2)]->named_parameters();
     for (const auto& [key, p] : mine) {
       const std::string& name = key;  // See Note [doctest messages name no structured binding]

@@ -58,7 +58,8 @@ std::string action_name(const Action& action, int64_t stage, int64_t stages, int
 class MicrobatchRunner {
  public:
   struct VirtualStage {
-    nn::Module* module = nullptr;  // what runs it (its Sequential, or a wrapper: FSDP); null where another process runs it
+    // What runs it (its Sequential, or a wrapper: FSDP); null where another process does.
+    nn::Module* module = nullptr;
     Device device;                 // where it runs: its inputs are moved there
   };
 

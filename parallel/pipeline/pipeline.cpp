@@ -15,34 +15,34 @@
 
 namespace loom::parallel::pipeline {
 
-// The device of each model chunk: chunk c on devices[c % S] (Note [Interleaved 1F1B:
-// virtual stages]); the devices as they are but for interleaved_1f1b.
-static std::vector<Device> chunk_devices(const std::vector<Device>& devices, size_t balance_size,
+// The device of each virtual stage: virtual stage c on devices[c % S] (Note [Interleaved
+// 1F1B: virtual stages]); the devices as they are but for interleaved_1f1b.
+static std::vector<Device> virtual_stage_devices(const std::vector<Device>& devices, size_t balance_size,
                                          const std::string& schedule) {
   if (schedule != "interleaved_1f1b" || devices.empty()) return devices;
   LOOM_CHECK(balance_size % devices.size() == 0 && balance_size > 0, "Pipeline: interleaved_1f1b needs S×V entries "
-             "in the balance (V model chunks on each of the ", devices.size(), " devices), got ", balance_size);
+             "in the balance (V virtual stages on each of the ", devices.size(), " devices), got ", balance_size);
   std::vector<Device> out;
   for (size_t c = 0; c < balance_size; ++c) out.push_back(devices[c % devices.size()]);
   return out;
 }
 
 Pipeline::Pipeline(std::shared_ptr<nn::Sequential> module, std::vector<Device> devices, std::vector<int64_t> balance,
-                   int64_t chunks, std::string schedule, LossFn loss_fn, std::string checkpoint)
-    : ModelParallel("Pipeline", std::move(module), chunk_devices(devices, balance.size(), schedule),
+                   int64_t n_microbatches, std::string schedule, LossFn loss_fn, std::string checkpoint)
+    : ModelParallel("Pipeline", std::move(module), virtual_stage_devices(devices, balance.size(), schedule),
                     balance),  // a copy: the arguments' order of evaluation is unspecified
       stage_devices_(std::move(devices)),
-      chunks_(chunks),
+      n_microbatches_(n_microbatches),
       schedule_name_(std::move(schedule)),
       loss_fn_(std::move(loss_fn)),
       checkpoint_(std::move(checkpoint)) {
-  LOOM_CHECK(chunks_ >= 1, "Pipeline: chunks must be at least 1, got ", chunks_);
+  LOOM_CHECK(n_microbatches_ >= 1, "Pipeline: n_microbatches must be at least 1, got ", n_microbatches_);
   LOOM_CHECK(loss_fn_ != nullptr, "Pipeline: no loss function");
   LOOM_CHECK(checkpoint_ == "never" || checkpoint_ == "except_last" || checkpoint_ == "always",
              "Pipeline: checkpoint must be 'never', 'except_last' or 'always' (torchgpipe's), got '", checkpoint_, "'");
   check_schedule_name(schedule_name_);
   virtual_stages_ = static_cast<int64_t>(stages().size() / stage_devices_.size());
-  make_schedule(schedule_name_, static_cast<int64_t>(stage_devices_.size()), chunks_, virtual_stages_);
+  make_schedule(schedule_name_, static_cast<int64_t>(stage_devices_.size()), n_microbatches_, virtual_stages_);
 }
 
 Pipeline::StepResult Pipeline::step(const Tensor& input, const Tensor& target, double loss_scale) {
@@ -57,8 +57,8 @@ Pipeline::StepResult Pipeline::step(const Tensor& input, const Tensor& target, d
   const auto S = static_cast<int64_t>(stage_devices_.size()), C = static_cast<int64_t>(stages().size());
   std::vector<MicrobatchRunner::VirtualStage> virtual_stages;
   for (int64_t c = 0; c < C; ++c) virtual_stages.push_back({stages()[size_t(c)].get(), devices()[size_t(c)]});
-  MicrobatchRunner run(std::move(virtual_stages), S, loss_fn_, input.size(0), chunks_, input, target, loss_scale,
-                       checkpoint_);
+  MicrobatchRunner run(std::move(virtual_stages), S, loss_fn_, input.size(0), n_microbatches_, input, target,
+                       loss_scale, checkpoint_);
   const int64_t M = run.n_microbatches();
   const Schedule schedule = make_schedule(schedule_name_, S, M, virtual_stages_);
 
@@ -113,7 +113,7 @@ Pipeline::StepResult Pipeline::step(const Tensor& input, const Tensor& target, d
     for (size_t tick = 0; tick < schedule.ticks.size(); ++tick) {  // this stage's order
       const auto& action = schedule.ticks[tick][stage];
       if (!action) continue;
-      const int64_t c = model_chunk(s, action->chunk, S);
+      const int64_t c = virtual_stage(s, action->local_stage, S);
       {
         std::unique_lock<std::mutex> lock(mutex);
         changed.wait(lock, [&] { return failed || ready(c, *action); });
@@ -143,7 +143,7 @@ Pipeline::StepResult Pipeline::step(const Tensor& input, const Tensor& target, d
 }
 
 std::string Pipeline::extra_repr() const {
-  return ModelParallel::extra_repr() + ", chunks=" + std::to_string(chunks_) + ", schedule=" + schedule_name_ +
+  return ModelParallel::extra_repr() + ", n_microbatches=" + std::to_string(n_microbatches_) + ", schedule=" + schedule_name_ +
          (virtual_stages_ > 1 ? ", virtual_stages=" + std::to_string(virtual_stages_) : std::string()) +
          ", checkpoint=" + checkpoint_;
 }

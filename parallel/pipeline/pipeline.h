@@ -1,10 +1,11 @@
 // Pipeline parallelism in one process: the stages of ModelParallel, each on its own
 // thread, working on different micro-batches at once, each stage in the order a
-// Schedule gives (GPipe or 1F1B, parallel/pipeline/schedule.h). torchgpipe's GPipe and
-// PyTorch's torch.distributed.pipelining (Schedule1F1B) in one small class.
+// Schedule gives (GPipe, 1F1B or interleaved 1F1B, parallel/pipeline/schedule.h).
+// torchgpipe's GPipe and PyTorch's torch.distributed.pipelining (Schedule1F1B) in one
+// small class.
 //
 //   auto seq = nn::resnet18(10)->sequential();
-//   parallel::pipeline::Pipeline pipe(seq, {"cpu:0", "cpu:1"}, {7, 7}, /*chunks=*/4, "1f1b",
+//   parallel::pipeline::Pipeline pipe(seq, {"cpu:0", "cpu:1"}, {7, 7}, /*n_microbatches=*/4, "1f1b",
 //                                     [&](const Tensor& out, const Tensor& y) { return cross_entropy(out, y); });
 //   optimizer.zero_grad();
 //   auto result = pipe.step(images, labels);  // forward and backward of all 4 micro-batches
@@ -38,7 +39,7 @@
 // Note [Checkpointed micro-batches are recomputed exactly]
 // With checkpoint = "always" (or "except_last": every micro-batch but the last, whose
 // backward follows its forward at once in GPipe, so checkpointing it saves nothing; the
-// last of those the batch gives, where torchgpipe counts from `chunks`), as in
+// last of those the batch gives, where torchgpipe counts from its `chunks` argument), as in
 // torchgpipe, a stage's forward of a checkpointed micro-batch runs without recording a
 // graph: it keeps only the stage's input, so the activations inside the stage are freed
 // at once instead of living until the micro-batch's backward. That backward first runs
@@ -75,15 +76,17 @@ class Pipeline : public ModelParallel {
  public:
   using LossFn = std::function<Tensor(const Tensor& output, const Tensor& target)>;
 
-  // chunks: micro-batches per batch (fewer when the batch is smaller); schedule: "gpipe",
-  // "1f1b" or "interleaved_1f1b", whose balance has S×V entries for the S devices: model
-  // chunk c on devices[c % S] (Note [Interleaved 1F1B: virtual stages]); checkpoint: "never", "except_last" or "always" (torchgpipe's; Note
-  // [Checkpointed micro-batches are recomputed exactly]). The default is "never", where
-  // torchgpipe's and PyTorch's Pipe's is "except_last": recomputing costs a fifth of the
-  // throughput (docs/pipeline.md), worth paying only where memory is what runs out.
-  // The stages are ModelParallel's.
+  // n_microbatches: micro-batches per batch (PyTorch pipelining's name, torchgpipe's
+  // `chunks`; fewer when the batch is smaller); schedule: "gpipe", "1f1b" or
+  // "interleaved_1f1b", whose balance has S×V entries for the S devices: virtual stage c
+  // on devices[c % S] (Note [Interleaved 1F1B: virtual stages]); checkpoint: "never",
+  // "except_last" or "always" (torchgpipe's; Note [Checkpointed micro-batches are
+  // recomputed exactly]). The default is "never", where torchgpipe's and PyTorch's
+  // Pipe's is "except_last": recomputing costs a fifth of the throughput
+  // (docs/pipeline.md), worth paying only where memory is what runs out. ModelParallel's
+  // stages() are the S·V virtual stages.
   Pipeline(std::shared_ptr<nn::Sequential> module, std::vector<Device> devices, std::vector<int64_t> balance,
-           int64_t chunks, std::string schedule, LossFn loss_fn, std::string checkpoint = "never");
+           int64_t n_microbatches, std::string schedule, LossFn loss_fn, std::string checkpoint = "never");
 
   struct StepResult {
     Tensor loss;    // the batch's loss (Note [Micro-batch losses add up to the batch's]), detached
@@ -96,8 +99,8 @@ class Pipeline : public ModelParallel {
   // GradScaler::scale(loss).backward() would (result.loss stays unscaled).
   StepResult step(const Tensor& input, const Tensor& target, double loss_scale = 1.0);
 
-  int64_t chunks() const { return chunks_; }
-  // S: the pipeline's stages (devices, threads); stages() holds their S·V model chunks.
+  int64_t n_microbatches() const { return n_microbatches_; }
+  // S: the pipeline's stages (devices, threads); stages() holds their S·V virtual stages.
   const std::vector<Device>& stage_devices() const { return stage_devices_; }
   int64_t virtual_stages() const { return virtual_stages_; }
   const std::string& schedule_name() const { return schedule_name_; }
@@ -107,7 +110,7 @@ class Pipeline : public ModelParallel {
  private:
   std::vector<Device> stage_devices_;
   int64_t virtual_stages_ = 1;
-  int64_t chunks_;
+  int64_t n_microbatches_;
   std::string schedule_name_;
   LossFn loss_fn_;
   std::string checkpoint_;

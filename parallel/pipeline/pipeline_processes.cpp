@@ -74,9 +74,9 @@ std::shared_ptr<PipelineStage> apply_pipeline_processes(std::shared_ptr<nn::Sequ
   LOOM_CHECK(options.virtual_stages >= 1, "--virtual-stages: expected at least 1, got ", options.virtual_stages);
   LOOM_CHECK(options.virtual_stages == 1 || options.schedule == "interleaved_1f1b", "--virtual-stages ",
              options.virtual_stages, " needs --pipeline-schedule interleaved_1f1b, got ", options.schedule);
-  const int64_t model_chunks = group->size() * options.virtual_stages;
+  const int64_t virtual_stages = group->size() * options.virtual_stages;  // the model's S·V pieces
   const std::vector<int64_t> balance =
-      agree_on_balance(*layers, options.balance, options.balance_by, model_chunks, sample, world ? *world : *group);
+      agree_on_balance(*layers, options.balance, options.balance_by, virtual_stages, sample, world ? *world : *group);
   return std::make_shared<PipelineStage>(std::move(layers), balance, std::move(group), device, options.chunks,
                                          options.schedule, std::move(loss_fn));
 }

@@ -5,7 +5,7 @@
 //       model->sequential(), pp_group, Device("cpu"),
 //       {.balance = {}, .balance_by = "cost", .chunks = 4, .schedule = "interleaved_1f1b", .virtual_stages = 2},
 //       loss_fn, sample, world);
-//   optim::SGD opt(stage->parameters(), ...);   // this rank's chunks only
+//   optim::SGD opt(stage->parameters(), ...);   // this rank's virtual stages only
 //   auto r = stage->step(images, labels);       // every rank passes the batch
 //   stage->share_weights();                     // before evaluating or saving the whole model
 //
@@ -33,11 +33,11 @@
 namespace loom::parallel::pipeline {
 
 struct PipelineProcessOptions {
-  std::vector<int64_t> balance;     // layers per model chunk (S·V entries); empty: by balance_by
+  std::vector<int64_t> balance;     // layers per virtual stage (S·V entries); empty: by balance_by
   std::string balance_by = "cost";  // cost | time: Note [One balance for every rank]
-  int64_t chunks = 4;               // micro-batches per batch
+  int64_t chunks = 4;               // micro-batches per batch: PipelineStage's n_microbatches (torchgpipe's name)
   std::string schedule = "1f1b";    // gpipe | 1f1b | interleaved_1f1b
-  int64_t virtual_stages = 1;       // V: model chunks per rank (interleaved_1f1b)
+  int64_t virtual_stages = 1;       // V: virtual stages per rank (interleaved_1f1b)
 };
 
 // See Note [One balance for every rank]: `balance` if given (checked), else by `by`

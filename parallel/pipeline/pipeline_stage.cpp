@@ -10,13 +10,14 @@
 #include "core/factory.h"                 // defines: from_vector, empty, zeros
 #include "core/trace.h"                   // defines: trace::Span (each action a span, as in one process)
 #include "parallel/model_parallel.h"      // defines: split_module
-#include "parallel/pipeline/microbatch_runner.h"  // defines: MicrobatchRunner, micro_batch_sizes, action_name
-#include "parallel/pipeline/schedule.h"   // defines: make_schedule, model_chunk
+#include "parallel/pipeline/microbatch_runner.h"  // defines: MicrobatchRunner, micro_batch_sizes, action_name,
+                                                  // virtual_stage_name
+#include "parallel/pipeline/schedule.h"   // defines: make_schedule, virtual_stage
 
 namespace loom::parallel::pipeline {
 namespace {
 
-constexpr int kActivationTag = 0x50;  // forward: chunk outputs to rank + 1
+constexpr int kActivationTag = 0x50;  // forward: virtual stages' outputs to rank + 1
 constexpr int kGradientTag = 0x51;    // backward: input gradients to rank - 1
 constexpr int64_t kMaxDims = 8;       // of a per-sample shape in a header
 constexpr int64_t kHeaderWords = 2 + kMaxDims;  // dtype, dims, the dims
@@ -31,7 +32,7 @@ std::string describe_settings(const std::vector<int64_t>& row) {
   std::string balance = "[";
   for (int64_t i = 0; i < std::min(row[0], kMaxBalance); ++i) balance += (i ? ", " : "") + std::to_string(row[size_t(4 + i)]);
   if (row[0] > kMaxBalance) balance += ", ...";
-  return detail::str("balance ", balance, "], chunks ", row[1], ", schedule ", names[std::clamp<int64_t>(row[2], 0, 3)]);
+  return detail::str("balance ", balance, "], n_microbatches ", row[1], ", schedule ", names[std::clamp<int64_t>(row[2], 0, 3)]);
 }
 
 std::string what_of(const std::exception_ptr& error) {
@@ -42,13 +43,13 @@ std::string what_of(const std::exception_ptr& error) {
 }  // namespace
 
 PipelineStage::PipelineStage(std::shared_ptr<nn::Sequential> module, std::vector<int64_t> balance,
-                             std::shared_ptr<distributed::Communicator> group, Device device, int64_t chunks,
+                             std::shared_ptr<distributed::Communicator> group, Device device, int64_t n_microbatches,
                              std::string schedule, LossFn loss_fn)
     : nn::Module("PipelineStage"),
       group_(std::move(group)),
       device_(device),
       balance_(std::move(balance)),
-      chunks_(chunks),
+      n_microbatches_(n_microbatches),
       schedule_name_(std::move(schedule)),
       loss_fn_(std::move(loss_fn)) {
   LOOM_CHECK(group_ != nullptr, "PipelineStage: the pipeline group is null");
@@ -61,31 +62,31 @@ PipelineStage::PipelineStage(std::shared_ptr<nn::Sequential> module, std::vector
   LOOM_CHECK(stages_ >= 2, "PipelineStage: a pipeline group of one rank has no neighbours to exchange with; run the "
              "stages in one process (parallel::pipeline::Pipeline) or use a group of at least 2 ranks");
   check_schedule_name(schedule_name_);
-  LOOM_CHECK(chunks_ >= 1, "PipelineStage: chunks must be at least 1, got ", chunks_);
+  LOOM_CHECK(n_microbatches_ >= 1, "PipelineStage: n_microbatches must be at least 1, got ", n_microbatches_);
   LOOM_CHECK(loss_fn_ != nullptr, "PipelineStage: no loss function");
   const auto entries = static_cast<int64_t>(balance_.size());
   LOOM_CHECK(entries > 0 && entries % stages_ == 0, "PipelineStage: the balance has ", entries, " entries for a "
              "pipeline of ", stages_, " stages; give one per stage (", stages_, ") or, with interleaved_1f1b, S×V (",
-             stages_, "×V model chunks)");
+             stages_, "×V virtual stages)");
   virtual_stages_ = entries / stages_;
   LOOM_CHECK(virtual_stages_ == 1 || schedule_name_ == "interleaved_1f1b", "PipelineStage: a balance of ", entries,
-             " entries is ", virtual_stages_, " model chunks on each of the ", stages_, " stages, which only "
+             " entries is ", virtual_stages_, " virtual stages on each of the ", stages_, " stages, which only "
              "interleaved_1f1b runs; ", schedule_name_, " needs ", stages_, " entries");
-  model_chunks_ = split_module(*module, balance_);  // a wrong sum is an error naming the Sequential's length
-  wrappers_.resize(model_chunks_.size());
+  virtual_stage_layers_ = split_module(*module, balance_);  // a wrong sum is an error naming the Sequential's length
+  wrappers_.resize(virtual_stage_layers_.size());
   for (int64_t v = 0; v < virtual_stages_; ++v) {
-    const int64_t c = model_chunk(stage_, v, stages_);
-    model_chunks_[size_t(c)]->to(device_);
-    register_module(std::to_string(c), model_chunks_[size_t(c)]);
+    const int64_t c = virtual_stage(stage_, v, stages_);
+    virtual_stage_layers_[size_t(c)]->to(device_);
+    register_module(std::to_string(c), virtual_stage_layers_[size_t(c)]);
   }
 }
 
-// One all_gather of (entries, chunks, schedule, balance): Note [A failed stage stops the
-// pipeline] needs every rank to run the same schedule over the same chunks.
+// One all_gather of (entries, micro-batches, schedule, balance): Note [A failed stage stops
+// the pipeline] needs every rank to run the same schedule over the same virtual stages.
 void PipelineStage::agree_on_settings() {
   std::vector<int64_t> mine(size_t(4 + kMaxBalance), 0);
   mine[0] = static_cast<int64_t>(balance_.size());
-  mine[1] = chunks_;
+  mine[1] = n_microbatches_;
   mine[2] = schedule_code(schedule_name_);
   for (size_t i = 0; i < std::min<size_t>(balance_.size(), size_t(kMaxBalance)); ++i) mine[4 + i] = balance_[i];
   Tensor local = distributed::to_communication_device(from_vector(mine, {int64_t(mine.size())}), *group_);
@@ -95,31 +96,32 @@ void PipelineStage::agree_on_settings() {
     const std::vector<int64_t> theirs = all[size_t(r)].tolist<int64_t>();
     LOOM_CHECK(theirs == mine, "PipelineStage: the ranks of the pipeline group disagree on the pipeline: rank ",
                stage_, " has ", describe_settings(mine), " but rank ", r, " has ", describe_settings(theirs),
-               ". Every stage must be built with the same balance, chunks and schedule (train_cifar10: --balance, "
-               "--chunks, --pipeline-schedule, --virtual-stages)");
+               ". Every stage must be built with the same balance, micro-batches and schedule (train_cifar10: "
+               "--balance, --microbatches, --pipeline-schedule, --virtual-stages)");
   }
 }
 
-void PipelineStage::wrap_chunk(size_t local_chunk, std::shared_ptr<nn::Module> wrapper) {
-  LOOM_CHECK(static_cast<int64_t>(local_chunk) < virtual_stages_ && wrapper != nullptr, "PipelineStage::wrap_chunk: "
-             "expected a module for one of this stage's ", virtual_stages_, " local chunks, got ",
-             wrapper ? "" : "a null module for ", "local chunk ", local_chunk);
-  const int64_t c = model_chunk(stage_, static_cast<int64_t>(local_chunk), stages_);
-  register_module(std::to_string(c), wrapper);  // replaces the chunk: parameters() are the wrapper's
+void PipelineStage::wrap_chunk(size_t local_stage, std::shared_ptr<nn::Module> wrapper) {
+  LOOM_CHECK(static_cast<int64_t>(local_stage) < virtual_stages_ && wrapper != nullptr, "PipelineStage::wrap_chunk: "
+             "expected a module for one of this stage's ", virtual_stages_, " virtual stages, got ",
+             wrapper ? "" : "a null module for ", "its virtual stage ", local_stage, " (local index)");
+  const int64_t c = virtual_stage(stage_, static_cast<int64_t>(local_stage), stages_);
+  register_module(std::to_string(c), wrapper);  // replaces the layers: parameters() are the wrapper's
   wrappers_[size_t(c)] = std::move(wrapper);
 }
 
 void PipelineStage::share_weights() {
   for (int64_t v = 0; v < virtual_stages_; ++v) {
-    LOOM_CHECK(!wrappers_[size_t(model_chunk(stage_, v, stages_))], "PipelineStage::share_weights: model chunk ",
-               model_chunk(stage_, v, stages_), " runs through a ", wrappers_[size_t(model_chunk(stage_, v, stages_))]
-               ->type_name(), " (wrap_chunk), whose parameters are not the chunk's own between steps; gather them "
-               "through the wrapper (fsdp::full_state_dict) instead");
+    const auto& wrapper = wrappers_[size_t(virtual_stage(stage_, v, stages_))];
+    LOOM_CHECK(!wrapper, "PipelineStage::share_weights: ", virtual_stage_name(virtual_stage(stage_, v, stages_),
+               stages_, virtual_stages_), " runs through a ", wrapper ? wrapper->type_name() : "", " (wrap_chunk), "
+               "whose parameters are not its layers' own between steps; gather them through the wrapper "
+               "(fsdp::full_state_dict) instead");
   }
   NoGradGuard no_grad;
-  for (int64_t c = 0; c < static_cast<int64_t>(model_chunks_.size()); ++c) {
+  for (int64_t c = 0; c < static_cast<int64_t>(virtual_stage_layers_.size()); ++c) {
     const int owner = static_cast<int>(c % stages_);
-    for (const Tensor& t : model_chunks_[size_t(c)]->state_dict().values()) {
+    for (const Tensor& t : virtual_stage_layers_[size_t(c)]->state_dict().values()) {
       Tensor buffer = t.detach().contiguous().to(group_->tensor_device());  // t itself, where it can be
       group_->broadcast(buffer, owner)->wait();
       if (owner != stage_ && buffer.raw_data() != t.raw_data()) Tensor(t).copy_(buffer.to(t.device()));
@@ -129,17 +131,26 @@ void PipelineStage::share_weights() {
 
 std::vector<std::shared_ptr<nn::Sequential>> PipelineStage::local_chunks() const {
   std::vector<std::shared_ptr<nn::Sequential>> out;
-  for (int64_t v = 0; v < virtual_stages_; ++v) out.push_back(model_chunks_[size_t(model_chunk(stage_, v, stages_))]);
+  for (int64_t v = 0; v < virtual_stages_; ++v)
+    out.push_back(virtual_stage_layers_[size_t(virtual_stage(stage_, v, stages_))]);
   return out;
 }
 
 std::string PipelineStage::extra_repr() const {
-  std::string out = detail::str("stage=", stage_, " of ", stages_, ", chunks=[");
-  for (int64_t v = 0; v < virtual_stages_; ++v) {
-    const int64_t c = model_chunk(stage_, v, stages_);
-    out += detail::str(v ? ", " : "", balance_[size_t(c)], " layers (model chunk ", c, ")");
+  // "stage=1 of 2, 7 layers on cpu, ...", with V > 1 "stage=1 of 2, virtual_stages=[1: 4
+  // layers, 3: 3 layers] on cpu, ...".
+  std::string out = detail::str("stage=", stage_, " of ", stages_, ", ");
+  if (virtual_stages_ == 1) {
+    out += detail::str(balance_[size_t(stage_)], " layers");
+  } else {
+    out += "virtual_stages=[";
+    for (int64_t v = 0; v < virtual_stages_; ++v) {
+      const int64_t c = virtual_stage(stage_, v, stages_);
+      out += detail::str(v ? ", " : "", c, ": ", balance_[size_t(c)], " layers");
+    }
+    out += "]";
   }
-  return out + detail::str("] on ", device_.str(), ", micro_batches=", chunks_, ", schedule=", schedule_name_);
+  return out + detail::str(" on ", device_.str(), ", n_microbatches=", n_microbatches_, ", schedule=", schedule_name_);
 }
 
 // One step on this rank: Note [Stages as processes].
@@ -153,13 +164,13 @@ struct PipelineStage::Run {
   const double loss_scale;
   int64_t batch = 0;
   std::vector<int64_t> sizes;  // of the micro-batches
-  std::vector<int64_t> backwards_done;  // [model chunk]: backwards run so far this step
+  std::vector<int64_t> backwards_done;  // [virtual stage]: backwards run so far this step
   std::vector<Action> order;   // this rank's row of the schedule
   std::optional<MicrobatchRunner> runner;  // this rank's virtual stages' work: made once the arguments are checked
   // The receives this rank's order makes, per tag (0: activations from `prev`,
   // 1: gradients from `next`), in order; posted[k] of them posted, taken[k] consumed.
   struct Expected {
-    int64_t boundary = 0, m = 0;  // the output of model chunk `boundary` for micro-batch m
+    int64_t boundary = 0, m = 0;  // the output of virtual stage `boundary` for micro-batch m
     Tensor buffer;
     std::shared_ptr<distributed::Work> work;
   };
@@ -186,13 +197,13 @@ struct PipelineStage::Run {
                "an input nor a target with a positive batch size; every stage needs the batch's size for its "
                "micro-batches (pass the batch on every rank)");
     batch = any.size(0);
-    sizes = micro_batch_sizes(batch, ps.chunks_);
+    sizes = micro_batch_sizes(batch, ps.n_microbatches_);
     const auto M = static_cast<int64_t>(sizes.size());
     const Schedule schedule = make_schedule(ps.schedule_name_, S, M, V);
     for (const auto& row : schedule.ticks)
       if (row[size_t(rank)]) order.push_back(*row[size_t(rank)]);
     for (const Action& a : order) {
-      const int64_t c = model_chunk(rank, a.chunk, S);
+      const int64_t c = virtual_stage(rank, a.local_stage, S);
       if (a.pass == Pass::Forward && c > 0) expected[0].push_back({c - 1, a.micro_batch, {}, {}});
       if (a.pass == Pass::Backward && c < C - 1) expected[1].push_back({c, a.micro_batch, {}, {}});
     }
@@ -215,11 +226,11 @@ struct PipelineStage::Run {
     }
     std::vector<MicrobatchRunner::VirtualStage> virtual_stages(size_t(C), {nullptr, ps.device_});
     for (int64_t v = 0; v < V; ++v) {  // this rank's; the others run elsewhere
-      const int64_t c = model_chunk(rank, v, S);
+      const int64_t c = virtual_stage(rank, v, S);
       const auto& wrapper = ps.wrappers_[size_t(c)];
-      virtual_stages[size_t(c)].module = wrapper ? wrapper.get() : ps.model_chunks_[size_t(c)].get();
+      virtual_stages[size_t(c)].module = wrapper ? wrapper.get() : ps.virtual_stage_layers_[size_t(c)].get();
     }
-    runner.emplace(std::move(virtual_stages), S, ps.loss_fn_, batch, ps.chunks_, ps.is_first() ? input : Tensor(),
+    runner.emplace(std::move(virtual_stages), S, ps.loss_fn_, batch, ps.n_microbatches_, ps.is_first() ? input : Tensor(),
                    ps.is_last() ? target : Tensor(), loss_scale);
   }
 
@@ -298,7 +309,7 @@ struct PipelineStage::Run {
     return t.to(ps.device_);
   }
 
-  // Model chunk c's forward of micro-batch m: the runner's, as Pipeline::step's (Note
+  // Virtual stage c's forward of micro-batch m: the runner's, as Pipeline::step's (Note
   // [One graph per virtual stage and micro-batch]); its input comes from rank `prev`, its
   // output goes to rank `next`.
   void forward(int64_t c, int64_t m) {
@@ -309,7 +320,8 @@ struct PipelineStage::Run {
       send_header(c, y);
     } else {
       const Shape sample(y.shape().begin() + 1, y.shape().end());
-      LOOM_CHECK(y.dtype() == it->second.dtype && sample == it->second.sample, "model chunk ", c, "'s output is ",
+      LOOM_CHECK(y.dtype() == it->second.dtype && sample == it->second.sample, virtual_stage_name(c, S, V),
+                 "'s output is ",
                  y.str(), ", but the stages agreed at the first step on ", dtype_name(it->second.dtype),
                  " [micro-batch] + ", it->second.sample, " (Note [Shapes are agreed once]); a "
                  "stage's output must keep its shape and dtype from step to step");
@@ -359,9 +371,9 @@ struct PipelineStage::Run {
   }
 
   std::string where(const Action& a) const {
-    const int64_t c = model_chunk(rank, a.chunk, S);
+    const int64_t c = virtual_stage(rank, a.local_stage, S);
     return detail::str(a.pass == Pass::Forward ? "forward" : "backward", " of micro-batch ", a.micro_batch,
-                       V > 1 ? detail::str(" on model chunk ", c) : std::string());
+                       V > 1 ? detail::str(" on virtual stage ", c) : std::string());
   }
 
   StepResult go() {
@@ -382,8 +394,8 @@ struct PipelineStage::Run {
       try {
         trace::Span span(action_name(a, rank, S, V), "pipeline");
         in_receive = false;
-        if (a.pass == Pass::Forward) forward(model_chunk(rank, a.chunk, S), a.micro_batch);
-        else backward(model_chunk(rank, a.chunk, S), a.micro_batch);
+        if (a.pass == Pass::Forward) forward(virtual_stage(rank, a.local_stage, S), a.micro_batch);
+        else backward(virtual_stage(rank, a.local_stage, S), a.micro_batch);
       } catch (...) {
         fail(in_receive ? 2 : 1, a);
       }
@@ -400,7 +412,7 @@ struct PipelineStage::Run {
   }
 
   // Note [A failed stage stops the pipeline]: (3). One all-reduce of [loss, then per
-  // rank: failure, micro-batch, pass, model chunk].
+  // rank: failure, micro-batch, pass, virtual stage].
   StepResult finish() {
     StepResult result;
     std::vector<double> status(size_t(1 + 4 * S), 0.0);
@@ -416,7 +428,7 @@ struct PipelineStage::Run {
     mine[0] = failure;
     mine[1] = failed_action ? double(failed_action->micro_batch) : -1;
     mine[2] = failed_action ? double(int(failed_action->pass)) : -1;
-    mine[3] = failed_action ? double(model_chunk(rank, failed_action->chunk, S)) : -1;
+    mine[3] = failed_action ? double(virtual_stage(rank, failed_action->local_stage, S)) : -1;
     Tensor reduced = distributed::to_communication_device(from_vector(status, {int64_t(status.size())}), comm);
     try {
       comm.all_reduce(reduced)->wait();
@@ -439,7 +451,7 @@ struct PipelineStage::Run {
       std::string what = "its step";
       if (theirs[1] >= 0)
         what = detail::str("the ", theirs[2] == 0 ? "forward" : "backward", " of micro-batch ", int64_t(theirs[1]),
-                           V > 1 ? detail::str(" on model chunk ", int64_t(theirs[3])) : std::string());
+                           V > 1 ? detail::str(" on virtual stage ", int64_t(theirs[3])) : std::string());
       ps.broken_ = detail::str("stage ", origin, " failed");
       LOOM_FAIL("PipelineStage: stage ", origin, " (rank ", origin, " of the pipeline group) failed in ", what,
                 "; stage ", rank, " stopped its step (the error is on rank ", origin, ")");

@@ -1,5 +1,5 @@
-// Pipeline stages as processes: each rank of a pipeline group holds its stage's model
-// chunks (one, or V under interleaved 1F1B) and runs its row of the same pure schedule
+// Pipeline stages as processes: each rank of a pipeline group holds its stage's virtual
+// stages (one, or V under interleaved 1F1B) and runs its row of the same pure schedule
 // the in-process Pipeline runs (parallel/pipeline/schedule.h), exchanging activations
 // and gradients with its neighbours by send / recv. PyTorch's torch.distributed.
 // pipelining: its PipelineStage and its schedules (ScheduleGPipe, Schedule1F1B,
@@ -7,21 +7,21 @@
 //
 //   // On every rank of `group` (its rank = the stage), the same model and balance:
 //   auto seq = nn::resnet18(10)->sequential();
-//   parallel::pipeline::PipelineStage stage(seq, {7, 7}, group, Device("cpu"), /*chunks=*/4, "1f1b",
+//   parallel::pipeline::PipelineStage stage(seq, {7, 7}, group, Device("cpu"), /*n_microbatches=*/4, "1f1b",
 //                                           [](const Tensor& out, const Tensor& y) { return cross_entropy(out, y); });
-//   optim::SGD opt(stage.parameters(), {.lr = 0.1});     // this rank's chunks' parameters only
+//   optim::SGD opt(stage.parameters(), {.lr = 0.1});     // this rank's parameters only
 //   opt.zero_grad();
 //   auto r = stage.step(images, labels);  // every rank passes the batch; r.loss on every rank
 //   opt.step();
 //
 // Note [Stages as processes]
-// Model chunk c (of S·V, balance[c] layers each) lives on rank c % S (Note [Interleaved
-// 1F1B: virtual stages]; V = 1: chunk c on rank c). Rank s runs its row of the schedule
+// Virtual stage c (of S·V, balance[c] layers each) lives on rank c % S (Note [Interleaved
+// 1F1B: virtual stages]; V = 1: stage c on rank c). Rank s runs its row of the schedule
 // in order; for each action:
 //   forward of (c, m):  its input is micro-batch m of the batch (c = 0) or a recv from
 //                       rank s - 1 (mod S); its output is sent to rank s + 1 (mod S), or,
-//                       on the last chunk, goes into the loss;
-//   backward of (c, m): the output's gradient is a recv from rank s + 1 (the last chunk:
+//                       on the last virtual stage, goes into the loss;
+//   backward of (c, m): the output's gradient is a recv from rank s + 1 (the last one:
 //                       the weighted loss's backward); the input's gradient is sent to
 //                       rank s - 1.
 // Activations travel on one tag and gradients on another, matched by call order: every
@@ -33,17 +33,17 @@
 // Pipeline (Note [One graph per virtual stage and micro-batch], microbatch_runner.h):
 // the same ops in the same order, gradients accumulated in micro-batch order, so the
 // weights after any number of steps are bitwise those of Pipeline with the same balance,
-// chunks and schedule (tests/test_pipeline_stage.cpp).
+// micro-batches and schedule (tests/test_pipeline_stage.cpp).
 //
 // Note [Shapes are agreed once]
 // A receiver must post a buffer of the sender's dtype and shape. At the first step, the
-// first activation over each chunk boundary is preceded by a small header (dtype and the
+// first activation from each virtual stage is preceded by a small header (dtype and the
 // per-sample shape); both ranks keep it. Later activations are [micro-batch size] +
 // that shape, and the sender checks every output against it before sending: a stage
 // whose output shape changed is a clear error on that stage (and the transport checks
 // every message's dtype and shape again at the receiver). Gradients have the shape of
 // the output they belong to, which the receiving stage computed itself. Every rank
-// derives the micro-batch sizes from the batch size, as chunk() splits the batch.
+// derives the micro-batch sizes from the batch size (micro_batch_sizes).
 //
 // Note [A failed stage stops the pipeline]
 // A stage that throws must not leave its neighbours waiting for messages that will never
@@ -62,14 +62,14 @@
 //
 // Note [A replicated stage synchronises once]
 // Under pp x dp every stage has replicas on other pipelines, which must average their
-// gradients, as DDP's do. A chunk runs one backward per micro-batch, and its gradients
-// are complete only after the last: averaging after each would cost M all-reduces per
-// step for the result of one. So, as PyTorch's pipelining does with a DDP stage
-// (no_sync for every backward but the last), the earlier backwards accumulate locally
-// and only the chunk's last backward of the step arms the DDP reducer: its gradient
-// hooks then all-reduce the accumulated gradients bucket by bucket while that backward
-// is still running, and the rest of the schedule (other chunks, other stages) overlaps
-// what it cannot hide.
+// gradients, as DDP's do. A virtual stage runs one backward per micro-batch, and its
+// gradients are complete only after the last: averaging after each would cost M
+// all-reduces per step for the result of one. So, as PyTorch's pipelining does with a
+// DDP stage (no_sync for every backward but the last), the earlier backwards accumulate
+// locally and only the virtual stage's last backward of the step arms the DDP reducer:
+// its gradient hooks then all-reduce the accumulated gradients bucket by bucket while
+// that backward is still running, and the rest of the schedule (other virtual stages)
+// overlaps what it cannot hide.
 #pragma once
 
 #include <functional>
@@ -90,14 +90,14 @@ class PipelineStage : public nn::Module {
   using LossFn = std::function<Tensor(const Tensor& output, const Tensor& target)>;
 
   // module: the whole model as a Sequential, built alike on every rank; balance: layers
-  // per model chunk, S entries (S×V for interleaved_1f1b), summing to the Sequential's
+  // per virtual stage, S entries (S×V for interleaved_1f1b), summing to the Sequential's
   // length; group: the pipeline's ranks, rank s = stage s; device: where this rank's
-  // chunks run (their layers move there). chunks: micro-batches per batch; schedule:
-  // "gpipe", "1f1b" or "interleaved_1f1b". A collective: every rank of `group` constructs
-  // its PipelineStage together, and the ranks check that they agree on the balance,
-  // chunks and schedule (a clear error on every rank if not).
+  // virtual stages run (their layers move there). n_microbatches: micro-batches per
+  // batch; schedule: "gpipe", "1f1b" or "interleaved_1f1b". A collective: every rank of
+  // `group` constructs its PipelineStage together, and the ranks check that they agree
+  // on the balance, micro-batches and schedule (a clear error on every rank if not).
   PipelineStage(std::shared_ptr<nn::Sequential> module, std::vector<int64_t> balance,
-                std::shared_ptr<distributed::Communicator> group, Device device, int64_t chunks,
+                std::shared_ptr<distributed::Communicator> group, Device device, int64_t n_microbatches,
                 std::string schedule, LossFn loss_fn);
 
   struct StepResult {
@@ -115,44 +115,46 @@ class PipelineStage : public nn::Module {
   // end of every step that succeeded (DDP: broadcast rank 0's buffers, so that replicas
   // evaluate and start the next step alike, as DDP's forward would make them);
   // before_backward before each backward
-  // of one of this rank's chunks (local_chunks()' index), saying whether it is that
-  // chunk's last backward of the step. See Note [A replicated stage synchronises once].
+  // of one of this rank's virtual stages (its index in local_chunks()), saying whether it
+  // is that virtual stage's last backward of the step. See Note [A replicated stage
+  // synchronises once].
   struct GradientSync {
     std::function<void()> after_step;
-    std::function<void(size_t local_chunk, bool last_backward)> before_backward;
+    std::function<void(size_t local_stage, bool last_backward)> before_backward;
   };
   void set_gradient_sync(GradientSync sync) { sync_ = std::move(sync); }
-  // From now on local chunk `local_chunk` (local_chunks()' index) runs through `wrapper`,
-  // a module that holds the chunk and runs it: FSDP, which gathers the chunk's
-  // parameters first (stage_sharding.h). The wrapper takes the chunk's place among the
-  // stage's submodules, so parameters() are the wrapper's (FSDP's shards, the ones the
-  // optimizer steps) and local_chunks() still gives the chunk itself.
-  void wrap_chunk(size_t local_chunk, std::shared_ptr<nn::Module> wrapper);
+  // From now on this rank's virtual stage `local_stage` (its index in local_chunks()) runs
+  // through `wrapper`, a module that holds its Sequential and runs it: FSDP, which
+  // gathers its parameters first (stage_sharding.h). The wrapper takes the Sequential's
+  // place among the stage's submodules, so parameters() are the wrapper's (FSDP's
+  // shards, the ones the optimizer steps) and local_chunks() still gives the Sequential.
+  void wrap_chunk(size_t local_stage, std::shared_ptr<nn::Module> wrapper);
 
-  // After it, every rank's module holds every model chunk's parameters and buffers as
-  // the rank that trains the chunk has them (one broadcast per tensor, from its owner):
+  // After it, every rank's module holds every virtual stage's parameters and buffers as
+  // the rank that trains it has them (one broadcast per tensor, from its owner):
   // for evaluating or saving the whole model on any rank. A collective over the group.
   void share_weights();
 
   int64_t stage_index() const { return stage_; }
   int64_t num_stages() const { return stages_; }
   int64_t virtual_stages() const { return virtual_stages_; }
-  int64_t chunks() const { return chunks_; }
+  int64_t n_microbatches() const { return n_microbatches_; }
   const std::string& schedule_name() const { return schedule_name_; }
   const std::vector<int64_t>& balance() const { return balance_; }
   const Device& device() const { return device_; }
   // The pipeline group: its rank is this stage.
   const std::shared_ptr<distributed::Communicator>& group() const { return group_; }
-  // This rank's model chunks (V of them): model chunks stage, stage + S, ...
+  // This rank's virtual stages' Sequentials (V of them): virtual stages stage, stage + S,
+  // ... (the name is the one stage_sharding and the trainer call).
   std::vector<std::shared_ptr<nn::Sequential>> local_chunks() const;
-  bool is_first() const { return stage_ == 0; }                 // holds the model's first chunk
-  bool is_last() const { return stage_ == stages_ - 1; }         // holds the model's last chunk (the loss)
+  bool is_first() const { return stage_ == 0; }                 // holds the model's first virtual stage
+  bool is_last() const { return stage_ == stages_ - 1; }         // holds the model's last (the loss)
   std::string extra_repr() const override;
 
  private:
   struct Run;  // one step's state (pipeline_stage.cpp)
   friend struct Run;
-  // Dtype and per-sample shape of model chunk c's output: Note [Shapes are agreed once].
+  // Dtype and per-sample shape of virtual stage c's output: Note [Shapes are agreed once].
   struct Agreed {
     DType dtype = DType::Float32;
     Shape sample;
@@ -162,13 +164,13 @@ class PipelineStage : public nn::Module {
   std::shared_ptr<distributed::Communicator> group_;
   Device device_;
   std::vector<int64_t> balance_;
-  int64_t chunks_;
+  int64_t n_microbatches_;
   std::string schedule_name_;
   LossFn loss_fn_;
   int64_t stage_ = 0, stages_ = 1, virtual_stages_ = 1;
-  std::vector<std::shared_ptr<nn::Sequential>> model_chunks_;  // all S·V; this rank's are on device_
-  std::vector<std::shared_ptr<nn::Module>> wrappers_;  // [model chunk]: what runs it (wrap_chunk); null: itself
-  std::map<int64_t, Agreed> agreed_;  // by model chunk whose output it is
+  std::vector<std::shared_ptr<nn::Sequential>> virtual_stage_layers_;  // all S·V; this rank's are on device_
+  std::vector<std::shared_ptr<nn::Module>> wrappers_;  // [virtual stage]: what runs it (wrap_chunk); null: its layers
+  std::map<int64_t, Agreed> agreed_;  // by the virtual stage whose output it is
   std::string broken_;                // why an earlier step failed; "" if none did
   GradientSync sync_;
 };

@@ -42,10 +42,10 @@ std::vector<std::vector<Action>> one_f_one_b_order(int64_t stages, int64_t micro
 std::vector<std::vector<Action>> interleaved_1f1b_order(int64_t stages, int64_t micro_batches,
                                                         int64_t virtual_stages) {
   check_sizes(stages, micro_batches);
-  LOOM_CHECK(virtual_stages >= 1, "pipeline schedule: expected at least one virtual stage (model chunk) per stage, "
-             "got ", virtual_stages);
+  LOOM_CHECK(virtual_stages >= 1, "pipeline schedule: expected at least one virtual stage per stage, got ",
+             virtual_stages);
   const int64_t S = stages, M = micro_batches, V = virtual_stages;
-  // The k-th forward (backward) of every rank, as (micro-batch, chunk), over rounds of
+  // The k-th forward (backward) of every stage, as (micro-batch, local stage), over rounds of
   // at least S micro-batches each (Note [Interleaved 1F1B: virtual stages]).
   const int64_t rounds = std::max<int64_t>(1, M / S);
   std::vector<Action> forwards, backwards;
@@ -81,10 +81,10 @@ Schedule place_on_clock(const std::vector<std::vector<Action>>& orders, int64_t 
   const auto stages = static_cast<int64_t>(orders.size());
   check_sizes(stages, micro_batches);
   LOOM_CHECK(virtual_stages >= 1, "pipeline schedule: expected at least one virtual stage, got ", virtual_stages);
-  const int64_t chunks = stages * virtual_stages;  // the model's chunks, in model order
-  // done[pass][c][m]: the tick at which model chunk c finished it, or -1.
+  const int64_t C = stages * virtual_stages;  // the model's virtual stages
+  // done[pass][c][m]: the tick at which virtual stage c finished it, or -1.
   std::vector<std::vector<std::vector<int64_t>>> done(
-      2, std::vector<std::vector<int64_t>>(size_t(chunks), std::vector<int64_t>(size_t(micro_batches), -1)));
+      2, std::vector<std::vector<int64_t>>(size_t(C), std::vector<int64_t>(size_t(micro_batches), -1)));
   auto finished_before = [&](Pass pass, int64_t c, int64_t m, int64_t tick) {
     const int64_t at = done[size_t(pass)][size_t(c)][size_t(m)];
     return at >= 0 && at < tick;
@@ -93,8 +93,8 @@ Schedule place_on_clock(const std::vector<std::vector<Action>>& orders, int64_t 
     for (const Action& a : order) {
       LOOM_CHECK(a.micro_batch >= 0 && a.micro_batch < micro_batches, "pipeline schedule: micro-batch ",
                  a.micro_batch, " is out of range for ", micro_batches, " micro-batches");
-      LOOM_CHECK(a.chunk >= 0 && a.chunk < virtual_stages, "pipeline schedule: chunk ", a.chunk,
-                 " is out of range for ", virtual_stages, " virtual stages");
+      LOOM_CHECK(a.local_stage >= 0 && a.local_stage < virtual_stages, "pipeline schedule: local stage ",
+                 a.local_stage, " is out of range for ", virtual_stages, " virtual stages per stage");
     }
   Schedule schedule{stages, micro_batches, virtual_stages, {}};
   std::vector<size_t> next(size_t(stages), 0);
@@ -106,11 +106,11 @@ Schedule place_on_clock(const std::vector<std::vector<Action>>& orders, int64_t 
     for (int64_t s = 0; s < stages; ++s) {
       if (next[size_t(s)] == orders[size_t(s)].size()) continue;
       const Action a = orders[size_t(s)][next[size_t(s)]];
-      const int64_t c = model_chunk(s, a.chunk, stages);
+      const int64_t c = virtual_stage(s, a.local_stage, stages);
       const bool ready =
           a.pass == Pass::Forward
               ? (c == 0 || finished_before(Pass::Forward, c - 1, a.micro_batch, tick))
-              : (c == chunks - 1 ? finished_before(Pass::Forward, c, a.micro_batch, tick)
+              : (c == C - 1 ? finished_before(Pass::Forward, c, a.micro_batch, tick)
                                  : finished_before(Pass::Backward, c + 1, a.micro_batch, tick));
       if (!ready) continue;
       row[size_t(s)] = a;
@@ -123,11 +123,11 @@ Schedule place_on_clock(const std::vector<std::vector<Action>>& orders, int64_t 
                "for an action that another stage's order puts later");
     schedule.ticks.push_back(std::move(row));
   }
-  for (int64_t c = 0; c < chunks; ++c)
+  for (int64_t c = 0; c < C; ++c)
     for (int64_t m = 0; m < micro_batches; ++m)
       LOOM_CHECK(done[0][size_t(c)][size_t(m)] >= 0 && done[1][size_t(c)][size_t(m)] >= 0, "pipeline schedule: stage ",
                  c % stages, "'s order lacks the forward or the backward of micro-batch ", m,
-                 virtual_stages > 1 ? detail::str(" on its chunk ", c / stages) : std::string());
+                 virtual_stages > 1 ? detail::str(" on virtual stage ", c) : std::string());
   return schedule;
 }
 
@@ -151,14 +151,15 @@ void check_schedule_name(const std::string& name) {
 Schedule make_schedule(const std::string& name, int64_t stages, int64_t micro_batches, int64_t virtual_stages) {
   check_schedule_name(name);
   if (name == "interleaved_1f1b") return interleaved_1f1b_schedule(stages, micro_batches, virtual_stages);
-  LOOM_CHECK(virtual_stages == 1, "pipeline schedule: ", name, " runs one model chunk per stage, got ",
-             virtual_stages, " virtual stages; interleaved_1f1b runs several");
+  LOOM_CHECK(virtual_stages == 1, "pipeline schedule: ", name, " runs one virtual stage per stage (V = 1), got ",
+             virtual_stages, "; interleaved_1f1b runs several");
   return name == "gpipe" ? gpipe_schedule(stages, micro_batches) : one_f_one_b_schedule(stages, micro_batches);
 }
 
 std::string draw(const Schedule& schedule) {
-  const bool named_chunks = schedule.virtual_stages > 1;
-  const size_t width = std::to_string(std::max<int64_t>(schedule.micro_batches - 1, 0)).size() + 2 + named_chunks;
+  const bool named_local_stages = schedule.virtual_stages > 1;
+  const size_t width =
+      std::to_string(std::max<int64_t>(schedule.micro_batches - 1, 0)).size() + 2 + named_local_stages;
   std::string out;
   for (int64_t s = 0; s < schedule.stages; ++s) {
     out += "stage " + std::to_string(s) + ":";
@@ -167,7 +168,7 @@ std::string draw(const Schedule& schedule) {
       if (const auto& a = row[size_t(s)]) {
         cell = a->pass == Pass::Forward ? "F" : "B";
         cell += std::to_string(a->micro_batch);
-        if (named_chunks) cell += static_cast<char>('a' + a->chunk % 26);
+        if (named_local_stages) cell += static_cast<char>('a' + a->local_stage % 26);
       }
       out += " " + cell + std::string(width - cell.size() - 1, ' ');
     }

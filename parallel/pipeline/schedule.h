@@ -27,23 +27,24 @@
 //
 // Note [Interleaved 1F1B: virtual stages]
 // Megatron-LM's interleaved schedule (PyTorch's ScheduleInterleaved1F1B): the model is
-// cut into S·V chunks and rank s holds V of them, the non-adjacent chunks s, s + S,
-// s + 2S, ... (its "virtual stages" v = 0 .. V-1; chunk v·S + s). A micro-batch goes
-// round the ranks V times. Each action is a chunk's forward or backward, 1/V of a
-// stage's work, and the pipeline fills after S - 1 such short actions instead of S - 1
-// whole stages: the bubble is (S - 1) / (V·M + S - 1) of the time instead of
-// (S - 1) / (M + S - 1), for V times as many (smaller) messages between ranks. Rank s's
-// order, as Megatron's:
-//   forwards:  micro-batches in groups of S; for each group, chunk v = 0 .. V-1, each
-//              micro-batch of the group (the last group may be smaller when S does not
-//              divide M);
-//   backwards: the same groups, chunks v = V-1 .. 0;
+// cut into S·V virtual stages and stage s (a device, or a rank) holds V of them, the
+// non-adjacent virtual stages s, s + S, s + 2S, ...: its local stages v = 0 .. V-1 are
+// the model's virtual stages v·S + s (virtual_stage()). With V = 1 virtual stage s is
+// stage s. A micro-batch goes round the stages V times. Each action is one virtual
+// stage's forward or backward, 1/V of a stage's work, and the pipeline fills after S - 1
+// such short actions instead of S - 1 whole stages: the bubble is (S - 1) / (V·M + S - 1)
+// of the time instead of (S - 1) / (M + S - 1), for V times as many (smaller) messages
+// between stages. Stage s's order, as Megatron's:
+//   forwards:  micro-batches in groups of S; for each group, local stage v = 0 .. V-1,
+//              each micro-batch of the group (the last group may be smaller when S does
+//              not divide M);
+//   backwards: the same groups, local stages v = V-1 .. 0;
 //   warm-up:   min(2·(S - 1 - s) + (V - 1)·S, V·M) forwards (all of them when M = S,
 //              Megatron's rule), then one forward one backward, then the backwards.
-// Every chunk still runs its backwards in micro-batch order, so the gradients are bitwise
-// GPipe's. Every rank runs its forwards (and its backwards) in the same order of (chunk
-// offset, micro-batch), so the messages rank s sends to rank s + 1 come in the order
-// rank s + 1 receives them: a cross-process pipeline can match them by call order
+// Every virtual stage still runs its backwards in micro-batch order, so the gradients are
+// bitwise GPipe's. Every stage runs its forwards (and its backwards) in the same order of
+// (local stage, micro-batch), so the messages rank s sends to rank s + 1 come in the
+// order rank s + 1 receives them: a cross-process pipeline can match them by call order
 // (pipeline_stage.h). With V = 1 the order is 1F1B's.
 #pragma once
 
@@ -59,21 +60,27 @@ enum class Pass : int8_t { Forward, Backward };
 struct Action {
   Pass pass = Pass::Forward;
   int64_t micro_batch = 0;
-  // Which of the stage's V model chunks (its virtual stage, 0 .. V-1); always 0 but in
-  // interleaved schedules. Chunk v of stage s is the model's chunk v·S + s (model_chunk).
-  int64_t chunk = 0;
+  // Which of the stage's V virtual stages, 0 .. V-1 (its local stage; always 0 but in
+  // interleaved schedules): local stage v of stage s is the model's virtual stage v·S + s.
+  int64_t local_stage = 0;
   bool operator==(const Action&) const = default;
 };
 
 // ticks[t][s]: what stage s does at tick t; nullopt while it waits (the bubble).
 struct Schedule {
   int64_t stages = 0, micro_batches = 0;
-  int64_t virtual_stages = 1;  // V: model chunks per stage (Note [Interleaved 1F1B: virtual stages])
+  int64_t virtual_stages = 1;  // V: virtual stages per stage (Note [Interleaved 1F1B: virtual stages])
   std::vector<std::vector<std::optional<Action>>> ticks;
 };
 
-// The model's chunk (0 .. S·V - 1) that chunk v of stage s is.
-inline int64_t model_chunk(int64_t stage, int64_t chunk, int64_t stages) { return chunk * stages + stage; }
+// The model's virtual stage (0 .. S·V - 1) that local stage v of stage s is.
+inline int64_t virtual_stage(int64_t stage, int64_t local_stage, int64_t stages) {
+  return local_stage * stages + stage;
+}
+// virtual_stage's earlier name, for code written against it.
+inline int64_t model_chunk(int64_t stage, int64_t local_stage, int64_t stages) {
+  return virtual_stage(stage, local_stage, stages);
+}
 
 // Each stage's own order of actions (Note [Schedules are local orders placed on a clock]).
 std::vector<std::vector<Action>> gpipe_order(int64_t stages, int64_t micro_batches);
@@ -81,8 +88,8 @@ std::vector<std::vector<Action>> one_f_one_b_order(int64_t stages, int64_t micro
 std::vector<std::vector<Action>> interleaved_1f1b_order(int64_t stages, int64_t micro_batches, int64_t virtual_stages);
 
 // Places per-stage orders on ticks: each stage runs its next action as soon as what it
-// needs finished at an earlier tick: the forward of model chunk c needs chunk c - 1's,
-// the backward of chunk c needs chunk c + 1's (the last chunk: its own forward). A
+// needs finished at an earlier tick: the forward of virtual stage c needs c - 1's, the
+// backward of c needs c + 1's (the last virtual stage: its own forward). A
 // loom::Error if the orders can never finish (an action waits for one that comes later
 // in another stage's order).
 Schedule place_on_clock(const std::vector<std::vector<Action>>& orders, int64_t micro_batches,
@@ -98,10 +105,10 @@ Schedule make_schedule(const std::string& name, int64_t stages, int64_t micro_ba
 void check_schedule_name(const std::string& name);
 
 // One row per stage: "F3", "B0", "." for idle, in columns of equal width; interleaved
-// schedules name the chunk too ("F3a", "B0b": chunk a = 0, b = 1, ...).
+// schedules name the local stage too ("F3a", "B0b": local stage a = 0, b = 1, ...).
 std::string draw(const Schedule& schedule);
-// The most (micro-batch, chunk) activations stage s holds at once (forwarded, not yet
-// backwarded).
+// The most (micro-batch, virtual stage) activations stage s holds at once (forwarded,
+// not yet backwarded).
 int64_t peak_activations(const Schedule& schedule, int64_t stage);
 // Idle stage-ticks over all stage-ticks.
 double bubble_fraction(const Schedule& schedule);

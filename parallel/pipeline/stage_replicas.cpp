@@ -16,20 +16,20 @@ bool has_trainable_parameters(nn::Module& module) {
 
 void replicate_stage(PipelineStage& stage, std::shared_ptr<distributed::Communicator> dp_group,
                      ddp::DDPOptions options) {
-  // [local chunk] -> its replica's DDP, or null for a chunk with nothing to train.
+  // [local stage] -> its replica's DDP, or null for a virtual stage with nothing to train.
   std::vector<std::shared_ptr<ddp::DistributedDataParallel>> replicas;
-  for (const auto& chunk : stage.local_chunks())
-    replicas.push_back(has_trainable_parameters(*chunk)
-                           ? std::make_shared<ddp::DistributedDataParallel>(chunk, dp_group, options)
+  for (const auto& layers : stage.local_chunks())
+    replicas.push_back(has_trainable_parameters(*layers)
+                           ? std::make_shared<ddp::DistributedDataParallel>(layers, dp_group, options)
                            : nullptr);
   stage.set_gradient_sync({
       .after_step = [replicas] {
         for (const auto& replica : replicas)
           if (replica) replica->sync_buffers();
       },
-      .before_backward = [replicas](size_t local_chunk, bool last_backward) {
+      .before_backward = [replicas](size_t local_stage, bool last_backward) {
         // See Note [A replicated stage synchronises once] (pipeline_stage.h).
-        const auto& replica = replicas.at(local_chunk);
+        const auto& replica = replicas.at(local_stage);
         if (!replica) return;
         if (last_backward) replica->reducer().prepare_for_backward({});
         else replica->reducer().prepare_for_local_backward();
