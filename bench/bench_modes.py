@@ -195,7 +195,7 @@ def main():
                                                      "--pipeline-schedule", "1f1b", "--pipeline-checkpoint", "always")),
         ("loom ddp", lambda t: loom(args, t, "ddp", processes=args.devices)),
         ("loom ddp+zero1", lambda t: loom(args, t, "ddp", "--zero-redundancy-optimizer", processes=args.devices)),
-        # Interleaved 1F1B (2 model chunks per stage), and the stages as processes (--pp):
+        # Interleaved 1F1B (2 virtual stages per stage), and the stages as processes (--pp):
         # threads vs processes under each schedule.
         ("loom pipeline interleaved", lambda t: loom(args, t, "pipeline", "--mp-devices", d, "--chunks", c,
                                                      "--pipeline-schedule", "interleaved_1f1b", "--virtual-stages", "2")),

@@ -94,7 +94,7 @@ int main(int argc, char** argv) {
                                               "chunks per stage (V)");
     auto& balance = flags.add<std::string>("balance", c.balance_by, "pipeline: where to cut the model: cost (counted "
                                            "FLOPs and bytes: the same every run), time (measured once, on rank 0), or "
-                                           "layers per model chunk a,b,... (stages x V entries adding up to the "
+                                           "layers per virtual stage a,b,... (stages x V entries adding up to the "
                                            "model's Sequential: 14 for resnet18)");
     auto& pp = flags.add<int64_t>("pp", c.pp, "degree: pipeline stages as processes, one per rank, under loomrun");
     auto& dp_replicate = flags.add<int64_t>("dp-replicate", c.dp_replicate, "degree: replicas of the model or of each "

@@ -156,7 +156,7 @@ void check_balance(const std::vector<int64_t>& balance, int64_t stages, int64_t 
   }
   const std::string given = detail::str("got ", balance.size(), " entries adding up to ", total);
   LOOM_CHECK(static_cast<int64_t>(balance.size()) == stages && total == layers && positive, "--balance: expected ",
-             stages, " positive layer counts (one per model chunk: stages × virtual stages) adding up to the "
+             stages, " positive layer counts (one per virtual stage: stages × --virtual-stages) adding up to the "
              "Sequential's length, ", layers, " layers; ", given);
 }
 

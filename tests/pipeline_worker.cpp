@@ -109,7 +109,7 @@ int main(int argc, char** argv) {
     auto group = distributed::default_group();
     const int64_t virtual_stages = balance.empty() ? 1 : static_cast<int64_t>(balance.size()) / group->size();
     auto stage = parallel::pipeline::apply_pipeline_processes(
-        net, group, Device("cpu"), {.balance = balance, .chunks = n_microbatches, .schedule = schedule,
+        net, group, Device("cpu"), {.balance = balance, .n_microbatches = n_microbatches, .schedule = schedule,
                                     .virtual_stages = virtual_stages},
         loss_of, batches[0].first.narrow(0, 0, 2));
     std::optional<optim::SGD> opt;  // a stage of ReLU and Flatten has nothing to train

@@ -176,7 +176,7 @@ TEST_CASE("--balance time under pp x dp: global rank 0 measures, every rank cuts
     auto& net = *nets[size_t(r)];
     agreed[size_t(r)] = parallel::pipeline::agree_on_balance(net, {}, "time", 2, zeros({2, 3}), *world);
     auto stage = parallel::pipeline::apply_pipeline_processes(
-        nets[size_t(r)], mesh.group("pp"), Device("cpu"), {.balance = {}, .balance_by = "time", .chunks = 1, .schedule = "gpipe"},
+        nets[size_t(r)], mesh.group("pp"), Device("cpu"), {.balance = {}, .balance_by = "time", .n_microbatches = 1, .schedule = "gpipe"},
         [](const Tensor& out, const Tensor&) { return out.sum(); }, zeros({2, 3}), world);
     staged[size_t(r)] = stage->balance();
   });

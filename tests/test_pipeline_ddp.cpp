@@ -115,7 +115,7 @@ TEST_CASE("pp x dp: each stage's replicas train as the in-process pipeline on th
       std::map<const void*, std::string> whole;
       for (const auto& [name, t] : net->named_parameters()) whole[t.data_ptr<double>()] = name;
       std::map<std::string, std::vector<double>> renamed;
-      for (const auto& layers : stage.local_chunks())
+      for (const auto& layers : stage.local_virtual_stages())
         for (const auto& [name, t] : layers->named_parameters())
           renamed[whole.at(t.data_ptr<double>())] = t.tolist<double>();
       trained[static_cast<size_t>(r)] = renamed;

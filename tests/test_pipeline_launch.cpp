@@ -71,6 +71,7 @@ TEST_CASE("train_cifar10 --mode pipeline --pp P under loomrun saves the in-proce
     std::string flags;
   };
   for (const Case& c : {Case{2, "--pipeline-schedule gpipe --balance 5,5"}, Case{2, "--pipeline-schedule 1f1b"},
+                        Case{2, "--pipeline-schedule 1f1b --pipeline-checkpoint always"},
                         Case{2, "--pipeline-schedule interleaved_1f1b --virtual-stages 2 --balance 3,2,3,2"},
                         Case{3, "--pipeline-schedule interleaved_1f1b --virtual-stages 2 --balance 2,2,1,2,2,1"}}) {
     CAPTURE(c.flags);
@@ -94,10 +95,19 @@ TEST_CASE("train_cifar10 --mode pipeline --pp P under loomrun saves the in-proce
       CHECK(tensor.to(kFloat64).tolist<double>() == b.find(name)->to(kFloat64).tolist<double>());
     }
   }
+  // Recomputation inside the stage processes is exact: --pipeline-checkpoint always saves
+  // what keeping the activations saves.
+  const std::string kept = (dir.path / "kept.safetensors").string(), redone = (dir.path / "redone.safetensors").string();
+  for (const auto& [policy, path] : {std::pair{"never", kept}, {"always", redone}}) {
+    Result r = Launch(loomrun + " --standalone --nproc_per_node 2 " + train + common + " --pipeline-schedule 1f1b --pp 2 "
+                      "--pipeline-checkpoint " + policy + " --save " + path).finish();
+    REQUIRE_MESSAGE(r.code == 0, r.output);
+  }
+  CHECK(read_file(kept) == read_file(redone));
   // Flags that cannot work are refused, naming them.
   Result bad = Launch(loomrun + " --standalone --nproc_per_node 2 " + train + common + " --pp 2 --balance 4,4").finish();
   CHECK(bad.code != 0);
-  CHECK_MESSAGE(contains(bad.output, "--balance: expected 2 positive layer counts (one per model chunk: stages × virtual "
+  CHECK_MESSAGE(contains(bad.output, "--balance: expected 2 positive layer counts (one per virtual stage: stages × --virtual-"
                                      "stages) adding up to the Sequential's length, 10 layers; got 2 entries adding up to 8"),
                 bad.output);
   Result three = Launch(loomrun + " --standalone --nproc_per_node 3 " + train + common + " --pp 2").finish();

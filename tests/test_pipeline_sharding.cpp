@@ -23,7 +23,7 @@
 #include "parallel/device_mesh.h"                 // defines: DeviceMesh
 #include "parallel/fsdp/state_dict.h"             // defines: full_state_dict
 #include "parallel/pipeline/pipeline.h"           // defines: Pipeline, the reference
-#include "parallel/pipeline/schedule.h"           // defines: model_chunk
+#include "parallel/pipeline/schedule.h"           // defines: virtual_stage
 #include "parallel/pipeline/stage_replicas.h"     // defines: replicate_stage
 #include "parallel/pipeline/stage_sharding.h"     // defines: shard_stage
 #include "parallel/zero_redundancy_optimizer.h"   // defines: ZeroRedundancyOptimizer
@@ -84,7 +84,7 @@ const optim::SGDOptions kSGD{.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-3};
 const std::vector<Case> kCases = {
     {{3, 4}, "gpipe"},
     {{3, 4}, "1f1b"},
-    {{1, 2, 2, 2}, "interleaved_1f1b"},  // 2 virtual stages: rank 0 holds model chunks 0 and 2
+    {{1, 2, 2, 2}, "interleaved_1f1b"},  // 2 virtual stages: rank 0 holds virtual stages 0 and 2
 };
 
 // The model's state as a map of plain values (integers as doubles), from any device.
@@ -135,7 +135,7 @@ struct RankResult {
   int stage = 0, dp_index = 0;
 };
 
-// "2.weight" of model chunk c -> the whole model's "<first layer of c + 2>.weight".
+// "2.weight" of virtual stage c -> the whole model's "<first layer of c + 2>.weight".
 std::string whole_name(const std::string& chunk_name, const std::vector<int64_t>& balance, int64_t c) {
   int64_t first = 0;
   for (int64_t i = 0; i < c; ++i) first += balance[size_t(i)];
@@ -172,7 +172,7 @@ std::vector<RankResult> run(const Case& c, const Config& config, const std::shar
     out.dp_index = mesh.local_rank("dp_replicate") * config.shard + mesh.local_rank("dp_shard");
     PipelineStage stage(nets[static_cast<size_t>(r)], c.balance, mesh.group("pp"), Device("cpu"), kMicroBatches,
                         c.schedule, loss_of);
-    for (const auto& chunk : stage.local_chunks()) {
+    for (const auto& chunk : stage.local_virtual_stages()) {
       int64_t n = 0;
       for (const Tensor& p : chunk->parameters()) n += p.numel();
       out.chunk_params.push_back(n);
@@ -199,7 +199,7 @@ std::vector<RankResult> run(const Case& c, const Config& config, const std::shar
     // Between steps: counts, and what the rank holds.
     out.state_bytes = nn::model_state_bytes(stage, *opt);
     for (const Tensor& t : opt->state_tensors()) out.optimizer_elements += t.numel();
-    for (const auto& chunk : stage.local_chunks())
+    for (const auto& chunk : stage.local_virtual_stages())
       for (const Tensor& p : chunk->parameters()) out.gathered_between_steps += p.numel();
     for (const auto& fsdp : sharded) {
       REQUIRE(fsdp);
@@ -215,9 +215,9 @@ std::vector<RankResult> run(const Case& c, const Config& config, const std::shar
       out.one_sided.push_back(fsdp->runtime().gathers_one_sided());
     }
     // The trained state, under the whole model's names.
-    const auto chunks = stage.local_chunks();
+    const auto chunks = stage.local_virtual_stages();
     for (size_t v = 0; v < chunks.size(); ++v) {
-      const int64_t mc = parallel::pipeline::model_chunk(out.stage, static_cast<int64_t>(v), kPP);
+      const int64_t mc = parallel::pipeline::virtual_stage(out.stage, static_cast<int64_t>(v), kPP);
       const OrderedDict<Tensor> state =
           sharded.empty() ? chunks[v]->state_dict() : fsdp::full_state_dict(*sharded[v], /*rank0_only=*/false);
       for (const auto& [name, values] : values_of(state)) out.state[whole_name(name, c.balance, mc)] = values;

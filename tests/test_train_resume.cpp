@@ -224,13 +224,14 @@ TEST_CASE("counts out of range and unknown pipeline settings are refused before 
          c.mode = "pipeline";
          c.balance = {1, 2};
        },
-       "--balance: expected 2 positive layer counts (one per model chunk: stages × virtual stages) adding up to the "
+       "--balance: expected 2 positive layer counts (one per virtual stage: stages × --virtual-stages) adding up to the "
        "Sequential's length"},
       {[](TrainConfig& c) {
          c.mode = "single";
          c.pipeline_checkpoint = "always";
        },
-       "--pipeline-checkpoint always recomputes a pipeline's micro-batches: it needs --mode pipeline, got --mode single"},
+       "--pipeline-checkpoint always recomputes a pipeline's micro-batches: it needs --mode pipeline or --pp, got --mode "
+       "single"},
   };
   for (const Bad& bad : cases) {
     CAPTURE(bad.message);

@@ -14,7 +14,7 @@
 #include "parallel/model_parallel.h"                 // defines: ModelParallel, choose_balance
 #include "parallel/pipeline/pipeline.h"              // defines: Pipeline
 #include "parallel/pipeline/pipeline_processes.h"    // defines: apply_pipeline_processes
-#include "parallel/pipeline/schedule.h"              // defines: model_chunk (a stage's chunks' numbers)
+#include "parallel/pipeline/schedule.h"              // defines: virtual_stage (a stage's virtual stages' numbers)
 #include "parallel/pipeline/stage_replicas.h"        // defines: replicate_stage (--pp with --dp-replicate)
 #include "parallel/pipeline/stage_sharding.h"        // defines: shard_stage, gather_stage_weights (--pp with --dp-shard)
 #include "parallel/sync_batch_norm.h"                // defines: convert_sync_batchnorm
@@ -100,8 +100,9 @@ std::shared_ptr<parallel::pipeline::PipelineStage> apply_pipeline(nn::Module& mo
   auto world = distributed::default_group();
   auto stage = parallel::pipeline::apply_pipeline_processes(
       resnet->sequential(), std::move(pp_group), device,
-      {.balance = config.balance, .balance_by = config.balance_by, .chunks = config.microbatches,
-       .schedule = config.pipeline_schedule, .virtual_stages = config.virtual_stages},
+      {.balance = config.balance, .balance_by = config.balance_by, .n_microbatches = config.microbatches,
+       .schedule = config.pipeline_schedule, .virtual_stages = config.virtual_stages,
+       .checkpoint = config.pipeline_checkpoint},
       [&criterion](const Tensor& out, const Tensor& target) { return criterion(out, target); },
       balance_sample(*resnet, config, device), world);
   if (world->rank() == 0) {  // once per run, not once per pipeline
@@ -159,7 +160,7 @@ fsdp::FullyShardedDataParallel* ParallelModel::whole_model_fsdp() const {
   return sharded_parts.size() == 1 && sharded_parts[0].prefix.empty() ? sharded_parts[0].fsdp.get() : nullptr;
 }
 
-// --pp with --dp-shard: FSDP on each of the stage's model chunks over "dp_shard" (HSDP:
+// --pp with --dp-shard: FSDP on each of the stage's virtual stages over "dp_shard" (HSDP:
 // and across "dp_replicate"); parameters stay gathered over a step's micro-batches and
 // gradients are reduce-scattered once per chunk (Note [FSDP under a pipeline]). The ranks
 // evaluate and save a copy of the model that gather_stage_weights fills.
@@ -179,8 +180,8 @@ static void shard_pipeline_stage(ParallelModel& out, std::shared_ptr<parallel::p
           ? parallel::pipeline::shard_stage(*stage, {mesh.group("dp_shard"), mesh.group("dp_replicate")}, options)
           : parallel::pipeline::shard_stage(*stage, mesh.group("dp_shard"), options);
   for (size_t v = 0; v < shards.size(); ++v) {
-    const int64_t chunk = parallel::pipeline::model_chunk(stage->stage_index(), int64_t(v), stage->num_stages());
-    if (shards[v]) out.sharded_parts.push_back({"chunk" + std::to_string(chunk) + ".", shards[v]});
+    const int64_t c = parallel::pipeline::virtual_stage(stage->stage_index(), int64_t(v), stage->num_stages());
+    if (shards[v]) out.sharded_parts.push_back({"virtual_stage" + std::to_string(c) + ".", shards[v]});
   }
   auto layers = copy->sequential();
   out.whole = copy;

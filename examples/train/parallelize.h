@@ -2,7 +2,7 @@
 // parallelize.py, applied in its order and chosen by ParallelDims' predicates alone:
 //
 //   pp        split the model into pipeline stages first, one per process (apply_pipeline)
-//   ...       then, on each part (the stage's model chunks, or the whole model):
+//   ...       then, on each part (the stage's virtual stages, or the whole model):
 //   dp_shard  FullyShardedDataParallel (HSDP with dp_replicate)   apply_fsdp
 //   dp_replicate  DistributedDataParallel (+ ZeRO-1: build_optimizer)   apply_ddp
 //   in one process: DataParallel (dp_devices), ModelParallel / Pipeline (mp_stages)
@@ -55,7 +55,7 @@ struct ParallelModel {
   // with --dp-shard a copy (the stages' own layers run through FSDP and hold shards).
   std::shared_ptr<nn::Module> whole;
   // --dp-shard: the FSDP modules, and the prefix each one's state goes under in a sharded
-  // checkpoint: one for the whole model (""), or one per model chunk of a stage.
+  // checkpoint: one for the whole model (""), or one per virtual stage of a stage.
   struct ShardedPart {
     std::string prefix;
     std::shared_ptr<fsdp::FullyShardedDataParallel> fsdp;
@@ -70,7 +70,7 @@ struct ParallelModel {
 
 // --pp: this process's stage of the pipeline over mesh "pp" (parallel/pipeline/
 // pipeline_processes.h); --balance agreed over the world; --microbatches micro-batches
-// under --pipeline-schedule (--virtual-stages model chunks per stage).
+// under --pipeline-schedule (--virtual-stages virtual stages per stage).
 std::shared_ptr<parallel::pipeline::PipelineStage> apply_pipeline(nn::Module& model,
                                                                   std::shared_ptr<distributed::Communicator> pp_group,
                                                                   const TrainConfig& config, Device device,

@@ -15,7 +15,7 @@
 //   fsdp   model.flat_param_<k> (this rank's shards) and model.<buffer>; optimizer.* is the
 //          SGD over the shards' own state (shard-shaped momentum); fsdp.* metadata: the cut
 //          (parallel/fsdp/sharded_state_dict.h). Under --pp, each of the stage's chunks
-//          likewise under model.chunk<c>.* and chunk<c>.fsdp.*
+//          likewise under model.virtual_stage<c>.* and virtual_stage<c>.fsdp.*
 //   ZeRO-1 model.* whole (it is replicated: each rank keeps its own copy, buffers included),
 //          optimizer.* this rank's partition (Note [ZeRO's sharded state])
 //   --pp   model.* whole, of which this rank's stage's chunks are the ones it trains (the
@@ -38,7 +38,7 @@ namespace loom::examples {
 // Every rank (a collective: barriers): writes its shard of <dir>/step-<global step>, then
 // rank 0 the manifest, then rank 0 removes older step directories but the newest complete
 // one. The model's state is its FSDP parts' shards, each under its prefix (one part and
-// no prefix without --pp; "chunk<c>." per model chunk of a stage), or without FSDP the
+// no prefix without --pp; "virtual_stage<c>." per virtual stage of a stage), or without FSDP the
 // model's own state dict (ZeRO-1, --pp).
 void save_sharded_checkpoint(const std::string& dir, const Distributed& dist, const ParallelModel& parallel,
                              const optim::Optimizer& optimizer,

@@ -194,15 +194,13 @@ void check_flags(const TrainConfig& c) {
   expect(c.microbatches >= 1, "--microbatches", c.microbatches, "at least 1 micro-batch per batch");
   LOOM_CHECK(c.pipeline_schedule == "gpipe" || c.pipeline_schedule == "1f1b" || c.pipeline_schedule == "interleaved_1f1b",
              "--pipeline-schedule: expected gpipe, 1f1b or interleaved_1f1b, got '", c.pipeline_schedule, "'");
-  expect(c.virtual_stages >= 1, "--virtual-stages", c.virtual_stages, "at least 1 model chunk per stage");
+  expect(c.virtual_stages >= 1, "--virtual-stages", c.virtual_stages, "at least 1 virtual stage per stage");
   LOOM_CHECK(c.virtual_stages == 1 || c.pipeline_schedule == "interleaved_1f1b", "--virtual-stages ",
              c.virtual_stages, " needs --pipeline-schedule interleaved_1f1b, got ", c.pipeline_schedule);
   expect(c.pp >= 1, "--pp", c.pp, "at least 1 pipeline stage");
   LOOM_CHECK(c.pp == 1 || c.mode == "pipeline" || c.mode == "ddp" || c.mode == "single", "--pp ", c.pp,
              " runs the stages of a pipeline as processes: alone, with --mode pipeline or ddp, or with --dp-replicate; "
              "got --mode ", c.mode);
-  LOOM_CHECK(c.pp == 1 || c.pipeline_checkpoint == "never", "--pipeline-checkpoint ", c.pipeline_checkpoint,
-             " is for the stages of one process; --pp ", c.pp, " runs them as processes (use never)");
   LOOM_CHECK((c.balance.empty() && c.balance_by == "cost") || c.mode == "pipeline" || c.mode == "mp" || c.pp > 1,
              "--balance cuts the model into stages: it needs --mode mp or pipeline, or --pp, got --mode ", c.mode);
   LOOM_CHECK(c.pipeline_checkpoint == "never" || c.pipeline_checkpoint == "except_last" ||
@@ -215,8 +213,8 @@ void check_flags(const TrainConfig& c) {
              "--reshard-after-forward: expected default, always or never, got '", c.reshard_after_forward, "'");
   LOOM_CHECK(c.lr_scaling == "none" || c.lr_scaling == "linear", "--lr-scaling: expected none or linear, got '",
              c.lr_scaling, "'");
-  LOOM_CHECK(c.pipeline_checkpoint == "never" || c.mode == "pipeline", "--pipeline-checkpoint ",
-             c.pipeline_checkpoint, " recomputes a pipeline's micro-batches: it needs --mode pipeline, got --mode ",
+  LOOM_CHECK(c.pipeline_checkpoint == "never" || c.mode == "pipeline" || c.pp > 1, "--pipeline-checkpoint ",
+             c.pipeline_checkpoint, " recomputes a pipeline's micro-batches: it needs --mode pipeline or --pp, got --mode ",
              c.mode);
 }
 

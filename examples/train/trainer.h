@@ -64,8 +64,8 @@ struct TrainConfig {
   int64_t mp_devices = 2;            // mp, pipeline: stages, one device each
   int64_t microbatches = 4;          // pipeline: micro-batches per batch (--microbatches; torchgpipe's --chunks)
   std::string pipeline_schedule = "1f1b";  // pipeline: gpipe | 1f1b | interleaved_1f1b
-  int64_t virtual_stages = 1;        // pipeline, interleaved_1f1b: model chunks per stage (V)
-  std::vector<int64_t> balance;      // pipeline, mp: layers per model chunk (stages x V); empty: by balance_by
+  int64_t virtual_stages = 1;        // pipeline, interleaved_1f1b: virtual stages per stage (V)
+  std::vector<int64_t> balance;      // pipeline, mp: layers per virtual stage (stages x V); empty: by balance_by
   std::string balance_by = "cost";   // pipeline, mp: cost | time (Note [Stage balance], parallel/balance.h)
   // The degrees across processes (examples/train/degrees.h): 0 = not given (--mode's preset).
   int64_t pp = 1;                    // pipeline stages as processes (under loomrun), one per rank

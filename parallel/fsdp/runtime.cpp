@@ -287,15 +287,15 @@ Tensor Runtime::forward(const Tensor& input) {
 }
 
 // Note [FSDP under a pipeline]
-// A pipeline stage runs each of its model chunks once per micro-batch, M forwards and M
+// A pipeline stage runs each of its virtual stages once per micro-batch, M forwards and M
 // backwards a step, interleaved as its schedule says (1F1B on stage 0 of 2, M = 4:
-// F0 F1 B0 F2 B1 F3 B2 B3), and the chunk's gradients are complete only after its last
+// F0 F1 B0 F2 B1 F3 B2 B3), and the virtual stage's gradients are complete only after its last
 // backward. So FSDP's step is stretched over the micro-batches, as torchtitan runs
 // FSDP2 under a pipeline (parallel/pipeline/stage_sharding.h drives it):
 // - Whether a backward reduces is decided when it starts (sync(), read by its first
 //   pre-backward hook), not at the forward: under 1F1B the last micro-batch's forward
 //   comes before the earlier micro-batches' backwards. Before each backward the stage
-//   says whether it is the chunk's last of the step: the earlier ones accumulate the
+//   says whether it is the virtual stage's last of the step: the earlier ones accumulate the
 //   full gradients on the module's parameters (no_sync), the last one reduce-scatters
 //   their sum, once per unit and step, while it runs.
 // - With reshard_after_forward false (shard_stage's default, torchtitan's

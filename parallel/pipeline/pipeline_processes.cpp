@@ -77,8 +77,10 @@ std::shared_ptr<PipelineStage> apply_pipeline_processes(std::shared_ptr<nn::Sequ
   const int64_t virtual_stages = group->size() * options.virtual_stages;  // the model's S·V pieces
   const std::vector<int64_t> balance =
       agree_on_balance(*layers, options.balance, options.balance_by, virtual_stages, sample, world ? *world : *group);
-  return std::make_shared<PipelineStage>(std::move(layers), balance, std::move(group), device, options.chunks,
-                                         options.schedule, std::move(loss_fn));
+  auto stage = std::make_shared<PipelineStage>(std::move(layers), balance, std::move(group), device,
+                                               options.n_microbatches, options.schedule, std::move(loss_fn));
+  stage->set_checkpoint(options.checkpoint);
+  return stage;
 }
 
 }  // namespace loom::parallel::pipeline

@@ -3,7 +3,7 @@
 //
 //   auto stage = parallel::pipeline::apply_pipeline_processes(
 //       model->sequential(), pp_group, Device("cpu"),
-//       {.balance = {}, .balance_by = "cost", .chunks = 4, .schedule = "interleaved_1f1b", .virtual_stages = 2},
+//       {.balance = {}, .balance_by = "cost", .n_microbatches = 4, .schedule = "interleaved_1f1b", .virtual_stages = 2},
 //       loss_fn, sample, world);
 //   optim::SGD opt(stage->parameters(), ...);   // this rank's virtual stages only
 //   auto r = stage->step(images, labels);       // every rank passes the batch
@@ -35,9 +35,10 @@ namespace loom::parallel::pipeline {
 struct PipelineProcessOptions {
   std::vector<int64_t> balance;     // layers per virtual stage (S·V entries); empty: by balance_by
   std::string balance_by = "cost";  // cost | time: Note [One balance for every rank]
-  int64_t chunks = 4;               // micro-batches per batch: PipelineStage's n_microbatches (torchgpipe's name)
+  int64_t n_microbatches = 4;       // micro-batches per batch (PyTorch pipelining's name; torchgpipe's chunks)
   std::string schedule = "1f1b";    // gpipe | 1f1b | interleaved_1f1b
   int64_t virtual_stages = 1;       // V: virtual stages per rank (interleaved_1f1b)
+  std::string checkpoint = "never";  // never | except_last | always: PipelineStage::set_checkpoint
 };
 
 // See Note [One balance for every rank]: `balance` if given (checked), else by `by`

@@ -101,8 +101,8 @@ void PipelineStage::agree_on_settings() {
   }
 }
 
-void PipelineStage::wrap_chunk(size_t local_stage, std::shared_ptr<nn::Module> wrapper) {
-  LOOM_CHECK(static_cast<int64_t>(local_stage) < virtual_stages_ && wrapper != nullptr, "PipelineStage::wrap_chunk: "
+void PipelineStage::wrap_virtual_stage(size_t local_stage, std::shared_ptr<nn::Module> wrapper) {
+  LOOM_CHECK(static_cast<int64_t>(local_stage) < virtual_stages_ && wrapper != nullptr, "PipelineStage::wrap_virtual_stage: "
              "expected a module for one of this stage's ", virtual_stages_, " virtual stages, got ",
              wrapper ? "" : "a null module for ", "its virtual stage ", local_stage, " (local index)");
   const int64_t c = virtual_stage(stage_, static_cast<int64_t>(local_stage), stages_);
@@ -114,7 +114,7 @@ void PipelineStage::share_weights() {
   for (int64_t v = 0; v < virtual_stages_; ++v) {
     const auto& wrapper = wrappers_[size_t(virtual_stage(stage_, v, stages_))];
     LOOM_CHECK(!wrapper, "PipelineStage::share_weights: ", virtual_stage_name(virtual_stage(stage_, v, stages_),
-               stages_, virtual_stages_), " runs through a ", wrapper ? wrapper->type_name() : "", " (wrap_chunk), "
+               stages_, virtual_stages_), " runs through a ", wrapper ? wrapper->type_name() : "", " (wrap_virtual_stage), "
                "whose parameters are not its layers' own between steps; gather them through the wrapper "
                "(fsdp::full_state_dict) instead");
   }
@@ -129,7 +129,7 @@ void PipelineStage::share_weights() {
   }
 }
 
-std::vector<std::shared_ptr<nn::Sequential>> PipelineStage::local_chunks() const {
+std::vector<std::shared_ptr<nn::Sequential>> PipelineStage::local_virtual_stages() const {
   std::vector<std::shared_ptr<nn::Sequential>> out;
   for (int64_t v = 0; v < virtual_stages_; ++v)
     out.push_back(virtual_stage_layers_[size_t(virtual_stage(stage_, v, stages_))]);
@@ -231,22 +231,25 @@ struct PipelineStage::Run {
       virtual_stages[size_t(c)].module = wrapper ? wrapper.get() : ps.virtual_stage_layers_[size_t(c)].get();
     }
     runner.emplace(std::move(virtual_stages), S, ps.loss_fn_, batch, ps.n_microbatches_, ps.is_first() ? input : Tensor(),
-                   ps.is_last() ? target : Tensor(), loss_scale);
+                   ps.is_last() ? target : Tensor(), loss_scale, ps.checkpoint_);
   }
 
   // The dtype and shape of expected receive e on tag k, if known yet.
+  // A gradient has its output's dtype and shape: the kept output's, or for a micro-batch
+  // whose forward is recomputed in its backward (--pipeline-checkpoint), and so kept
+  // nothing yet, the boundary's agreed ones (this rank sent their header).
   std::optional<std::pair<DType, Shape>> spec_of(int k, const Expected& e) const {
-    if (k == 0) {
-      auto it = ps.agreed_.find(e.boundary);
-      if (it == ps.agreed_.end()) return std::nullopt;
-      Shape shape{sizes[size_t(e.m)]};
-      shape.insert(shape.end(), it->second.sample.begin(), it->second.sample.end());
-      return std::make_pair(it->second.dtype, shape);
+    if (k == 1 && runner) {
+      const Tensor& out = runner->kept_output(e.boundary, e.m);
+      if (out.defined()) return std::make_pair(out.dtype(), out.shape());
+      if (!runner->checkpointed(e.m)) return std::nullopt;
     }
-    if (!runner) return std::nullopt;
-    const Tensor& out = runner->kept_output(e.boundary, e.m);
-    if (!out.defined()) return std::nullopt;
-    return std::make_pair(out.dtype(), out.shape());
+    if (k == 1 && !runner) return std::nullopt;
+    auto it = ps.agreed_.find(e.boundary);
+    if (it == ps.agreed_.end()) return std::nullopt;
+    Shape shape{sizes[size_t(e.m)]};
+    shape.insert(shape.end(), it->second.sample.begin(), it->second.sample.end());
+    return std::make_pair(it->second.dtype, shape);
   }
 
   void post_ahead(int k) {
@@ -474,8 +477,15 @@ PipelineStage::StepResult PipelineStage::step(const Tensor& input, const Tensor&
              "are out of step; recreate the group and its stages to go on");
   Run run(*this, input, target, loss_scale);
   StepResult result = run.go();
+  if (run.runner) run.runner->check_recomputed_exactly();
   if (sync_.after_step) sync_.after_step();
   return result;
+}
+
+void PipelineStage::set_checkpoint(std::string checkpoint) {
+  LOOM_CHECK(checkpoint == "never" || checkpoint == "except_last" || checkpoint == "always", "PipelineStage: "
+             "checkpoint must be 'never', 'except_last' or 'always' (torchgpipe's), got '", checkpoint, "'");
+  checkpoint_ = std::move(checkpoint);
 }
 
 }  // namespace loom::parallel::pipeline

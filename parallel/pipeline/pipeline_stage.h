@@ -115,7 +115,7 @@ class PipelineStage : public nn::Module {
   // end of every step that succeeded (DDP: broadcast rank 0's buffers, so that replicas
   // evaluate and start the next step alike, as DDP's forward would make them);
   // before_backward before each backward
-  // of one of this rank's virtual stages (its index in local_chunks()), saying whether it
+  // of one of this rank's virtual stages (its index in local_virtual_stages()), saying whether it
   // is that virtual stage's last backward of the step. See Note [A replicated stage
   // synchronises once].
   struct GradientSync {
@@ -123,12 +123,19 @@ class PipelineStage : public nn::Module {
     std::function<void(size_t local_stage, bool last_backward)> before_backward;
   };
   void set_gradient_sync(GradientSync sync) { sync_ = std::move(sync); }
-  // From now on this rank's virtual stage `local_stage` (its index in local_chunks()) runs
+
+  // Recompute micro-batches' activations in their backward instead of keeping them:
+  // "never", "except_last" or "always", as Pipeline's checkpoint (torchgpipe's; Note
+  // [Checkpointed micro-batches are recomputed exactly], pipeline.h), on this rank's
+  // virtual stages. Bitwise the same training; a loom::Error for any other word.
+  void set_checkpoint(std::string checkpoint);
+  const std::string& checkpoint() const { return checkpoint_; }
+  // From now on this rank's virtual stage `local_stage` (its index in local_virtual_stages()) runs
   // through `wrapper`, a module that holds its Sequential and runs it: FSDP, which
   // gathers its parameters first (stage_sharding.h). The wrapper takes the Sequential's
   // place among the stage's submodules, so parameters() are the wrapper's (FSDP's
-  // shards, the ones the optimizer steps) and local_chunks() still gives the Sequential.
-  void wrap_chunk(size_t local_stage, std::shared_ptr<nn::Module> wrapper);
+  // shards, the ones the optimizer steps) and local_virtual_stages() still gives the Sequential.
+  void wrap_virtual_stage(size_t local_stage, std::shared_ptr<nn::Module> wrapper);
 
   // After it, every rank's module holds every virtual stage's parameters and buffers as
   // the rank that trains it has them (one broadcast per tensor, from its owner):
@@ -146,7 +153,7 @@ class PipelineStage : public nn::Module {
   const std::shared_ptr<distributed::Communicator>& group() const { return group_; }
   // This rank's virtual stages' Sequentials (V of them): virtual stages stage, stage + S,
   // ... (the name is the one stage_sharding and the trainer call).
-  std::vector<std::shared_ptr<nn::Sequential>> local_chunks() const;
+  std::vector<std::shared_ptr<nn::Sequential>> local_virtual_stages() const;
   bool is_first() const { return stage_ == 0; }                 // holds the model's first virtual stage
   bool is_last() const { return stage_ == stages_ - 1; }         // holds the model's last (the loss)
   std::string extra_repr() const override;
@@ -169,10 +176,11 @@ class PipelineStage : public nn::Module {
   LossFn loss_fn_;
   int64_t stage_ = 0, stages_ = 1, virtual_stages_ = 1;
   std::vector<std::shared_ptr<nn::Sequential>> virtual_stage_layers_;  // all S·V; this rank's are on device_
-  std::vector<std::shared_ptr<nn::Module>> wrappers_;  // [virtual stage]: what runs it (wrap_chunk); null: its layers
+  std::vector<std::shared_ptr<nn::Module>> wrappers_;  // [virtual stage]: what runs it (wrap_virtual_stage); null: its layers
   std::map<int64_t, Agreed> agreed_;  // by the virtual stage whose output it is
   std::string broken_;                // why an earlier step failed; "" if none did
   GradientSync sync_;
+  std::string checkpoint_ = "never";
 };
 
 }  // namespace loom::parallel::pipeline

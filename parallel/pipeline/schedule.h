@@ -77,10 +77,6 @@ struct Schedule {
 inline int64_t virtual_stage(int64_t stage, int64_t local_stage, int64_t stages) {
   return local_stage * stages + stage;
 }
-// virtual_stage's earlier name, for code written against it.
-inline int64_t model_chunk(int64_t stage, int64_t local_stage, int64_t stages) {
-  return virtual_stage(stage, local_stage, stages);
-}
 
 // Each stage's own order of actions (Note [Schedules are local orders placed on a clock]).
 std::vector<std::vector<Action>> gpipe_order(int64_t stages, int64_t micro_batches);

@@ -18,7 +18,7 @@ void replicate_stage(PipelineStage& stage, std::shared_ptr<distributed::Communic
                      ddp::DDPOptions options) {
   // [local stage] -> its replica's DDP, or null for a virtual stage with nothing to train.
   std::vector<std::shared_ptr<ddp::DistributedDataParallel>> replicas;
-  for (const auto& layers : stage.local_chunks())
+  for (const auto& layers : stage.local_virtual_stages())
     replicas.push_back(has_trainable_parameters(*layers)
                            ? std::make_shared<ddp::DistributedDataParallel>(layers, dp_group, options)
                            : nullptr);

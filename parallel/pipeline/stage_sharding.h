@@ -5,11 +5,11 @@
 // each reads its own shard of the data.
 //
 //   DeviceMesh mesh = init_device_mesh("cpu", {2, 2}, {"pp", "dp_shard"});
-//   PipelineStage stage(model->sequential(), balance, mesh.group("pp"), device, chunks, "1f1b", loss);
+//   PipelineStage stage(model->sequential(), balance, mesh.group("pp"), device, virtual stages, "1f1b", loss);
 //   auto sharded = shard_stage(stage, mesh.group("dp_shard"));  // a collective over dp_shard
 //   optim::SGD opt(stage.parameters(), ...);        // the shards: this stage's parameters / N
 //   opt.zero_grad();
-//   stage.step(images, labels);                     // gathers and reduce-scatters once per chunk
+//   stage.step(images, labels);                     // gathers and reduce-scatters once per virtual stage
 //   opt.step();
 //
 //   // pp x HSDP, on a mesh ("pp", "dp_replicate", "dp_shard"): shard within dp_shard,
@@ -17,16 +17,16 @@
 //   shard_stage(stage, {mesh.group("dp_shard"), mesh.group("dp_replicate")},
 //               {.sharding_strategy = fsdp::ShardingStrategy::HYBRID_SHARD});
 //
-// Each of the stage's model chunks gets a FullyShardedDataParallel of its own over the
-// group(s), which takes the chunk's place in the stage (PipelineStage::wrap_chunk): the
+// Each of the stage's virtual stages gets a FullyShardedDataParallel of its own over the
+// group(s), which takes the virtual stage's place in the stage (PipelineStage::wrap_virtual_stage): the
 // stage's parameters() become the chunk's shards, and the stage runs every micro-batch
-// through it. FSDP checks that the replicas built the same chunk and starts them from
+// through it. FSDP checks that the replicas built the same virtual stage and starts them from
 // the group's rank 0's parameters and buffers.
 //
 // What happens in a step (Note [FSDP under a pipeline], parallel/fsdp/runtime.cpp):
 // with the default, reshard_after_forward unset (torchtitan's `not pp_enabled`), each
-// unit of a chunk is gathered by the chunk's first forward of the step and stays
-// gathered; the backwards accumulate full gradients locally but the chunk's last, which
+// unit of a virtual stage is gathered by the virtual stage's first forward of the step and stays
+// gathered; the backwards accumulate full gradients locally but the virtual stage's last, which
 // reduce-scatters their sum, once per unit (then all-reduces it across dp_replicate
 // under HYBRID_SHARD), and frees the unit. {.reshard_after_forward = true} is FULL_SHARD
 // per micro-batch: every forward and every backward gathers its units and frees them
@@ -53,8 +53,8 @@ namespace loom::parallel::pipeline {
 
 using StageShards = std::vector<std::shared_ptr<fsdp::FullyShardedDataParallel>>;
 
-// FULL_SHARD (or SHARD_GRAD_OP, NO_SHARD) of each local chunk over `shard_group`.
-// Returns the FSDP of each local chunk (local_chunks()' order; null for a chunk without
+// FULL_SHARD (or SHARD_GRAD_OP, NO_SHARD) of each local virtual stage over `shard_group`.
+// Returns the FSDP of each local virtual stage (local_virtual_stages()' order; null for a virtual stage without
 // parameters to train, which is left alone): for checkpoints (fsdp::full_state_dict),
 // memory and traffic figures. A collective over the group: every replica calls it at the
 // same point.
@@ -68,11 +68,11 @@ StageShards shard_stage(PipelineStage& stage,
 
 // Every rank's `whole` (the whole model as a Sequential, built alike on every rank, apart
 // from the stage: e.g. a clone of the model made before the stage was sharded) gets every
-// model chunk's full parameters and buffers from a rank of the stage that trains it:
-// local chunks' shards gathered within their FSDP group (fsdp::full_state_dict), then each
-// chunk broadcast over the pipeline group from its owner. For evaluating or saving the
-// whole model under pp x FSDP, where share_weights cannot read the chunks' parameters.
-// A collective over the pipeline group and every chunk's FSDP groups.
+// virtual stage's full parameters and buffers from a rank of the stage that trains it:
+// local virtual stages' shards gathered within their FSDP group (fsdp::full_state_dict), then each
+// virtual stage broadcast over the pipeline group from its owner. For evaluating or saving the
+// whole model under pp x FSDP, where share_weights cannot read the virtual stages' parameters.
+// A collective over the pipeline group and every virtual stage's FSDP groups.
 void gather_stage_weights(PipelineStage& stage, const StageShards& shards, nn::Sequential& whole);
 
 }  // namespace loom::parallel::pipeline
