@@ -545,7 +545,7 @@ TEST_CASE("one-sided gathers: no rank reads a shard before its owner's step is o
     CAPTURE(shared_memory);
     std::vector<std::shared_ptr<nn::Module>> replicas = {start->clone(), start->clone()};
     std::vector<OrderedDict<Tensor>> states(world);
-    std::vector<bool> one_sided(world);
+    std::vector<char> one_sided(world);  // char, not bool: vector<bool> packs both ranks' flags in one word
     require_no_errors(run_ranks(world, [&](std::shared_ptr<Communicator> comm) {
       const int r = comm->rank();
       FullyShardedDataParallel fsdp(replicas[r], comm, {.auto_wrap_policy = kSmallNetPolicy});
@@ -564,7 +564,7 @@ TEST_CASE("one-sided gathers: no rank reads a shard before its owner's step is o
       }
       states[r] = full_state_dict(fsdp, /*rank0_only=*/false);
     }, 20s, shared_memory));
-    CHECK(one_sided == std::vector<bool>{shared_memory, shared_memory});
+    CHECK(one_sided == std::vector<char>{shared_memory, shared_memory});
     for (int r = 0; r < world; ++r) {
       CHECK(max_state_diff(states[r], reference[r]) == 0.0);  // bitwise DDP's
     }
