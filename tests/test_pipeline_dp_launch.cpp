@@ -131,6 +131,20 @@ TEST_CASE("--mode ddp --pp: a world that pipelines of P stages cannot fill is re
   CHECK_MESSAGE(contains(sync.output, "--sync-bn synchronises BatchNorm statistics over the data-parallel ranks, and "
                                       "this run has none (pp=2 dp_replicate=1"),
                 sync.output);
+  // A preset and a degree that contradict it: one error naming both.
+  Result both = Launch(loomrun + " --standalone --nproc_per_node 2 " + train + kCommon + " --mode ddp --dp-shard 2")
+                    .finish();
+  CHECK(both.code != 0);
+  CHECK_MESSAGE(contains(both.output, "--mode ddp replicates the model (--dp-replicate), but --dp-shard 2 asks for "
+                                      "shards of it"),
+                both.output);
+  // Degrees that do not multiply to the world: every factor named.
+  Result product = Launch(loomrun + " --standalone --nproc_per_node 4 " + train + kCommon + " --pp 2 --dp-shard 3")
+                       .finish();
+  CHECK(product.code != 0);
+  CHECK_MESSAGE(contains(product.output, "the parallel degrees multiply to 6 (pp 2 x dp_replicate 1 x dp_shard 3 x tp "
+                                         "1) but WORLD_SIZE is 4"),
+                product.output);
 }
 
 // --metrics-json's comm_bytes_per_step: under pp x FSDP each stage's parameters are
