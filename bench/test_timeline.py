@@ -73,12 +73,12 @@ class Timeline(unittest.TestCase):
         for r in rows:
             self.assertAlmostEqual(r["pipeline_bubble"], 1 / 3)  # as (S-1)/(M+S-1)
 
-    def test_interleaved_formula_counts_the_chunks(self):
-        # 2 stages x 2 chunks each (model chunks 0-3), 4 micro-batches: (S-1)/(V*M+S-1) = 1/9.
+    def test_interleaved_formula_counts_the_virtual_stages(self):
+        # 2 stages x 2 virtual stages each (0-3), 4 micro-batches: (S-1)/(V*M+S-1) = 1/9.
         ev = [thread(0, 1, "train"), thread(0, 2, "stage 1"), span("step 1", 0, 1, 0, 100)]
         for s in (0, 1):
             for c in (s, s + 2):
-                ev += [span(f"F{m} stage {s} chunk {c}", 0, 1 + s, 10 * m, 5) for m in range(4)]
+                ev += [span(f"F{m} stage {s} virtual stage {c}", 0, 1 + s, 10 * m, 5) for m in range(4)]
         rows, _, _ = timeline.analyse(timeline.merge([write(ev)]), 1)
         self.assertEqual(timeline.pipeline_formula(rows), {0: (2, 4, 1 / 9)})
 

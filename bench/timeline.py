@@ -58,8 +58,9 @@ KINDS = {
 }
 COMPUTE = {"forward", "backward", "recompute", "optimizer"}
 COMM = {"all-reduce", "all-gather", "reduce-scatter", "broadcast", "send", "recv"}
-# A pipeline action's span: "F3 stage 1", "B0 stage 0 chunk 2" (micro-batch, stage, model chunk).
-ACTION = re.compile(r"([FB])(\d+) stage (\d+)(?: chunk (\d+))?")
+# A pipeline action's span: "F3 stage 1", "B0 stage 0 virtual stage 2" (micro-batch, stage,
+# virtual stage; the traces in docs/img, recorded under the older name, say "chunk 2").
+ACTION = re.compile(r"([FB])(\d+) stage (\d+)(?: (?:virtual stage|chunk) (\d+))?")
 
 
 def kind(name):
@@ -267,7 +268,7 @@ def stage_bubbles_of_run(rows):
     """Sets "stage" and "pipeline_bubble" on each of one run's rows that runs pipeline actions.
 
     The window is the pipeline's part of the step: from the run's first action ("F3 stage 1",
-    "B0 stage 0 chunk 2") to its last, over every stage, whether the stages are threads of
+    "B0 stage 0 virtual stage 2") to its last, over every stage, whether the stages are threads of
     one process or processes (their spans share the machine's one trace clock). A stage's
     bubble is the share of that window its row is not computing; its waits for a message
     inside an action (a stage process's "wait for activation" / "wait for gradient") count
@@ -300,7 +301,7 @@ def pipeline_formula(rows):
     """{run: (S, M, bubble)} for each run that has a pipeline (a run: the rows sharing one
     time axis, their "offset"; its stages may be threads of one process or processes), from
     its action names, where the bubble is (S-1)/(M+S-1), or (S-1)/(V*M+S-1) under
-    interleaved 1F1B with V chunks per stage."""
+    interleaved 1F1B with V virtual stages per stage."""
     found = {}
     for r in rows:
         for e in r["spans"]:

@@ -58,7 +58,7 @@ std::string virtual_stage_name(int64_t virtual_stage, int64_t stages, int64_t vi
 
 std::string action_name(const Action& action, int64_t stage, int64_t stages, int64_t virtual_stages) {
   std::string out = detail::str(action.pass == Pass::Forward ? "F" : "B", action.micro_batch, " stage ", stage);
-  if (virtual_stages > 1) out += detail::str(" chunk ", virtual_stage(stage, action.local_stage, stages));
+  if (virtual_stages > 1) out += detail::str(" virtual stage ", virtual_stage(stage, action.local_stage, stages));
   return out;
 }
 

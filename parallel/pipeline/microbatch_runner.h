@@ -50,9 +50,8 @@ std::vector<int64_t> micro_batch_sizes(int64_t batch, int64_t n_microbatches);
 std::string virtual_stage_name(int64_t virtual_stage, int64_t stages, int64_t virtual_stages);
 
 // The trace span's name of an action: "F3 stage 1", with virtual stages "F3 stage 1
-// chunk 3" (its virtual stage: the word is the trace format's, which bench/timeline.py
-// reads). Shared by both pipelines, so their traces read (and are measured:
-// docs/pipeline.md) alike.
+// virtual stage 3". Shared by both pipelines, so their traces read (and are measured:
+// docs/pipeline.md, bench/timeline.py) alike.
 std::string action_name(const Action& action, int64_t stage, int64_t stages, int64_t virtual_stages);
 
 class MicrobatchRunner {
