@@ -305,7 +305,10 @@ TEST_CASE("FSDP HYBRID_SHARD 2 x 2, one step: FULL_SHARD's bytes within the shar
 // small_net cut after its first ReLU: the cut carries [B, 6, 8, 8] float64 activations
 // forward and their gradients back, whatever the number of micro-batches or the schedule.
 TEST_CASE("pipeline, one step over 2 stages: each cut sends the batch's activations forward and gradients back") {
-  for (const auto& [schedule, chunks] : {std::pair<std::string, int64_t>{"gpipe", 4}, {"1f1b", 2}, {"1f1b", 8}}) {
+  for (const auto& run : {std::pair<std::string, int64_t>{"gpipe", 4}, {"1f1b", 2}, {"1f1b", 8}}) {
+    // Named copies, not a structured binding: Note [doctest messages name no structured binding].
+    const std::string schedule = run.first;
+    const int64_t chunks = run.second;
     CAPTURE(schedule);
     CAPTURE(chunks);
     manual_seed(4);
