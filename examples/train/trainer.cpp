@@ -276,117 +276,176 @@ void print_memory_per_rank(const Distributed& dist, const TrainResult& result) {
   std::printf("%s\n", line.c_str());
 }
 
-}  // namespace
+// A run of the loop, set up once (torchtitan's Trainer): the data, the model as
+// parallelize() made it, the optimizer, the schedule and the one checkpointer. train_cifar10
+// below drives it an epoch at a time.
+class Trainer {
+ public:
+  explicit Trainer(const TrainConfig& config)
+      : config_(config),
+        // First: a missing GPU is an error naming why, before any data is read. Across
+        // processes, "--device cuda" is this process's GPU, cuda:LOCAL_RANK (set by
+        // loomrun; srun and mpirun say it as SLURM_LOCALID and OMPI_COMM_WORLD_LOCAL_RANK).
+        threads_(threads_set(config)),
+        device_(training_device(config.device, needs_process_group(config) ? distributed::launch_local_rank() : 0)),
+        dist_(config),  // the ParallelDims, the process group and its mesh; in one process rank 0 of 1
+        data_(seeded(config), dist_),
+        model_(make_model(config)),
+        criterion_(Tensor(), Reduction::Mean, -100, config.label_smoothing),
+        parallel_(parallelize(loaded(model_, config, device_), dist_.dims(), dist_.mesh(), config,
+                              device_, criterion_)),
+        input_format_(input_memory_format(config.memory_format, config.amp, device_)),
+        // Linear scaling follows the global batch: data-parallel ranks multiply it,
+        // pipeline stages do not.
+        lr_(config.lr_scaling == "linear" ? config.lr * dist_.dims().batch_size() : config.lr),
+        // SGD over this rank's parameters, or inside ZeroRedundancyOptimizer (ZeRO-1).
+        optimizer_(build_optimizer(parallel_.module->parameters(), dist_.mesh(), config, lr_)),
+        scheduler_(make_scheduler(config, lr_, *optimizer_, data_.steps_per_epoch)),
+        amp_(config.amp, device_),
+        checkpointer_(config, dist_, parallel_, *optimizer_, scheduler_.get(), &amp_.scaler()) {
+    if (config.amp == "bf16" && device().type == DeviceType::CPU && dist_.is_main())
+      std::printf("--amp bf16 on the CPU: %s; %s activations (--memory-format)\n", cpu::bf16_path_description(),
+                  input_format_ == MemoryFormat::ChannelsLast ? "channels-last" : "NCHW");
+    position_ = checkpointer_.resume();  // --resume, or a restart: Note [Resuming after a restart]
+  }
 
-TrainResult train_cifar10(const TrainConfig& config) {
-  check_flags(config);
-  if (config.threads > 0) omp_set_num_threads(static_cast<int>(config.threads));
-  // First: a missing GPU is an error naming why, before any data is read. Across
-  // processes, "--device cuda" is this process's GPU, cuda:LOCAL_RANK (set by loomrun;
-  // srun and mpirun say it as SLURM_LOCALID and OMPI_COMM_WORLD_LOCAL_RANK).
-  const Device device =
-      training_device(config.device, needs_process_group(config) ? distributed::launch_local_rank() : 0);
-  Distributed dist(config);  // the ParallelDims, the process group and its mesh; in one process rank 0 of 1
-  trace::set_thread_name("train");  // this thread's row in a LOOM_TRACE picture
-  manual_seed(config.seed);
-  Loaders data(config, dist);
+  const TrainingPosition& position() const { return position_; }
 
-  auto model = make_model(config);
-  model->to(device);
-  if (!config.init.empty()) nn::load(*model, config.init);
-  nn::CrossEntropyLoss criterion(Tensor(), Reduction::Mean, -100, config.label_smoothing);
-  ParallelModel parallel = parallelize(model, dist.dims(), dist.mesh(), config, device, criterion);
-  const MemoryFormat input_format = input_memory_format(config.memory_format, config.amp, device);
-  // Linear scaling follows the global batch: data-parallel ranks multiply it, pipeline
-  // stages do not.
-  const double lr = config.lr_scaling == "linear" ? config.lr * dist.dims().batch_size() : config.lr;
-  // SGD over this rank's parameters, or inside ZeroRedundancyOptimizer (ZeRO-1).
-  std::unique_ptr<optim::Optimizer> optimizer = build_optimizer(parallel.module->parameters(), dist.mesh(), config, lr);
-  auto scheduler = make_scheduler(config, lr, *optimizer, data.steps_per_epoch);
-  MixedPrecision amp(config.amp, device);
-  if (config.amp == "bf16" && device.type == DeviceType::CPU && dist.is_main())
-    std::printf("--amp bf16 on the CPU: %s; %s activations (--memory-format)\n", cpu::bf16_path_description(),
-                input_format == MemoryFormat::ChannelsLast ? "channels-last" : "NCHW");
-  Checkpointer checkpointer(config, dist, parallel, *optimizer, scheduler.get(), &amp.scaler());
-  TrainingPosition position = checkpointer.resume();  // --resume, or a restart: Note [Resuming after a restart]
-  auto test = [&] {  // every rank its share of the test set; the summed metrics count each image once
-    RunningMetrics m = evaluate(parallel.for_evaluation(), criterion, data.test, device, input_format, data.eval_real);
-    return dist.sum(dist.counts_examples() ? m : RunningMetrics{});
-  };
+  // Every rank its share of the test set; the summed metrics count each image once.
+  RunningMetrics test() {
+    RunningMetrics m = evaluate(parallel_.for_evaluation(), criterion_, data_.test, device(), input_format_,
+                                data_.eval_real);
+    return dist_.sum(dist_.counts_examples() ? m : RunningMetrics{});
+  }
 
-  TrainResult result;
-  if (config.eval_only) return evaluate_only(test(), config, dist);
-  parallel.module->train();
-  StepTimes times;
-  bool out_of_steps = false;
-  for (int64_t epoch = position.epoch; epoch < config.epochs && !out_of_steps; ++epoch) {
-    data.train.set_epoch(epoch);  // the order and augmentation of an epoch depend on (seed, epoch) only
-    RunningMetrics metrics = epoch == position.epoch ? position.metrics : RunningMetrics{};
-    const int64_t skip = epoch == position.epoch ? position.step_in_epoch : 0;  // resuming mid-epoch
-    ProgressBar bar("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(config.epochs), data.steps_per_epoch,
-                    config.progress && dist.is_main());
+  TrainResult evaluate_only() { return examples::evaluate_only(test(), config_, dist_); }
+
+  // One epoch (the rest of it, when resuming mid-epoch), its test and its checkpoint.
+  // False once --max-steps stopped the run.
+  bool train_epoch(int64_t epoch) {
+    data_.train.set_epoch(epoch);  // the order and augmentation of an epoch depend on (seed, epoch) only
+    RunningMetrics metrics = epoch == position_.epoch ? position_.metrics : RunningMetrics{};
+    const int64_t skip = epoch == position_.epoch ? position_.step_in_epoch : 0;  // resuming mid-epoch
+    ProgressBar bar("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(config_.epochs),
+                    data_.steps_per_epoch, config_.progress && dist_.is_main());
     EpochClock clock;
     int64_t step_in_epoch = 0;
-    for (data::Batch& batch : data.train) {
+    bool out_of_steps = false;
+    parallel_.module->train();
+    for (data::Batch& batch : data_.train) {
       if (step_in_epoch < skip) {  // trained on already, before the restart
         ++step_in_epoch;
         continue;
       }
-      if (config.max_steps >= 0 && position.global_step >= config.max_steps) {
+      if (config_.max_steps >= 0 && position_.global_step >= config_.max_steps) {
         out_of_steps = true;
         break;
       }
-      auto step_start = Clock::now();
-      trace::Span step_span("step " + std::to_string(position.global_step + 1), "train");
-      // On a GPU: queued copies from pinned memory; the host runs ahead to the forward.
+      const auto start = Clock::now();
+      trace::Span step_span("step " + std::to_string(position_.global_step + 1), "train");
       const distributed::Traffic comm_before = distributed::process_traffic();
-      StepOutput step = train_step(parallel, criterion, *optimizer, amp, to_training_device(batch.data, device, input_format),
-                                   to_training_device(batch.target, device));
-      result.comm += distributed::process_traffic() - comm_before;  // the step's own collectives
-      ++result.comm_steps;
-      if (scheduler) scheduler->step();
+      // On a GPU: queued copies from pinned memory; the host runs ahead to the forward.
+      const StepOutput step = train_step(parallel_, criterion_, *optimizer_, amp_,
+                                         to_training_device(batch.data, device(), input_format_),
+                                         to_training_device(batch.target, device()));
+      result_.comm += distributed::process_traffic() - comm_before;  // the step's own collectives
+      ++result_.comm_steps;
+      if (scheduler_) scheduler_->step();
       const auto [step_loss, step_correct] = loss_and_correct(step);
-      const double counted = dist.counts_examples() ? static_cast<double>(batch.size()) : 0;
+      const double counted = dist_.counts_examples() ? static_cast<double>(batch.size()) : 0;
       if (counted > 0) metrics.add(step_loss, step_correct, batch.size());
       ++step_in_epoch;
-      ++position.global_step;
-      times.add(position.global_step, counted, step_start);
+      ++position_.global_step;
+      times_.add(position_.global_step, counted, start);
       clock.images += counted;
       // After the step, outside its timing: gradients still held, the optimizer's state grown.
-      result.model_state_bytes = nn::model_state_bytes(*parallel.module, *optimizer);
-      bar.update(step_in_epoch, metrics, dist.dims().batch_size() * clock.images_per_second());
-      bar.say_expected_duration({config.epochs, data.steps_per_epoch, config.max_steps, config.batch_size, data.eval_real},
-                                times.step_seconds);  // once, after the first few timed steps
-      if (!config.checkpoint_dir.empty() && config.checkpoint_every > 0 &&
-          position.global_step % config.checkpoint_every == 0)
-        checkpointer.save({epoch, step_in_epoch, position.global_step, dist.sum(metrics)});
+      result_.model_state_bytes = nn::model_state_bytes(*parallel_.module, *optimizer_);
+      bar.update(step_in_epoch, metrics, dist_.dims().batch_size() * clock.images_per_second());
+      bar.say_expected_duration({config_.epochs, data_.steps_per_epoch, config_.max_steps, config_.batch_size,
+                                 data_.eval_real},
+                                times_.step_seconds);  // once, after the first few timed steps
+      if (!config_.checkpoint_dir.empty() && config_.checkpoint_every > 0 &&
+          position_.global_step % config_.checkpoint_every == 0)
+        checkpointer_.save({epoch, step_in_epoch, position_.global_step, dist_.sum(metrics)});
     }
     bar.finish();
-    const double epoch_seconds = clock.seconds();
+    const double seconds = clock.seconds();
     const RunningMetrics tested = test();
-    metrics = dist.sum(metrics);
-    const double epoch_images = dist.sum(clock.images);
-    record_epoch(result, metrics, tested);
-    if (!out_of_steps || step_in_epoch == data.steps_per_epoch) result.epochs = epoch + 1;
-    if (dist.is_main()) {
+    metrics = dist_.sum(metrics);
+    const double images = dist_.sum(clock.images);
+    record_epoch(result_, metrics, tested);
+    const bool finished = step_in_epoch == data_.steps_per_epoch;
+    if (!out_of_steps || finished) result_.epochs = epoch + 1;
+    if (dist_.is_main()) {
       std::printf("epoch %lld/%lld  %s  %s  time %.1fs  %.1f img/s\n", static_cast<long long>(epoch + 1),
-                  static_cast<long long>(config.epochs), metrics.str("train").c_str(), tested.str("test").c_str(),
-                  epoch_seconds, epoch_images / std::max(epoch_seconds, 1e-9));
+                  static_cast<long long>(config_.epochs), metrics.str("train").c_str(), tested.str("test").c_str(),
+                  seconds, images / std::max(seconds, 1e-9));
       std::fflush(stdout);
     }
-    const bool finished_epoch = step_in_epoch == data.steps_per_epoch;
-    checkpointer.save(finished_epoch ? TrainingPosition{epoch + 1, 0, position.global_step, {}}
-                                     : TrainingPosition{epoch, step_in_epoch, position.global_step, metrics});
+    checkpointer_.save(finished ? TrainingPosition{epoch + 1, 0, position_.global_step, {}}
+                                : TrainingPosition{epoch, step_in_epoch, position_.global_step, metrics});
+    return !out_of_steps;
   }
-  result.steps = position.global_step;
-  result.img_per_s = dist.sum(times.images_per_second());
-  result.median_step_s = median(times.step_seconds);
-  result.peak_memory_bytes = memory_stats(device).peak_allocated_bytes;  // --device's (all CPU devices share one)
-  print_memory_per_rank(dist, result);
-  checkpointer.save_weights(config.save);
-  if (dist.is_main() && !config.metrics_json.empty()) write_metrics_json(result, config.metrics_json);
-  dist.barrier();  // nobody leaves (or reads the files) before rank 0 has written them
-  return result;
+
+  // The run's figures, every rank's memory, --save and --metrics-json.
+  TrainResult finish() {
+    result_.steps = position_.global_step;
+    result_.img_per_s = dist_.sum(times_.images_per_second());
+    result_.median_step_s = median(times_.step_seconds);
+    result_.peak_memory_bytes = memory_stats(device()).peak_allocated_bytes;  // --device's (CPU devices share one)
+    print_memory_per_rank(dist_, result_);
+    checkpointer_.save_weights(config_.save);
+    if (dist_.is_main() && !config_.metrics_json.empty()) write_metrics_json(result_, config_.metrics_json);
+    dist_.barrier();  // nobody leaves (or reads the files) before rank 0 has written them
+    return result_;
+  }
+
+ private:
+  // Helpers of the constructor's member initialisers, in their order.
+  static int threads_set(const TrainConfig& c) {
+    if (c.threads > 0) omp_set_num_threads(static_cast<int>(c.threads));
+    return static_cast<int>(c.threads);
+  }
+  static const TrainConfig& seeded(const TrainConfig& c) {  // before the data and the model draw anything
+    trace::set_thread_name("train");                          // this thread's row in a LOOM_TRACE picture
+    manual_seed(c.seed);
+    return c;
+  }
+  static std::shared_ptr<nn::Module> loaded(std::shared_ptr<nn::Module> model, const TrainConfig& c, Device device) {
+    model->to(device);
+    if (!c.init.empty()) nn::load(*model, c.init);
+    return model;
+  }
+  Device device() const { return device_; }
+
+  const TrainConfig& config_;
+  int threads_;  // --threads, set before anything computes
+  Device device_;
+  Distributed dist_;
+  Loaders data_;
+  std::shared_ptr<nn::Module> model_;
+  nn::CrossEntropyLoss criterion_;
+  ParallelModel parallel_;
+  MemoryFormat input_format_;
+  double lr_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  std::unique_ptr<optim::LRScheduler> scheduler_;
+  MixedPrecision amp_;
+  Checkpointer checkpointer_;
+  TrainingPosition position_;
+  TrainResult result_;
+  StepTimes times_;
+};
+
+}  // namespace
+
+TrainResult train_cifar10(const TrainConfig& config) {
+  check_flags(config);
+  Trainer trainer(config);  // the data, the parallelized model, the optimizer, the checkpointer; resumed
+  if (config.eval_only) return trainer.evaluate_only();
+  for (int64_t epoch = trainer.position().epoch; epoch < config.epochs; ++epoch)
+    if (!trainer.train_epoch(epoch)) break;  // --max-steps reached
+  return trainer.finish();
 }
 
 void write_metrics_json(const TrainResult& r, const std::string& path) {
