@@ -139,8 +139,6 @@ std::shared_ptr<fsdp::FullyShardedDataParallel> apply_fsdp(std::shared_ptr<nn::M
                                                            const distributed::ParallelDims& dims,
                                                            const distributed::DeviceMesh& mesh,
                                                            const TrainConfig& config) {
-  // SyncBatchNorm over every data-parallel rank: the flattened "batch" group.
-  if (config.sync_bn) nn::convert_sync_batchnorm(model, mesh.group("batch"));
   fsdp::ShardingStrategy strategy = fsdp::parse_sharding_strategy(config.sharding_strategy);
   if (dims.dp_replicate_enabled())  // HSDP: shards within dp_shard, replicas across dp_replicate
     return std::make_shared<fsdp::FullyShardedDataParallel>(
@@ -208,10 +206,10 @@ ParallelModel parallelize(std::shared_ptr<nn::Module> model, const distributed::
   }
   if (mesh == nullptr) return out;  // one process, one device
   // Across processes. SyncBatchNorm converts the model before anything cuts or wraps it,
-  // over the "batch" ranks: every rank of a stage's data-parallel group (FSDP: apply_fsdp).
+  // over the "batch" ranks: every data-parallel rank of the model, or of a stage.
   LOOM_CHECK(!config.sync_bn || dims.dp_enabled(), "--sync-bn synchronises BatchNorm statistics over the "
              "data-parallel ranks, and this run has none (", dims.str(), "); drop --sync-bn");
-  if (config.sync_bn && !dims.dp_shard_enabled()) nn::convert_sync_batchnorm(model, mesh->group("batch"));
+  if (config.sync_bn) nn::convert_sync_batchnorm(model, mesh->group("batch"));
   if (dims.pp_enabled()) {  // the pipeline split first; then each stage's parts
     auto stage = apply_pipeline(*model, mesh->group("pp"), config, device, criterion);
     out.gather_weights = [stage] { stage->share_weights(); };

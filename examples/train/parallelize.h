@@ -81,8 +81,8 @@ std::shared_ptr<nn::Module> apply_ddp(std::shared_ptr<nn::Module> model,
                                       std::shared_ptr<distributed::Communicator> dp_group, const TrainConfig& config);
 
 // dp_shard: FullyShardedDataParallel with --sharding-strategy over mesh "dp_shard", and
-// across "dp_replicate" where that is enabled too (HSDP). SyncBatchNorm (--sync-bn)
-// first, over the "batch" ranks.
+// across "dp_replicate" where that is enabled too (HSDP). (--sync-bn: parallelize has
+// converted the model's BatchNorms first, over the "batch" ranks.)
 std::shared_ptr<fsdp::FullyShardedDataParallel> apply_fsdp(std::shared_ptr<nn::Module> model,
                                                            const distributed::ParallelDims& dims,
                                                            const distributed::DeviceMesh& mesh,
