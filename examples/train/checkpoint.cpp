@@ -12,17 +12,6 @@
 namespace loom::examples {
 namespace {
 
-void add_prefixed(OrderedDict<Tensor>& out, const std::string& prefix, const OrderedDict<Tensor>& part) {
-  for (const auto& [name, tensor] : part) out.insert(prefix + name, tensor);
-}
-
-OrderedDict<Tensor> take_prefixed(const OrderedDict<Tensor>& all, const std::string& prefix) {
-  OrderedDict<Tensor> part;
-  for (const auto& [name, tensor] : all)
-    if (name.rfind(prefix, 0) == 0) part.insert(name.substr(prefix.size()), tensor);
-  return part;
-}
-
 const std::string& metadata_text(const safetensors::Metadata& metadata, const std::string& key,
                                  const std::string& path) {
   const std::string* value = metadata.find(key);

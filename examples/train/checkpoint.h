@@ -43,6 +43,21 @@
 
 namespace loom::examples {
 
+// The entries of `part` into `out`, each name under `prefix` ("model." + "conv1.weight").
+template <typename V>
+void add_prefixed(OrderedDict<V>& out, const std::string& prefix, const OrderedDict<V>& part) {
+  for (const auto& [name, value] : part) out.insert(prefix + name, value);
+}
+
+// The entries of `all` whose names start with `prefix`, without it.
+template <typename V>
+OrderedDict<V> take_prefixed(const OrderedDict<V>& all, const std::string& prefix) {
+  OrderedDict<V> part;
+  for (const auto& [name, value] : all)
+    if (name.rfind(prefix, 0) == 0) part.insert(name.substr(prefix.size()), value);
+  return part;
+}
+
 struct TrainingPosition {
   int64_t epoch = 0;          // the epoch in progress (or the next one, at an epoch boundary)
   int64_t step_in_epoch = 0;  // optimizer steps already taken in that epoch

@@ -15,7 +15,7 @@ Checkpointer::Checkpointer(const TrainConfig& config, const Distributed& dist, P
     : config_(config), dist_(dist), parallel_(parallel), optimizer_(optimizer), scheduler_(scheduler), scaler_(scaler) {
   const auto& dims = dist.dims();
   // Whether the ranks hold different state: then each writes its own.
-  const bool sharded_state = dims.dp_shard_enabled() || dims.pp_enabled() || is_zero_redundancy(optimizer);
+  const bool sharded_state = dims.dp_shard_enabled() || dims.pp_enabled() || zero_redundancy_of(optimizer) != nullptr;
   const std::string& format = config.checkpoint_format;
   LOOM_CHECK(format.empty() || format == "full" || format == "sharded", "--checkpoint-format: expected full "
              "(FULL_STATE_DICT: one file gathered on rank 0) or sharded (SHARDED_STATE_DICT: a file per rank and a "

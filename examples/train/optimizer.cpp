@@ -19,12 +19,12 @@ std::unique_ptr<optim::Optimizer> build_optimizer(const std::vector<Tensor>& par
       params, parallel::optimizer_class<optim::SGD>(sgd), mesh->group("dp_replicate"));
 }
 
-bool is_zero_redundancy(const optim::Optimizer& optimizer) {
-  return dynamic_cast<const parallel::ZeroRedundancyOptimizer*>(&optimizer) != nullptr;
+parallel::ZeroRedundancyOptimizer* zero_redundancy_of(const optim::Optimizer& optimizer) {
+  return dynamic_cast<parallel::ZeroRedundancyOptimizer*>(const_cast<optim::Optimizer*>(&optimizer));
 }
 
 void gather_optimizer_state(optim::Optimizer& optimizer) {
-  if (auto* zero = dynamic_cast<parallel::ZeroRedundancyOptimizer*>(&optimizer)) zero->consolidate_state_dict(0);
+  if (auto* zero = zero_redundancy_of(optimizer)) zero->consolidate_state_dict(0);
 }
 
 }  // namespace loom::examples

@@ -13,6 +13,10 @@
 #include "nn/optim/optimizer.h"          // defines: Optimizer
 #include "parallel/device_mesh.h"        // defines: DeviceMesh
 
+namespace loom::parallel {
+class ZeroRedundancyOptimizer;
+}  // namespace loom::parallel
+
 namespace loom::examples {
 
 // `mesh` is null in one process. `lr` is --lr after --lr-scaling.
@@ -25,7 +29,7 @@ std::unique_ptr<optim::Optimizer> build_optimizer(const std::vector<Tensor>& par
 // SGD's. Every rank calls it before rank 0 saves; a no-op for a plain optimizer.
 void gather_optimizer_state(optim::Optimizer& optimizer);
 
-// Whether build_optimizer made a ZeroRedundancyOptimizer (its state is partitioned).
-bool is_zero_redundancy(const optim::Optimizer& optimizer);
+// The ZeroRedundancyOptimizer build_optimizer made (its state is partitioned), else null.
+parallel::ZeroRedundancyOptimizer* zero_redundancy_of(const optim::Optimizer& optimizer);
 
 }  // namespace loom::examples

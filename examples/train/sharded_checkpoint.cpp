@@ -1,32 +1,13 @@
 #include "examples/train/sharded_checkpoint.h"
 
 #include "core/error.h"
+#include "examples/train/optimizer.h"             // defines: zero_redundancy_of (ZeRO-1's partition)
 #include "parallel/distributed_checkpoint.h"      // defines: write_shard, write_manifest, read_shard
 #include "parallel/fsdp/sharded_state_dict.h"     // defines: sharded_state_dict, check_sharded_compatible
 #include "parallel/zero_redundancy_optimizer.h"   // defines: ZeroRedundancyOptimizer::sharded_state_dict
 
 namespace loom::examples {
 namespace ckpt = distributed::checkpoint;
-namespace {
-
-parallel::ZeroRedundancyOptimizer* zero_of(const optim::Optimizer& optimizer) {
-  return dynamic_cast<parallel::ZeroRedundancyOptimizer*>(const_cast<optim::Optimizer*>(&optimizer));
-}
-
-}  // namespace
-
-namespace {
-
-// The entries of `all` under `prefix`, without it.
-template <typename V>
-OrderedDict<V> under(const OrderedDict<V>& all, const std::string& prefix) {
-  OrderedDict<V> out;
-  for (const auto& [key, value] : all)
-    if (key.compare(0, prefix.size(), prefix) == 0) out.insert(key.substr(prefix.size()), value);
-  return out;
-}
-
-}  // namespace
 
 void save_sharded_checkpoint(const std::string& dir, const Distributed& dist, const ParallelModel& parallel,
                              const optim::Optimizer& optimizer, const optim::LRScheduler* scheduler,
@@ -37,10 +18,10 @@ void save_sharded_checkpoint(const std::string& dir, const Distributed& dist, co
   safetensors::Metadata layout;
   if (parallel.sharded_parts.empty()) model_state = parallel.model->state_dict();
   for (const ParallelModel::ShardedPart& part : parallel.sharded_parts) {
-    for (const auto& [key, value] : fsdp::sharded_state_dict(*part.fsdp)) model_state.insert(part.prefix + key, value);
-    for (const auto& [key, value] : fsdp::sharding_metadata(*part.fsdp)) layout.insert(part.prefix + key, value);
+    add_prefixed(model_state, part.prefix, fsdp::sharded_state_dict(*part.fsdp));
+    add_prefixed(layout, part.prefix, fsdp::sharding_metadata(*part.fsdp));
   }
-  const parallel::ZeroRedundancyOptimizer* zero = zero_of(optimizer);
+  const parallel::ZeroRedundancyOptimizer* zero = zero_redundancy_of(optimizer);
   safetensors::File file = pack_training_state(model_state, zero ? zero->sharded_state_dict() : optimizer.state_dict(),
                                                scheduler, position, scaler);
   for (const auto& [key, value] : layout) file.metadata.insert(key, value);
@@ -66,10 +47,10 @@ TrainingPosition load_sharded_checkpoint(const std::string& step_dir, const Dist
       unpack_training_state(ckpt::read_shard(step_dir, dist.rank(), dist.world_size()), source, scheduler, scaler);
   if (parallel.sharded_parts.empty()) parallel.model->load_state_dict(state.model, /*strict=*/true);
   for (const ParallelModel::ShardedPart& part : parallel.sharded_parts) {
-    fsdp::check_sharded_compatible(*part.fsdp, under(state.metadata, part.prefix), source);
-    fsdp::load_sharded_state_dict(*part.fsdp, under(state.model, part.prefix));
+    fsdp::check_sharded_compatible(*part.fsdp, take_prefixed(state.metadata, part.prefix), source);
+    fsdp::load_sharded_state_dict(*part.fsdp, take_prefixed(state.model, part.prefix));
   }
-  if (auto* zero = zero_of(optimizer)) zero->load_sharded_state_dict(state.optimizer);
+  if (auto* zero = zero_redundancy_of(optimizer)) zero->load_sharded_state_dict(state.optimizer);
   else optimizer.load_state_dict(state.optimizer);
   return state.position;
 }
