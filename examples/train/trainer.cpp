@@ -286,10 +286,9 @@ class Trainer {
         // First: a missing GPU is an error naming why, before any data is read. Across
         // processes, "--device cuda" is this process's GPU, cuda:LOCAL_RANK (set by
         // loomrun; srun and mpirun say it as SLURM_LOCALID and OMPI_COMM_WORLD_LOCAL_RANK).
-        threads_(threads_set(config)),
         device_(training_device(config.device, needs_process_group(config) ? distributed::launch_local_rank() : 0)),
         dist_(config),  // the ParallelDims, the process group and its mesh; in one process rank 0 of 1
-        data_(seeded(config), dist_),
+        data_(config, dist_),
         model_(make_model(config)),
         criterion_(Tensor(), Reduction::Mean, -100, config.label_smoothing),
         parallel_(parallelize(loaded(model_, config, device_), dist_.dims(), dist_.mesh(), config,
@@ -401,16 +400,7 @@ class Trainer {
   }
 
  private:
-  // Helpers of the constructor's member initialisers, in their order.
-  static int threads_set(const TrainConfig& c) {
-    if (c.threads > 0) omp_set_num_threads(static_cast<int>(c.threads));
-    return static_cast<int>(c.threads);
-  }
-  static const TrainConfig& seeded(const TrainConfig& c) {  // before the data and the model draw anything
-    trace::set_thread_name("train");                          // this thread's row in a LOOM_TRACE picture
-    manual_seed(c.seed);
-    return c;
-  }
+  // The model on its device, with --init's weights, before parallelize cuts or wraps it.
   static std::shared_ptr<nn::Module> loaded(std::shared_ptr<nn::Module> model, const TrainConfig& c, Device device) {
     model->to(device);
     if (!c.init.empty()) nn::load(*model, c.init);
@@ -419,7 +409,6 @@ class Trainer {
   Device device() const { return device_; }
 
   const TrainConfig& config_;
-  int threads_;  // --threads, set before anything computes
   Device device_;
   Distributed dist_;
   Loaders data_;
@@ -441,6 +430,9 @@ class Trainer {
 
 TrainResult train_cifar10(const TrainConfig& config) {
   check_flags(config);
+  if (config.threads > 0) omp_set_num_threads(static_cast<int>(config.threads));
+  trace::set_thread_name("train");  // this thread's row in a LOOM_TRACE picture
+  manual_seed(config.seed);         // before the data and the model draw anything
   Trainer trainer(config);  // the data, the parallelized model, the optimizer, the checkpointer; resumed
   if (config.eval_only) return trainer.evaluate_only();
   for (int64_t epoch = trainer.position().epoch; epoch < config.epochs; ++epoch)
