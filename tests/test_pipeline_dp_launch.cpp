@@ -117,35 +117,26 @@ TEST_CASE("--pp 2 --checkpoint-dir, with --dp-replicate 2 or --dp-shard 2: 2 ste
   check_resumes_exactly(dir, " --dp-shard 2");
 }
 
-TEST_CASE("--mode ddp --pp: a world that pipelines of P stages cannot fill is refused, naming both") {
-  TempDir dir("loom_pipeline_ddp_launch");
-  const std::string loomrun = path_from_env("LOOMRUN"), train = path_from_env("TRAIN_CIFAR10");
-  Result r = Launch(loomrun + " --standalone --nproc_per_node 3 " + train + kCommon + " --mode ddp --pp 2").finish();
-  CHECK(r.code != 0);
-  CHECK_MESSAGE(contains(r.output, "--mode ddp --pp 2: the 3 processes must split into groups of 2, but 3 is not a "
-                                   "multiple of 2"),
-                r.output);
-  Result sync = Launch(loomrun + " --standalone --nproc_per_node 2 " + train + kCommon + " --mode ddp --pp 2 "
-                       "--sync-bn").finish();
-  CHECK(sync.code != 0);
+TEST_CASE("flags a world cannot run are refused before training, each error naming what it should") {
+  // `flags` on `ranks` processes fails, saying `message`.
+  auto refused = [](int ranks, const std::string& flags, const std::string& message) {
+    Result r = Launch(path_from_env("LOOMRUN") + " --standalone --nproc_per_node " + std::to_string(ranks) + " " +
+                      path_from_env("TRAIN_CIFAR10") + kCommon + flags).finish();
+    CHECK_MESSAGE(r.code != 0, flags);
+    CHECK_MESSAGE(contains(r.output, message), r.output);
+  };
+  // A world that pipelines of 2 stages cannot fill.
+  refused(3, " --mode ddp --pp 2", "--mode ddp --pp 2: the 3 processes must split into groups of 2, but 3 is not a "
+                                   "multiple of 2");
   // --mode ddp with a world of one pipeline: no replicas to synchronise BatchNorm over.
-  CHECK_MESSAGE(contains(sync.output, "--sync-bn synchronises BatchNorm statistics over the data-parallel ranks, and "
-                                      "this run has none (pp=2 dp_replicate=1"),
-                sync.output);
+  refused(2, " --mode ddp --pp 2 --sync-bn", "--sync-bn synchronises BatchNorm statistics over the data-parallel "
+                                             "ranks, and this run has none (pp=2 dp_replicate=1");
   // A preset and a degree that contradict it: one error naming both.
-  Result both = Launch(loomrun + " --standalone --nproc_per_node 2 " + train + kCommon + " --mode ddp --dp-shard 2")
-                    .finish();
-  CHECK(both.code != 0);
-  CHECK_MESSAGE(contains(both.output, "--mode ddp replicates the model (--dp-replicate), but --dp-shard 2 asks for "
-                                      "shards of it"),
-                both.output);
+  refused(2, " --mode ddp --dp-shard 2", "--mode ddp replicates the model (--dp-replicate), but --dp-shard 2 asks "
+                                         "for shards of it");
   // Degrees that do not multiply to the world: every factor named.
-  Result product = Launch(loomrun + " --standalone --nproc_per_node 4 " + train + kCommon + " --pp 2 --dp-shard 3")
-                       .finish();
-  CHECK(product.code != 0);
-  CHECK_MESSAGE(contains(product.output, "the parallel degrees multiply to 6 (pp 2 x dp_replicate 1 x dp_shard 3 x tp "
-                                         "1) but WORLD_SIZE is 4"),
-                product.output);
+  refused(4, " --pp 2 --dp-shard 3", "the parallel degrees multiply to 6 (pp 2 x dp_replicate 1 x dp_shard 3 x tp 1) "
+                                     "but WORLD_SIZE is 4");
 }
 
 // --metrics-json's comm_bytes_per_step: under pp x FSDP each stage's parameters are
