@@ -20,7 +20,7 @@ std::shared_ptr<Module> Sequential::operator[](size_t index) const {
 
 Tensor Sequential::forward(const Tensor& input) {
   Tensor x = input;
-  for (const auto& [name, child] : children_) x = child->forward(x);
+  for (const auto& [name, child] : children_) x = (*child)(x);
   return x;
 }
 

@@ -35,6 +35,7 @@ void Conv2d::reset() {
 void Conv2d::reset_parameters() { init::default_layer_init_(weight, bias); }
 
 Tensor Conv2d::forward(const Tensor& input) {
+  check_hooks_ran();
   LOOM_CHECK(input.dim() == 4 && input.size(1) == in_channels, "Conv2d(", in_channels, ", ", out_channels,
              "): expected input of shape [N, ", in_channels, ", H, W], got ", input.shape());
   return conv2d(input, weight, bias, stride.vec(), padding.vec(), dilation.vec(), groups);

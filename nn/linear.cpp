@@ -20,6 +20,7 @@ void Linear::reset() {
 void Linear::reset_parameters() { init::default_layer_init_(weight, bias); }
 
 Tensor Linear::forward(const Tensor& input) {
+  check_hooks_ran();
   LOOM_CHECK(input.dim() >= 1 && input.size(-1) == in_features, "Linear(in_features=", in_features,
              ", out_features=", out_features, "): expected input whose last dimension is ", in_features, ", got ",
              input.shape());

@@ -49,6 +49,43 @@ Tensor Module::forward(const Tensor&) {
             "forward overload (a loss takes (input, target))");
 }
 
+// The module whose operator() this thread is running: Note [Forward hooks run in module(x)].
+static thread_local const Module* calling_through_hooks = nullptr;
+
+Tensor Module::operator()(const Tensor& input) {
+  if (!has_forward_hooks()) return forward(input);
+  Tensor x = input;
+  for (const auto& hook : forward_pre_hooks_) x = hook(*this, x);
+  const Module* outer = calling_through_hooks;
+  calling_through_hooks = this;
+  Tensor y;
+  try {
+    y = forward(x);
+  } catch (...) {
+    calling_through_hooks = outer;
+    throw;
+  }
+  calling_through_hooks = outer;
+  for (const auto& hook : forward_hooks_) y = hook(*this, x, y);
+  return y;
+}
+
+void Module::register_forward_pre_hook(ForwardPreHook hook) {
+  LOOM_CHECK(hook, type_name_, ".register_forward_pre_hook: the hook is empty");
+  forward_pre_hooks_.push_back(std::move(hook));
+}
+
+void Module::register_forward_hook(ForwardHook hook) {
+  LOOM_CHECK(hook, type_name_, ".register_forward_hook: the hook is empty");
+  forward_hooks_.push_back(std::move(hook));
+}
+
+void Module::check_hooks_ran() const {
+  LOOM_CHECK(!has_forward_hooks() || calling_through_hooks == this, type_name_, ".forward was called directly on a "
+             "module with forward hooks, which only module(x) runs (Note [Forward hooks run in module(x)]); call it "
+             "as (*module)(x)");
+}
+
 void Module::check_not_ancestor(const std::string& name, const Module& child) const {
   std::vector<const Module*> stack = {&child};
   std::unordered_set<const Module*> seen;  // shared submodules: each walked once

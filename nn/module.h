@@ -62,9 +62,20 @@ class Module : public std::enable_shared_from_this<Module> {
   virtual ~Module() = default;
   Module& operator=(const Module&) = delete;
 
-  // The computation; layers override it. operator() forwards to it, as module(x).
+  // The computation; layers override it. module(x) (operator()) runs it between the
+  // forward hooks below, as PyTorch's __call__; a parent calls its children that way.
   virtual Tensor forward(const Tensor& input);
-  Tensor operator()(const Tensor& input) { return forward(input); }
+  Tensor operator()(const Tensor& input);
+
+  // ---- forward hooks (torch.nn.Module.register_forward_pre_hook / register_forward_hook):
+  // a pre-hook returns the input forward will get, a hook the output module(x) returns.
+  // They run, in registration order, only when the module is called as module(x); see
+  // Note [Forward hooks run in module(x)]. clone() copies them, as deepcopy does.
+  using ForwardPreHook = std::function<Tensor(Module& module, const Tensor& input)>;
+  using ForwardHook = std::function<Tensor(Module& module, const Tensor& input, const Tensor& output)>;
+  void register_forward_pre_hook(ForwardPreHook hook);
+  void register_forward_hook(ForwardHook hook);
+  bool has_forward_hooks() const { return !forward_pre_hooks_.empty() || !forward_hooks_.empty(); }
   const std::string& type_name() const { return type_name_; }
 
   // ---- registration: names must be non-empty, contain no '.', and be unique across the
@@ -143,6 +154,11 @@ class Module : public std::enable_shared_from_this<Module> {
   std::set<std::string> non_persistent_buffers_;
   bool training_ = true;
 
+  // For a layer whose forward must not run without its hooks (a tensor-parallel layer's
+  // hooks move its input and output between placements): an error when this module has
+  // hooks and forward was called directly rather than as module(x).
+  void check_hooks_ran() const;
+
  private:
   enum class Kind { Parameter, Buffer, Module };
   void check_new_name(const std::string& name, Kind kind) const;
@@ -154,7 +170,18 @@ class Module : public std::enable_shared_from_this<Module> {
   void copy_state_from(const Module& source, const std::optional<Device>& device);
 
   std::string type_name_;
+  std::vector<ForwardPreHook> forward_pre_hooks_;
+  std::vector<ForwardHook> forward_hooks_;
 };
+
+// Note [Forward hooks run in module(x)]
+// PyTorch runs hooks in Module.__call__, so `self.conv1(x)` runs them and
+// `self.conv1.forward(x)` skips them. loom's operator() is that __call__, and loom's models
+// call their children as (*conv1)(x) for the same reason. Skipping a tensor-parallel
+// layer's hooks would compute with a shard as if it were the whole weight and give a
+// wrong answer without an error, so such layers call check_hooks_ran() first: it knows,
+// through a per-thread record of the module operator() is running, whether forward came
+// from there.
 
 // Note [Cloneable]
 // Generic deep copy needs every handle a layer keeps (`weight`, `conv1`, ...) to point at

@@ -27,8 +27,8 @@ void BasicBlock::reset() {
 // forward_relu, Note [Fused BatchNorm epilogue]): the same values, two fewer passes over
 // each activation. The relu module stays for the module tree and the state_dict layout.
 Tensor BasicBlock::forward(const Tensor& input) {
-  Tensor out = conv2->forward(bn1->forward_relu(conv1->forward(input)));
-  Tensor shortcut = downsample ? downsample->forward(input) : input;
+  Tensor out = (*conv2)(bn1->forward_relu((*conv1)(input)));
+  Tensor shortcut = downsample ? (*downsample)(input) : input;
   return bn2->forward_relu(out, shortcut);
 }
 
@@ -74,9 +74,9 @@ void ResNet::reset() {
 Tensor ResNet::forward(const Tensor& input) {
   LOOM_CHECK(input.dim() == 4 && input.size(1) == in_channels, "ResNet: expected images of shape [N, ", in_channels,
              ", H, W], got ", input.shape());
-  Tensor x = bn1->forward_relu(conv1->forward(input));  // relu(bn1(conv1(input))), fused
-  x = layer4->forward(layer3->forward(layer2->forward(layer1->forward(x))));
-  return fc->forward(flatten(avgpool->forward(x), 1));
+  Tensor x = bn1->forward_relu((*conv1)(input));  // relu(bn1(conv1(input))), fused
+  x = (*layer4)((*layer3)((*layer2)((*layer1)(x))));
+  return (*fc)(flatten((*avgpool)(x), 1));
 }
 
 std::shared_ptr<Sequential> ResNet::sequential() const {

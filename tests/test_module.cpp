@@ -274,3 +274,31 @@ TEST_CASE("a module cannot be registered below itself: a cycle would make every 
   inner->register_module("b", relu);
   CHECK(outer->named_modules().size() >= 3);
 }
+
+TEST_CASE("forward hooks run around forward in module(x), in order, are cloned, and a direct forward is refused") {
+  auto fc = std::make_shared<nn::Linear>(2, 2);
+  std::vector<std::string> ran;
+  fc->register_forward_pre_hook([&ran](nn::Module&, const Tensor& x) { ran.push_back("pre"); return x * 2.0; });
+  fc->register_forward_hook([&ran](nn::Module&, const Tensor&, const Tensor& y) { ran.push_back("post"); return y + 1.0; });
+  Tensor x = ones({1, 2});
+  Tensor y;
+  {
+    NoGradGuard no_grad;
+    y = (*fc)(x);
+  }
+  CHECK(ran == std::vector<std::string>{"pre", "post"});
+  Tensor expected = linear(x * 2.0, fc->weight, fc->bias) + 1.0;
+  CHECK(sub(y, expected).abs().max().item<float>() == 0.0f);
+  // Through a parent, the child's hooks run too: Sequential calls module(x).
+  auto seq = std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{fc});
+  ran.clear();
+  (*seq)(x);
+  CHECK(ran.size() == 2);
+  // forward called directly would skip them: an error naming the way to call it.
+  CHECK_THROWS_WITH_AS(fc->forward(x), doctest::Contains("call it as (*module)(x)"), Error);
+  // A copy keeps them (as copy.deepcopy keeps a module's hooks).
+  auto copy = std::dynamic_pointer_cast<nn::Linear>(fc->clone());
+  ran.clear();
+  (*copy)(x);
+  CHECK(ran.size() == 2);
+}
