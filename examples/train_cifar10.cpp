@@ -44,7 +44,7 @@ static void parse_balance(const std::string& text, TrainConfig& c) {
 int main(int argc, char** argv) {
   try {
     TrainConfig c;
-    Flags flags("train_cifar10", "Trains ResNet18 (CIFAR variant) on CIFAR-10, as the seed's train_ddp.py does with PyTorch.");
+    Flags flags("train_cifar10", "Trains ResNet18 (CIFAR variant) on CIFAR-10, as examples/reference/train_ddp.py does with PyTorch.");
     std::string& data = flags.add<std::string>("data", "", "CIFAR-10 binary folder (else $LOOM_DATA, else data/, else ../shared/data/)");
     auto& model = flags.add<std::string>("model", c.model, "resnet18 | tiny");
     auto& epochs = flags.add<int64_t>("epochs", c.epochs, "passes over the training set");
