@@ -5,10 +5,12 @@
 // Families: elementwise.cpp (arithmetic, broadcasting, activations, comparisons),
 // reduce.cpp (sum, mean, var, max/min), linalg.cpp (matmul, linear), view.cpp (reshape,
 // permute, narrow, expand, ...), index.cpp (cat, stack, split, index_select, gather),
-// nn.cpp (conv2d, pooling, batch_norm, log_softmax, losses, dropout).
+// nn.cpp (conv2d, pooling, batch_norm, log_softmax, losses, dropout); the transformer's:
+// layer_norm.cpp, gelu.cpp, attention.cpp (scaled_dot_product_attention).
 #pragma once
 
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "core/factory.h"
@@ -146,5 +148,21 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const Tensor& we
                      Reduction reduction = Reduction::Mean, int64_t ignore_index = -100,
                      double label_smoothing = 0.0);
 Tensor dropout(const Tensor& input, double p, bool training, Generator* gen = nullptr);
+
+// ---- transformer functions (CPU; on CUDA an error says so, except attention's math path) ----
+// Normalises over the trailing dims `normalized_shape` (biased variance); weight and bias,
+// of that shape, may be undefined.
+Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight = Tensor(),
+                  const Tensor& bias = Tensor(), double eps = 1e-5);
+// approximate: "none" (x * Phi(x), with erf) or "tanh".
+Tensor gelu(const Tensor& input, const std::string& approximate = "none");
+// softmax(query @ key^T * scale + attn_mask) @ value over [*, L, E] / [*, S, E] / [*, S, Ev];
+// attn_mask bool (true = attend) or additive, broadcastable to [*, L, S]; scale defaults to
+// 1 / sqrt(E); dropout_p > 0 drops attention weights (always, as PyTorch's function: pass 0
+// in eval). Note [Which attention runs] in ops/attention.cpp.
+Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, const Tensor& value,
+                                    const Tensor& attn_mask = Tensor(), double dropout_p = 0.0,
+                                    bool is_causal = false, std::optional<double> scale = std::nullopt,
+                                    Generator* gen = nullptr);
 
 }  // namespace loom

@@ -1,0 +1,71 @@
+// CPU GELU, forward and backward, exact and tanh-approximated (torch.nn.functional.gelu).
+//
+//   exact:  gelu(x) = x * Phi(x) = 0.5 * x * (1 + erf(x / sqrt(2)))
+//           gelu'(x) = Phi(x) + x * phi(x),        phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
+//   tanh:   gelu(x) = 0.5 * x * (1 + tanh(u)),     u = sqrt(2 / pi) * (x + 0.044715 x^3)
+//           gelu'(x) = 0.5 * (1 + t) + 0.5 * x * (1 - t^2) * du/dx,   t = tanh(u),
+//           du/dx = sqrt(2 / pi) * (1 + 3 * 0.044715 x^2)
+//
+// Backward recomputes from x (the op saves its input, as PyTorch's GeluBackward does):
+// the derivative needs x itself, and the output alone cannot give it back.
+#include <cmath>
+
+#include "core/cpu/loops.h"                // defines: cpu_map_typed
+#include "core/cpu/transformer_kernels.h"  // declares: gelu_forward, gelu_backward
+#include "core/dtype.h"                    // defines: dispatch_floating
+
+namespace loom::cpu {
+namespace {
+
+constexpr double kSqrt1_2 = 0.70710678118654752440;    // 1 / sqrt(2)
+constexpr double kInvSqrt2Pi = 0.39894228040143267794;  // 1 / sqrt(2 pi)
+constexpr double kSqrt2OverPi = 0.79788456080286535588; // sqrt(2 / pi)
+constexpr double kCubic = 0.044715;
+
+template <typename T>
+T gelu_exact(T x) {
+  return T(0.5) * x * (T(1) + std::erf(x * T(kSqrt1_2)));
+}
+
+template <typename T>
+T gelu_tanh(T x) {
+  const T u = T(kSqrt2OverPi) * (x + T(kCubic) * x * x * x);
+  return T(0.5) * x * (T(1) + std::tanh(u));
+}
+
+template <typename T>
+T gelu_exact_derivative(T x) {
+  const T cdf = T(0.5) * (T(1) + std::erf(x * T(kSqrt1_2)));
+  const T pdf = T(kInvSqrt2Pi) * std::exp(T(-0.5) * x * x);
+  return cdf + x * pdf;
+}
+
+template <typename T>
+T gelu_tanh_derivative(T x) {
+  const T x2 = x * x;
+  const T t = std::tanh(T(kSqrt2OverPi) * (x + T(kCubic) * x2 * x));
+  const T du = T(kSqrt2OverPi) * (T(1) + T(3 * kCubic) * x2);
+  return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * du;
+}
+
+}  // namespace
+
+void gelu_forward(const Tensor& x, bool tanh_approximation, Tensor& out) {
+  dispatch_floating(x.dtype(), "gelu", [&]<typename T>() {
+    if (tanh_approximation)
+      cpu_map_typed<T, T>(out, [](T v) { return gelu_tanh(v); }, x);
+    else
+      cpu_map_typed<T, T>(out, [](T v) { return gelu_exact(v); }, x);
+  });
+}
+
+void gelu_backward(const Tensor& grad_out, const Tensor& x, bool tanh_approximation, Tensor& grad_x) {
+  dispatch_floating(x.dtype(), "gelu_backward", [&]<typename T>() {
+    if (tanh_approximation)
+      cpu_map_typed<T, T, T>(grad_x, [](T g, T v) { return g * gelu_tanh_derivative(v); }, grad_out, x);
+    else
+      cpu_map_typed<T, T, T>(grad_x, [](T g, T v) { return g * gelu_exact_derivative(v); }, grad_out, x);
+  });
+}
+
+}  // namespace loom::cpu
