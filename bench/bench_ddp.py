@@ -16,7 +16,7 @@ thread on synthetic CIFAR-shaped data:
   torch ddp        bench/ddp_torch.py: torch.nn.parallel.DistributedDataParallel, gloo
 and prints img/s (the median over repeats of world * batch / median step time) and the
 ratios, both of the medians and the median of each repeat's own ratio (configurations of
-one repeat run minutes apart at most, so that one is robust to the host's drift). Targets: loom ddp >= 99% of loom independent, and >= torch ddp.
+one repeat run minutes apart at most, so that one is robust to the host's drift).
 
 DDP's ranks move in lockstep, so a step takes as long as the slowest rank's; independent
 processes each go at their own core's pace. Where cores differ in speed (on this

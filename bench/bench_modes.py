@@ -19,20 +19,25 @@ at most). PyTorch 1.13's DataParallel needs GPUs, so it has no row; its Pipe kee
 worker per device, so with both stages on the CPU it runs GPipe's schedule on one worker.
 Needs a built loom (build/) and, for the PyTorch rows, python3-torch (--torch-python).
 
-    python3 bench/bench_modes.py --out docs/img/modes      # also results.json, .csv and the chart
+    python3 bench/bench_modes.py --out bench/results/modes.json --chart docs/img/modes.png
+    python3 bench/report.py                           # the table in docs/benchmarks.md from it
 
---out DIR writes DIR/results.json and DIR/results.csv (per mode: img/s, speed-up over loom
-single, peak memory, model-state memory where the trainer reports it, and the PyTorch
-counterpart's img/s) and DIR/modes.png + modes.svg, two panels: throughput and memory
-(matplotlib, Debian's python3-matplotlib; bench/plotting.py installs it).
+--out FILE writes the results file that docs/benchmarks.md's table is rendered from
+(bench/report.py: per mode img/s, against loom single, peak memory, model state, bytes per
+step, the PyTorch counterpart's img/s, every repeat; the paired ratios; the command, the
+machine, the commit and the date). --chart FILE.png draws it (and FILE.svg), two panels:
+throughput and memory (matplotlib, Debian's python3-matplotlib; bench/plotting.py installs
+it); --chart with --from FILE redraws a results file without running anything.
 A quick check that it all runs: --steps 2 --repeat 1 --batch-size 8 --model tiny --torch-python ''.
 """
 import argparse
-import csv
+import datetime
 import json
 import os
 import re
+import shlex
 import statistics
+import subprocess
 import sys
 import tempfile
 
@@ -107,16 +112,70 @@ def summarise(results):
     return rows
 
 
-def write_outputs(out, rows, header):
+# The columns of the results file, in the order docs/benchmarks.md shows them.
+COLUMNS = [{"key": "mode", "title": "configuration"}, {"key": "img_per_s", "title": "img/s", "format": ".1f"},
+           {"key": "speedup_vs_single", "title": "/ loom single", "format": ".2f"},
+           {"key": "peak_mib", "title": "peak MiB", "format": ".0f"},
+           {"key": "model_state_mib", "title": "model state MiB", "format": ".1f"},
+           {"key": "comm_mib_per_step", "title": "comm MiB / step", "format": ".1f"},
+           {"key": "torch_img_per_s", "title": "PyTorch counterpart img/s", "format": ".1f"},
+           {"key": "img_per_s_runs", "title": "img/s of each repeat", "format": ".1f"}]
+
+# Paired ratios worth a name: (this row, against that row). Each is the median of the
+# per-repeat ratios, robust to the machine's drift between repeats.
+PAIRS = [("loom mp", "loom single"), ("loom pipeline 1f1b", "loom pipeline gpipe"),
+         ("loom ddp+zero1", "loom ddp"), ("loom fsdp full_shard", "loom ddp"), ("loom fsdp shard_grad_op", "loom ddp"),
+         ("loom pp processes gpipe", "loom pipeline gpipe"), ("loom pp processes 1f1b", "loom pipeline 1f1b"),
+         ("loom pp processes interleaved", "loom pipeline interleaved"),
+         ("loom pp processes gpipe", "torch pipeline (Pipe, gpipe)")] + list(COUNTERPARTS.items())
+
+
+def paired_ratios(rows):
+    """[{"name": "A / B", "value": median over repeats of A's img/s / B's}] for every pair present."""
+    runs = {r["mode"]: r["img_per_s_runs"] for r in rows}
+    return [{"name": f"{mine} / {theirs}",
+             "value": round(statistics.median(x / y for x, y in zip(runs[mine], runs[theirs])), 2)}
+            for mine, theirs in PAIRS if mine in runs and theirs in runs]
+
+
+def machine():
+    cpu = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count()}
+
+
+def commit():
+    def git(*a):
+        return subprocess.run(["git", "-C", ROOT, *a], capture_output=True, text=True).stdout.strip()
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    return head + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def results_document(rows, header, started):
+    return {"title": f"Every mode side by side ({header})",
+            "command": "python3 bench/bench_modes.py " + shlex.join(sys.argv[1:]), "machine": machine(),
+            "commit": commit(), "date": started, "columns": COLUMNS, "rows": rows, "ratios": paired_ratios(rows)}
+
+
+def write_results(path, document):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(document, f, indent=1)
+        f.write("\n")
+    print(f"wrote {path}; python3 bench/report.py renders it into docs/")
+
+
+def draw_chart(path, document):
+    """Two panels, loom's rows only: throughput (with each PyTorch counterpart) and memory."""
     from plotting import pyplot
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "results.json"), "w") as f:
-        json.dump({"setup": header, "modes": rows}, f, indent=1)
-    with open(os.path.join(out, "results.csv"), "w", newline="") as f:
-        fields = [k for k in rows[0] if k != "img_per_s_runs"]
-        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
+    rows, header = document["rows"], document["title"]
+    if os.path.dirname(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
     plt = pyplot()
     loom_rows = [r for r in rows if r["mode"].startswith("loom")]
     names = [r["mode"][5:] for r in loom_rows]
@@ -149,12 +208,14 @@ def write_outputs(out, rows, header):
     for ax in (tp, mem):
         ax.grid(axis="x", color="#EEEEEE")
         ax.set_axisbelow(True)
-    fig.suptitle(header, fontsize=8)
+    fig.suptitle(f"{header}\n{document['machine']['cpu']}, {document['machine']['cores']} cores, "
+                 f"commit {document['commit']}, {document['date']}", fontsize=8)
     fig.tight_layout()
+    base = os.path.splitext(path)[0]
     for ext in ("png", "svg"):
-        fig.savefig(os.path.join(out, "modes." + ext), dpi=90)
+        fig.savefig(base + "." + ext, dpi=90)
     plt.close(fig)
-    print(f"wrote {out}/results.json, results.csv, modes.png, modes.svg")
+    print(f"wrote {base}.png, {base}.svg")
 
 
 def main():
@@ -170,9 +231,16 @@ def main():
                         help="tiny: a quick check of the script (PyTorch rows only with resnet18)")
     parser.add_argument("--rows", help="run only the configurations whose name matches this regular expression "
                         "(and loom single, the reference), e.g. 'ddp|fsdp'")
-    parser.add_argument("--out", help="write results.json, results.csv and modes.png/.svg into this folder")
+    parser.add_argument("--out", help="write the results file (JSON; bench/report.py renders it into docs/)")
+    parser.add_argument("--chart", help="draw the results as FILE.png and FILE.svg")
+    parser.add_argument("--from", dest="from_file", help="with --chart: redraw this results file, run nothing")
     args = parser.parse_args()
-    if args.out:
+    if args.from_file:
+        with open(args.from_file) as f:
+            draw_chart(args.chart, json.load(f))
+        return
+    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    if args.chart:
         from plotting import pyplot
         pyplot()  # before the runs: it may start this script again under Debian's python3
     if args.model != "resnet18":
@@ -257,24 +325,13 @@ def main():
         comm = f"{row['comm_mib_per_step']:13.1f}" if row["comm_mib_per_step"] is not None else f"{'':13s}"
         print(f"{row['mode']:30s} {row['img_per_s']:7.1f}  {row['speedup_vs_single']:13.2f}  {peak}  {state}  {comm}  "
               f"{' '.join(f'{x:.1f}' for x in row['img_per_s_runs'])}")
-    for sharded in ("loom ddp+zero1", "loom fsdp full_shard", "loom fsdp shard_grad_op"):
-        if sharded in results and "loom ddp" in results:
-            ratio = statistics.median(x["img_per_s"] / y["img_per_s"]
-                                      for x, y in zip(results[sharded], results["loom ddp"]))
-            print(f"{sharded} / loom ddp = {ratio:.2f} (median of per-repeat ratios)")
-    for mine, theirs in COUNTERPARTS.items():
-        if theirs in results:
-            paired = statistics.median(x["img_per_s"] / y["img_per_s"] for x, y in zip(results[mine], results[theirs]))
-            print(f"{mine} / {theirs} = {paired:.2f} (median of per-repeat ratios)")
+    document = results_document(rows, header, started)
+    for ratio in document["ratios"]:
+        print(f"{ratio['name']} = {ratio['value']:.2f} (median of per-repeat ratios)")
     if args.out:
-        write_outputs(args.out, rows, header)
-    for mine, theirs in [("loom pp processes gpipe", "loom pipeline gpipe"), ("loom pp processes 1f1b", "loom pipeline 1f1b"),
-                         ("loom pp processes interleaved", "loom pipeline interleaved"),
-                         ("loom pp processes gpipe", "torch pipeline (Pipe, gpipe)")]:
-        if theirs in results:
-            paired = statistics.median(x["img_per_s"] / y["img_per_s"] for x, y in zip(results[mine], results[theirs]))
-            print(f"{mine} / {theirs} = {paired:.2f} (median of per-repeat ratios)")
-
+        write_results(args.out, document)
+    if args.chart:
+        draw_chart(args.chart, document)
 
 if __name__ == "__main__":
     main()
