@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "autograd/grad_mode.h"
+#include "autograd/ops.h"  // defines: where, lt, gt, sum (trunc_normal_'s redraws)
 #include "core/copy.h"
 #include "core/kernels.h"
 
@@ -86,6 +87,28 @@ const Tensor& normal_(const Tensor& tensor, double mean, double std, Generator* 
   LOOM_CHECK(std >= 0, "nn::init::normal_: std must be non-negative, got ", std);
   return fill_in_place("normal_", tensor, [&](Tensor& t) {
     normal_kernel(t.device())(t, mean, std, gen ? *gen : default_generator());
+  });
+}
+
+const Tensor& trunc_normal_(const Tensor& tensor, double mean, double std, double a, double b, Generator* gen) {
+  LOOM_CHECK(std >= 0, "nn::init::trunc_normal_: std must be non-negative, got ", std);
+  LOOM_CHECK(a < b, "nn::init::trunc_normal_: expected a < b, got a=", a, " b=", b);
+  return fill_in_place("trunc_normal_", tensor, [&](Tensor& t) {
+    Generator& g = gen ? *gen : default_generator();
+    normal_kernel(t.device())(t, mean, std, g);
+    const Tensor lo = scalar_tensor(a, TensorOptions(t.dtype()).device(t.device()));
+    const Tensor hi = scalar_tensor(b, TensorOptions(t.dtype()).device(t.device()));
+    // Rejection: each round redraws the values outside [a, b]. An interval holding
+    // little of the distribution would need many rounds; such a request is an error.
+    for (int round = 0;; ++round) {
+      const Tensor outside = where(lt(t, lo), lt(t, lo), gt(t, hi));
+      if (sum(outside.to(kFloat32)).item<float>() == 0) break;
+      LOOM_CHECK(round < 100, "nn::init::trunc_normal_: [", a, ", ", b, "] holds too little of Normal(", mean, ", ",
+                 std, ") to draw from by rejection; widen the interval");
+      Tensor fresh = empty(t.shape(), TensorOptions(t.dtype()).device(t.device()));
+      normal_kernel(t.device())(fresh, mean, std, g);
+      copy_into(t, where(outside, fresh, t));
+    }
   });
 }
 

@@ -28,6 +28,11 @@ std::pair<int64_t, int64_t> calculate_fan_in_and_fan_out(const Tensor& tensor);
 
 const Tensor& uniform_(const Tensor& tensor, double a = 0.0, double b = 1.0, Generator* gen = nullptr);
 const Tensor& normal_(const Tensor& tensor, double mean = 0.0, double std = 1.0, Generator* gen = nullptr);
+// Normal(mean, std) values redrawn until they fall in [a, b] (the bounds are absolute, not in
+// stds, as PyTorch's: timm's ViT init is trunc_normal_(w, 0, 0.02), which with the default
+// [-2, 2] cuts nothing in practice). The same distribution as PyTorch's inverse-CDF method.
+const Tensor& trunc_normal_(const Tensor& tensor, double mean = 0.0, double std = 1.0, double a = -2.0, double b = 2.0,
+                            Generator* gen = nullptr);
 const Tensor& constant_(const Tensor& tensor, double value);
 const Tensor& zeros_(const Tensor& tensor);
 const Tensor& ones_(const Tensor& tensor);

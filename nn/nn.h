@@ -7,7 +7,10 @@
 //   conv.h           Conv2d              batchnorm.h   BatchNorm2d
 //   linear.h         Linear, Flatten, Identity
 //   pooling.h        MaxPool2d, AvgPool2d, AdaptiveAvgPool2d
-//   activation.h     ReLU, Dropout       loss.h        CrossEntropyLoss
+//   activation.h     ReLU, GELU, Dropout loss.h        CrossEntropyLoss
+//   normalization.h  LayerNorm           embedding.h   Embedding
+//   multihead_attention.h  MultiheadAttention (q/k/v projections as three Linears)
+//   transformer.h    TransformerEncoderLayer
 //   init.h           nn::init (kaiming_uniform_, ...)
 //   resnet.h         BasicBlock, ResNet, resnet18 (CIFAR), resnet_tiny (tests)
 //   json.h           the JSON subset safetensors needs
@@ -26,11 +29,14 @@
 #include "nn/batchnorm.h"
 #include "nn/container.h"
 #include "nn/conv.h"
+#include "nn/embedding.h"
 #include "nn/init.h"
 #include "nn/linear.h"
 #include "nn/loss.h"
 #include "nn/model_state.h"
 #include "nn/module.h"
+#include "nn/multihead_attention.h"
+#include "nn/normalization.h"
 #include "nn/optim/grad_scaler.h"
 #include "nn/optim/lr_scheduler.h"
 #include "nn/optim/optimizer.h"
@@ -38,3 +44,4 @@
 #include "nn/pooling.h"
 #include "nn/resnet.h"
 #include "nn/safetensors.h"
+#include "nn/transformer.h"
