@@ -38,7 +38,7 @@ Tensor Conv2d::forward(const Tensor& input) {
   check_hooks_ran();
   LOOM_CHECK(input.dim() == 4 && input.size(1) == in_channels, "Conv2d(", in_channels, ", ", out_channels,
              "): expected input of shape [N, ", in_channels, ", H, W], got ", input.shape());
-  return conv2d(input, weight, bias, stride.vec(), padding.vec(), dilation.vec(), groups);
+  return conv2d(input, weight, adds_bias ? bias : Tensor(), stride.vec(), padding.vec(), dilation.vec(), groups);
 }
 
 std::string Conv2d::extra_repr() const {

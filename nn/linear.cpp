@@ -24,7 +24,7 @@ Tensor Linear::forward(const Tensor& input) {
   LOOM_CHECK(input.dim() >= 1 && input.size(-1) == in_features, "Linear(in_features=", in_features,
              ", out_features=", out_features, "): expected input whose last dimension is ", in_features, ", got ",
              input.shape());
-  return linear(input, weight, bias);
+  return linear(input, weight, adds_bias ? bias : Tensor());
 }
 
 std::string Linear::extra_repr() const {

@@ -21,6 +21,10 @@ class Linear : public Cloneable<Linear> {
 
   int64_t in_features, out_features;
   bool has_bias;
+  // Whether forward adds the bias. A row-parallel layer (parallel/tensor/parallel_style.h)
+  // sets it false: each rank's output is then a partial sum, and the layer's hook adds the
+  // bias once, after the sum (Note [Row-parallel bias]). Copied by clone().
+  bool adds_bias = true;
   Tensor weight, bias;
 };
 
