@@ -11,6 +11,7 @@
 //   normalization.h  LayerNorm           embedding.h   Embedding
 //   multihead_attention.h  MultiheadAttention (q/k/v projections as three Linears)
 //   transformer.h    TransformerEncoderLayer
+//   vision_transformer.h  VisionTransformer, vit_tiny, vit_small (CIFAR, 4x4 patches)
 //   init.h           nn::init (kaiming_uniform_, ...)
 //   resnet.h         BasicBlock, ResNet, resnet18 (CIFAR), resnet_tiny (tests)
 //   json.h           the JSON subset safetensors needs
@@ -45,3 +46,4 @@
 #include "nn/resnet.h"
 #include "nn/safetensors.h"
 #include "nn/transformer.h"
+#include "nn/vision_transformer.h"
