@@ -13,7 +13,9 @@
 //   transformer.h    TransformerEncoderLayer
 //   vision_transformer.h  VisionTransformer, vit_tiny, vit_small (CIFAR, 4x4 patches)
 //   init.h           nn::init (kaiming_uniform_, ...)
-//   resnet.h         BasicBlock, ResNet, resnet18 (CIFAR), resnet_tiny (tests)
+//   resnet.h         ResNet, resnet18/34/50/101/152, wide_resnet50_2, resnet_tiny (tests)
+//   resnet_blocks.h  BasicBlock, Bottleneck
+//   models.h         make_model(name): the models by name (train_cifar10 --model)
 //   json.h           the JSON subset safetensors needs
 //   safetensors.h    save_file / load_file, nn::save / nn::load
 //   model_state.h    model_state_bytes: parameters + gradients + optimizer state, resident
@@ -35,6 +37,7 @@
 #include "nn/linear.h"
 #include "nn/loss.h"
 #include "nn/model_state.h"
+#include "nn/models.h"
 #include "nn/module.h"
 #include "nn/multihead_attention.h"
 #include "nn/normalization.h"
@@ -44,6 +47,7 @@
 #include "nn/optim/sgd.h"
 #include "nn/pooling.h"
 #include "nn/resnet.h"
+#include "nn/resnet_blocks.h"
 #include "nn/safetensors.h"
 #include "nn/transformer.h"
 #include "nn/vision_transformer.h"

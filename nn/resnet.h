@@ -1,16 +1,27 @@
-// ResNet for CIFAR-10 (32x32 images), with torchvision's module names.
+// torchvision's ResNet family, with its module names and so its state_dict keys:
 //
-//   auto model = nn::resnet18(/*num_classes=*/10);   // 11,173,962 parameters
-//   Tensor logits = model->forward(images);          // [N, 3, 32, 32] -> [N, 10]
+//   auto model = nn::resnet18(/*num_classes=*/10);                 // CIFAR stem: 11,173,962 parameters
+//   auto big = nn::resnet50(1000, nn::ResNetStem::imagenet);       // torchvision's resnet50: 25,557,032
+//   Tensor logits = (*model)(images);                              // [N, 3, 32, 32] -> [N, 10]
 //
-// The CIFAR variant differs from torchvision's ImageNet resnet18 only in the stem: a
-// 3x3 conv with stride 1 and no max-pool instead of a 7x7 stride-2 conv and a 3x3
-// max-pool, so that 32x32 inputs are not shrunk to 8x8 before the first block. Stages
-// then run at 32, 16, 8 and 4 pixels. Module names (conv1, bn1, layer1.0.conv1,
-// layer2.0.downsample.0, fc, ...) and so state_dict keys are torchvision's; the
-// state_dict has 122 entries: 62 parameters + 60 buffers (20 BatchNorms x 3) for 20
-// convolutions (17 3x3 + 3 1x1 downsamples, no biases), 20 BatchNorms (weight, bias)
-// and fc (weight, bias).
+//   model             block       blocks per stage   width_per_group   parameters (ImageNet stem, 1000 classes)
+//   resnet18          BasicBlock  2  2  2  2         64                11,689,512
+//   resnet34          BasicBlock  3  4  6  3         64                21,797,672
+//   resnet50          Bottleneck  3  4  6  3         64                25,557,032
+//   resnet101         Bottleneck  3  4 23  3         64                44,549,160
+//   resnet152         Bottleneck  3  8 36  3         64                60,192,808
+//   wide_resnet50_2   Bottleneck  3  4  6  3         128               68,883,240
+//
+// Note [ResNet stems]: the default stem is the CIFAR one, a 3x3 conv with stride 1 and no
+// max-pool, so that 32x32 images are not shrunk to 8x8 before the first block; stages then
+// run at 32, 16, 8 and 4 pixels. ResNetStem::imagenet is torchvision's: a 7x7 stride-2 conv
+// and a 3x3 stride-2 max-pool, for 224x224 images. Only conv1's kernel differs in the
+// state_dict (the max-pool has no state), so the CIFAR stem has 3 * 64 * (49 - 9) = 7,680
+// parameters fewer than the table above.
+//
+// The CIFAR resnet18's state_dict has 122 entries: 62 parameters + 60 buffers (20 BatchNorms
+// x 3) for 20 convolutions (17 3x3 + 3 1x1 downsamples, no biases), 20 BatchNorms (weight,
+// bias) and fc (weight, bias). The blocks are in nn/resnet_blocks.h.
 //
 // Initialisation follows torchvision: conv weights kaiming_normal_(mode="fan_out",
 // nonlinearity="relu"), BatchNorm weight 1 and bias 0, fc keeps Linear's default.
@@ -19,56 +30,66 @@
 #include <memory>
 #include <vector>
 
-#include "nn/activation.h"
-#include "nn/batchnorm.h"
-#include "nn/container.h"
-#include "nn/conv.h"
-#include "nn/linear.h"
-#include "nn/pooling.h"
+#include "nn/activation.h"     // defines: ReLU
+#include "nn/batchnorm.h"      // defines: BatchNorm2d
+#include "nn/container.h"      // defines: Sequential
+#include "nn/conv.h"           // defines: Conv2d
+#include "nn/linear.h"         // defines: Linear, Flatten
+#include "nn/pooling.h"        // defines: MaxPool2d, AdaptiveAvgPool2d
+#include "nn/resnet_blocks.h"  // defines: BasicBlock, Bottleneck
 
 namespace loom::nn {
 
-// Two 3x3 conv-BN pairs with a skip connection: relu(bn2(conv2(relu(bn1(conv1(x))))) + s),
-// where s = x, or downsample(x) = BN(1x1 conv, stride) when the shape changes.
-class BasicBlock : public Cloneable<BasicBlock> {
- public:
-  BasicBlock(int64_t in_planes, int64_t planes, int64_t stride = 1);
-  void reset() override;
-  Tensor forward(const Tensor& input) override;
+// torchvision's `block` argument: which residual block each stage stacks.
+enum class ResNetBlock { basic, bottleneck };
+// See Note [ResNet stems].
+enum class ResNetStem { cifar, imagenet };
 
-  int64_t in_planes, planes, stride;
-  std::shared_ptr<Conv2d> conv1, conv2;
-  std::shared_ptr<BatchNorm2d> bn1, bn2;
-  std::shared_ptr<ReLU> relu;
-  std::shared_ptr<Sequential> downsample;  // null when the shortcut is the identity
+struct ResNetOptions {
+  ResNetBlock block = ResNetBlock::basic;
+  ResNetStem stem = ResNetStem::cifar;
+  int64_t width_per_group = 64;  // Bottleneck's base_width; BasicBlock supports only 64
+  int64_t in_channels = 3;
 };
 
 class ResNet : public Cloneable<ResNet> {
  public:
-  // blocks: BasicBlocks per stage (4 stages); widths: channels per stage. Stage 1 keeps
-  // the resolution, stages 2-4 halve it in their first block.
+  // blocks: blocks per stage (4 stages); widths: each stage's `planes` (its output has
+  // planes * expansion channels). Stage 1 keeps the resolution, stages 2-4 halve it in their
+  // first block.
   ResNet(std::vector<int64_t> blocks, std::vector<int64_t> widths, int64_t num_classes = 10,
          int64_t in_channels = 3);
+  ResNet(std::vector<int64_t> blocks, std::vector<int64_t> widths, int64_t num_classes, ResNetOptions options);
   void reset() override;
   Tensor forward(const Tensor& input) override;
   // The same forward as a flat Sequential sharing this model's modules (and so its
-  // parameters): conv1, bn1, relu, layer1..4's blocks, avgpool, Flatten, fc. Model
-  // parallelism and pipelines cut this list into stages; keys in its own state_dict are
-  // positional ("0.weight"), so checkpoint through the ResNet, not through the Sequential.
+  // parameters): conv1, bn1, relu, [maxpool,] layer1..4's blocks, avgpool, Flatten, fc.
+  // Model parallelism and pipelines cut this list into stages, one block per layer; keys in
+  // its own state_dict are positional ("0.weight"), so checkpoint through the ResNet, not
+  // through the Sequential.
   std::shared_ptr<Sequential> sequential() const;
+  // Channels into fc: widths[3] * the block's expansion.
+  int64_t num_features() const;
 
   std::vector<int64_t> blocks, widths;
   int64_t num_classes, in_channels;
+  ResNetOptions options;
   std::shared_ptr<Conv2d> conv1;
   std::shared_ptr<BatchNorm2d> bn1;
   std::shared_ptr<ReLU> relu;
+  std::shared_ptr<MaxPool2d> maxpool;  // null with the CIFAR stem
   std::shared_ptr<Sequential> layer1, layer2, layer3, layer4;
   std::shared_ptr<AdaptiveAvgPool2d> avgpool;
   std::shared_ptr<Linear> fc;
 };
 
-// ResNet18 for CIFAR: blocks [2, 2, 2, 2], widths [64, 128, 256, 512].
-std::shared_ptr<ResNet> resnet18(int64_t num_classes = 10);
+// The family in the table above; widths [64, 128, 256, 512] (torchvision's).
+std::shared_ptr<ResNet> resnet18(int64_t num_classes = 10, ResNetStem stem = ResNetStem::cifar);
+std::shared_ptr<ResNet> resnet34(int64_t num_classes = 10, ResNetStem stem = ResNetStem::cifar);
+std::shared_ptr<ResNet> resnet50(int64_t num_classes = 10, ResNetStem stem = ResNetStem::cifar);
+std::shared_ptr<ResNet> resnet101(int64_t num_classes = 10, ResNetStem stem = ResNetStem::cifar);
+std::shared_ptr<ResNet> resnet152(int64_t num_classes = 10, ResNetStem stem = ResNetStem::cifar);
+std::shared_ptr<ResNet> wide_resnet50_2(int64_t num_classes = 10, ResNetStem stem = ResNetStem::cifar);
 
 // A small, fast model for tests and examples that must run in seconds on a CPU: the same
 // architecture and names as resnet18 with one block per stage and widths

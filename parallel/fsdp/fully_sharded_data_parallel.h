@@ -16,9 +16,9 @@
 //   }
 //   auto state = fsdp::full_state_dict(fsdp);          // rank 0: the single-process names (state_dict.h)
 //
-// Units (wrap_policy.h): each BasicBlock, the stem and the head. Each unit's parameters
-// become one FlatParameter (flat_param.h); runtime.h drives their gathers, frees and
-// reduce-scatters through forward and backward.
+// Units (wrap_policy.h): each BasicBlock or Bottleneck, the stem and the head. Each unit's
+// parameters become one FlatParameter (flat_param.h); runtime.h drives their gathers, frees
+// and reduce-scatters through forward and backward.
 //
 // Note [Why FSDP runs the stages itself]
 // PyTorch's FSDP replaces each unit by an FSDP module whose __call__ gathers before and

@@ -1,6 +1,6 @@
 // Which modules become FSDP units: an auto-wrap policy by module type, as PyTorch's
-// ModuleWrapPolicy({BasicBlock}), and the pure function that cuts a model's stages into
-// units by it.
+// ModuleWrapPolicy({BasicBlock, Bottleneck}), and the pure function that cuts a model's
+// stages into units by it.
 //
 // loom runs an FSDP model as a sequence of stages (an nn::Sequential, or a model that
 // offers one, like ResNet::sequential()): loom's modules have no forward hooks, so FSDP
@@ -26,7 +26,8 @@
 namespace loom::fsdp {
 
 struct ModuleWrapPolicy {
-  std::set<std::string> module_types = {"BasicBlock"};  // Module::type_name()s that become units
+  // Module::type_name()s that become units: a ResNet's residual blocks (nn/resnet_blocks.h).
+  std::set<std::string> module_types = {"BasicBlock", "Bottleneck"};
 };
 
 // A unit: stages [begin, end) of the sequence, and a name for traces and messages.

@@ -1,0 +1,47 @@
+#include "nn/models.h"
+
+#include <functional>
+#include <utility>
+
+#include "core/error.h"  // defines: LOOM_CHECK
+
+namespace loom::nn {
+
+namespace {
+
+using Builder = std::function<std::shared_ptr<Module>(const ModelArgs&)>;
+
+const std::vector<std::pair<std::string, Builder>>& registry() {
+  static const std::vector<std::pair<std::string, Builder>> models = {
+      {"resnet18", [](const ModelArgs& a) { return resnet18(a.num_classes, a.stem); }},
+      {"resnet34", [](const ModelArgs& a) { return resnet34(a.num_classes, a.stem); }},
+      {"resnet50", [](const ModelArgs& a) { return resnet50(a.num_classes, a.stem); }},
+      {"resnet101", [](const ModelArgs& a) { return resnet101(a.num_classes, a.stem); }},
+      {"resnet152", [](const ModelArgs& a) { return resnet152(a.num_classes, a.stem); }},
+      {"wide_resnet50_2", [](const ModelArgs& a) { return wide_resnet50_2(a.num_classes, a.stem); }},
+      // The narrow one-block-per-stage ResNet that tests and demos train in seconds; "tiny"
+      // is the short name the trainer's tests use.
+      {"resnet_tiny", [](const ModelArgs& a) { return resnet_tiny(a.num_classes); }},
+      {"tiny", [](const ModelArgs& a) { return resnet_tiny(a.num_classes); }},
+  };
+  return models;
+}
+
+}  // namespace
+
+std::vector<std::string> model_names() {
+  std::vector<std::string> names;
+  for (const auto& entry : registry()) names.push_back(entry.first);
+  return names;
+}
+
+std::shared_ptr<Module> make_model(const std::string& name, const ModelArgs& args) {
+  LOOM_CHECK(args.num_classes > 0, "make_model(\"", name, "\"): num_classes must be positive, got ", args.num_classes);
+  for (const auto& entry : registry())
+    if (entry.first == name) return entry.second(args);
+  std::string known;
+  for (const auto& entry : registry()) known += (known.empty() ? "" : ", ") + entry.first;
+  LOOM_FAIL("unknown model '", name, "': expected one of ", known);
+}
+
+}  // namespace loom::nn
