@@ -31,17 +31,15 @@ it); --chart with --from FILE redraws a results file without running anything.
 A quick check that it all runs: --steps 2 --repeat 1 --batch-size 8 --model tiny --torch-python ''.
 """
 import argparse
-import datetime
 import json
 import os
 import re
-import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import results_file  # noqa: E402
 from bench_ddp import free_port, run  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -138,36 +136,9 @@ def paired_ratios(rows):
             for mine, theirs in PAIRS if mine in runs and theirs in runs]
 
 
-def machine():
-    cpu = "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-        cpu = names[0] if names else cpu
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count()}
-
-
-def commit():
-    def git(*a):
-        return subprocess.run(["git", "-C", ROOT, *a], capture_output=True, text=True).stdout.strip()
-    head = git("rev-parse", "--short", "HEAD") or "unknown"
-    return head + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
-
-
 def results_document(rows, header, started):
-    return {"title": f"Every mode side by side ({header})",
-            "command": "python3 bench/bench_modes.py " + shlex.join(sys.argv[1:]), "machine": machine(),
-            "commit": commit(), "date": started, "columns": COLUMNS, "rows": rows, "ratios": paired_ratios(rows)}
-
-
-def write_results(path, document):
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(document, f, indent=1)
-        f.write("\n")
-    print(f"wrote {path}; python3 bench/report.py renders it into docs/")
+    return results_file.document(f"Every mode side by side ({header})", "bench_modes.py", COLUMNS, rows,
+                                 paired_ratios(rows), started)
 
 
 def draw_chart(path, document):
@@ -239,7 +210,7 @@ def main():
         with open(args.from_file) as f:
             draw_chart(args.chart, json.load(f))
         return
-    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    started = results_file.now()
     if args.chart:
         from plotting import pyplot
         pyplot()  # before the runs: it may start this script again under Debian's python3
@@ -329,7 +300,7 @@ def main():
     for ratio in document["ratios"]:
         print(f"{ratio['name']} = {ratio['value']:.2f} (median of per-repeat ratios)")
     if args.out:
-        write_results(args.out, document)
+        results_file.write(args.out, document)
     if args.chart:
         draw_chart(args.chart, document)
 

@@ -1,0 +1,51 @@
+"""What every results file in bench/results/ carries besides its rows, and how it is written:
+the machine, the commit and the date (bench/report.py renders the file into docs/)."""
+import datetime
+import json
+import os
+import shlex
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def machine():
+    """{"cpu": /proc/cpuinfo's model name, "cores": the CPUs the OS reports}."""
+    cpu = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count()}
+
+
+def commit():
+    """The short hash of HEAD, with -dirty when tracked files differ from it."""
+    def git(*a):
+        return subprocess.run(["git", "-C", ROOT, *a], capture_output=True, text=True).stdout.strip()
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    return head + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def now():
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def document(title, script, columns, rows, ratios, started, conditions=""):
+    """A results file: the command is this process's own (script + its arguments)."""
+    doc = {"title": title, "command": f"python3 bench/{script} " + shlex.join(sys.argv[1:]), "machine": machine(),
+           "commit": commit(), "date": started, "columns": columns, "rows": rows, "ratios": ratios}
+    if conditions:
+        doc["conditions"] = conditions
+    return doc
+
+
+def write(path, doc):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+    print(f"wrote {path}; python3 bench/report.py renders it into docs/")
