@@ -46,7 +46,8 @@ int main(int argc, char** argv) {
     TrainConfig c;
     Flags flags("train_cifar10", "Trains ResNet18 (CIFAR variant) on CIFAR-10, as examples/reference/train_ddp.py does with PyTorch.");
     std::string& data = flags.add<std::string>("data", "", "CIFAR-10 binary folder (else $LOOM_DATA, else data/, else ../shared/data/)");
-    auto& model = flags.add<std::string>("model", c.model, "resnet18 | tiny");
+    auto& model = flags.add<std::string>("model", c.model,
+        "resnet18 | resnet34 | resnet50 | resnet101 | resnet152 | wide_resnet50_2 | tiny (nn/models.h; CIFAR stem)");
     auto& epochs = flags.add<int64_t>("epochs", c.epochs, "passes over the training set");
     auto& max_steps = flags.add<int64_t>("max-steps", c.max_steps, "stop after this many optimizer steps (-1: no limit)");
     auto& batch_size = flags.add<int64_t>("batch-size", c.batch_size, "images per step (per process)");

@@ -27,9 +27,9 @@
 #include "examples/train/progress.h"        // defines: ProgressBar, RunningMetrics, RunPlan
 #include "nn/loss.h"                        // defines: CrossEntropyLoss
 #include "nn/model_state.h"                 // defines: model_state_bytes (parameters + gradients + optimizer state)
+#include "nn/models.h"                      // defines: make_model (--model: resnet18 ... wide_resnet50_2, tiny)
 #include "nn/optim/lr_scheduler.h"          // defines: CosineAnnealingLR, OneCycleLR
 #include "nn/optim/sgd.h"                   // defines: SGD
-#include "nn/resnet.h"                      // defines: resnet18, resnet_tiny
 #include "nn/safetensors.h"                 // defines: nn::load (--init)
 #include "parallel/comm/launch_env.h"       // defines: launch_local_rank (loomrun's, Slurm's or Open MPI's)
 
@@ -57,9 +57,7 @@ std::shared_ptr<data::Dataset> make_dataset(const TrainConfig& config, bool trai
 }
 
 std::shared_ptr<nn::Module> make_model(const TrainConfig& config) {
-  if (config.model == "resnet18") return nn::resnet18(10);
-  if (config.model == "tiny") return nn::resnet_tiny(10);
-  LOOM_FAIL("--model: expected resnet18 or tiny, got '", config.model, "'");
+  return nn::make_model(config.model, {.num_classes = 10});  // an unknown name: an error listing the known ones
 }
 
 // The schedule spans --epochs; --max-steps only stops early, so that a run cut short

@@ -21,7 +21,7 @@ namespace loom::examples {
 
 struct TrainConfig {
   std::optional<std::string> data;  // CIFAR-10 root; see data::find_cifar10_root
-  std::string model = "resnet18";   // resnet18 | tiny (a narrow ResNet for tests and demos)
+  std::string model = "resnet18";   // a name nn::make_model knows; tiny: a narrow ResNet for tests and demos
   int64_t epochs = 3;
   int64_t max_steps = -1;  // stop after this many optimizer steps (all epochs); -1: no limit
   int64_t batch_size = 128;
