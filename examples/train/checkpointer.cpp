@@ -5,8 +5,9 @@
 #include "core/error.h"                         // defines: LOOM_CHECK
 #include "examples/train/optimizer.h"           // defines: gather_optimizer_state (ZeRO-1 under full)
 #include "examples/train/sharded_checkpoint.h"  // defines: save_sharded_checkpoint, load_sharded_checkpoint
-#include "nn/safetensors.h"                     // defines: nn::save
+#include "nn/safetensors.h"                     // defines: safetensors::save_file
 #include "parallel/fsdp/state_dict.h"           // defines: full_state_dict, full_optim_state_dict
+#include "parallel/tensor/tp_state_dict.h"      // defines: gather_tp_state (--tp)
 
 namespace loom::examples {
 
@@ -15,13 +16,17 @@ Checkpointer::Checkpointer(const TrainConfig& config, const Distributed& dist, P
     : config_(config), dist_(dist), parallel_(parallel), optimizer_(optimizer), scheduler_(scheduler), scaler_(scaler) {
   const auto& dims = dist.dims();
   // Whether the ranks hold different state: then each writes its own.
-  const bool sharded_state = dims.dp_shard_enabled() || dims.pp_enabled() || zero_redundancy_of(optimizer) != nullptr;
+  const bool sharded_state =
+      dims.dp_shard_enabled() || dims.pp_enabled() || dims.tp_enabled() || zero_redundancy_of(optimizer) != nullptr;
   const std::string& format = config.checkpoint_format;
   LOOM_CHECK(format.empty() || format == "full" || format == "sharded", "--checkpoint-format: expected full "
              "(FULL_STATE_DICT: one file gathered on rank 0) or sharded (SHARDED_STATE_DICT: a file per rank and a "
              "manifest), got '", format, "'");
   LOOM_CHECK(format != "sharded" || sharded_state, "--checkpoint-format sharded: nothing is sharded in this run (",
-             dims.str(), "; it needs --dp-shard, --pp or --zero-redundancy-optimizer); use full");
+             dims.str(), "; it needs --dp-shard, --pp, --tp or --zero-redundancy-optimizer); use full");
+  LOOM_CHECK(format != "full" || !dims.tp_enabled(), "--checkpoint-format full with --tp ", dims.tp, ": each "
+             "tensor-parallel rank's optimizer state is for its own shards and is never gathered onto one; use "
+             "sharded (the default under --tp; --save writes the whole model's weights)");
   LOOM_CHECK(format != "full" || !dims.pp_enabled(), "--checkpoint-format full with --pp ", dims.pp, ": each "
              "stage's optimizer state lives on its own ranks and is never gathered onto one; use sharded (the "
              "default under --pp)");
@@ -89,11 +94,16 @@ void Checkpointer::save(const TrainingPosition& at) {
 void Checkpointer::save_weights(const std::string& path) {
   if (path.empty()) return;
   if (parallel_.gather_weights) parallel_.gather_weights();  // --pp: the whole model on every rank
-  // FSDP: the model's parameters are shards; every rank gathers, rank 0 writes the file.
+  // FSDP: the model's parameters are shards; every rank gathers, rank 0 of each shard
+  // group gets them. --tp: those (or the model's own) are each rank's tp shards, gathered
+  // whole over the tp ranks, who all hold them. Rank 0 writes the file: the model's own
+  // keys and shapes, as a single process saves them (without DDP's "module.").
   fsdp::FullyShardedDataParallel* fsdp = parallel_.whole_model_fsdp();
-  if (fsdp) fsdp::save_full_state_dict(*fsdp, path);
+  OrderedDict<Tensor> state = fsdp ? fsdp::full_state_dict(*fsdp) : parallel_.whole->state_dict();
+  if (!state.empty() && !parallel_.tp_placements.empty())
+    state = distributed::gather_tp_state(state, parallel_.tp_placements);
   if (dist_.is_main()) {
-    if (!fsdp) nn::save(*parallel_.whole, path);  // the model's own keys, without DDP's "module."
+    safetensors::save_file(state, path, {{"format", "pt"}});  // as nn::save writes a module
     std::printf("saved weights to %s\n", path.c_str());
   }
 }

@@ -31,7 +31,6 @@ distributed::ParallelDims parallel_dims_from_flags(const TrainConfig& c, int wor
   LOOM_CHECK(c.pp >= 1 && c.tp >= 1 && c.dp_replicate >= 0 && (c.dp_shard >= 0 || c.dp_shard == -1),
              "--pp, --tp and --dp-replicate take a degree of at least 1, --dp-shard at least 1 or -1 (infer); got "
              "--pp ", c.pp, " --dp-replicate ", c.dp_replicate, " --dp-shard ", c.dp_shard, " --tp ", c.tp);
-  LOOM_CHECK(c.tp == 1, "--tp ", c.tp, ": tensor parallelism is not in this build yet; use --tp 1");
   distributed::ParallelDims d;
   d.pp = static_cast<int>(c.pp);
   d.tp = static_cast<int>(c.tp);
@@ -63,9 +62,9 @@ distributed::ParallelDims parallel_dims_from_flags(const TrainConfig& c, int wor
     LOOM_CHECK(c.shard_group_size == 0, "--shard-group-size is for --mode fsdp --sharding-strategy hybrid_shard");
   }
   if (in_process_mode(c.mode) && !(c.mode == "pipeline" && c.pp > 1)) {
-    LOOM_CHECK(c.dp_replicate <= 1 && (c.dp_shard == 0 || c.dp_shard == 1) && c.pp == 1, "--mode ", c.mode,
-               " runs in one process over several devices; it does not combine with --pp, --dp-replicate or "
-               "--dp-shard (across processes)");
+    LOOM_CHECK(c.dp_replicate <= 1 && (c.dp_shard == 0 || c.dp_shard == 1) && c.pp == 1 && c.tp == 1, "--mode ",
+               c.mode, " runs in one process over several devices; it does not combine with --pp, --tp, "
+               "--dp-replicate or --dp-shard (across processes)");
     // --dp-devices 0: every GPU with --device cuda, cpu:0 and cpu:1 on the CPU.
     if (c.mode == "dp")
       d.dp_devices = static_cast<int>(c.dp_devices > 0 ? c.dp_devices : Device(c.device).is_cuda() ? cuda::device_count() : 2);

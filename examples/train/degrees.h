@@ -6,7 +6,7 @@
 //   --pp P                    pp              pipeline_parallel_degree              PipelineStage per process
 //   --dp-replicate R          dp_replicate    data_parallel_replicate_degree        DistributedDataParallel
 //   --dp-shard S (-1: infer)  dp_shard        data_parallel_shard_degree            FullyShardedDataParallel
-//   --tp T                    tp              tensor_parallel_degree                (not in this build yet)
+//   --tp T                    tp              tensor_parallel_degree
 //   --mode ddp                dp_replicate = world / (pp · tp)
 //   --mode fsdp               dp_shard = -1 (world / (pp · dp_replicate · tp)); hybrid_shard with
 //                             --shard-group-size G: dp_shard = G, dp_replicate = the rest

@@ -18,6 +18,8 @@
 #include "parallel/pipeline/stage_replicas.h"        // defines: replicate_stage (--pp with --dp-replicate)
 #include "parallel/pipeline/stage_sharding.h"        // defines: shard_stage, gather_stage_weights (--pp with --dp-shard)
 #include "parallel/sync_batch_norm.h"                // defines: convert_sync_batchnorm
+#include "parallel/tensor/parallelize_module.h"       // defines: parallelize_module (--tp)
+#include "parallel/tensor/resnet_plan.h"              // defines: resnet_tp_plan
 
 namespace loom::examples {
 
@@ -110,6 +112,19 @@ std::shared_ptr<parallel::pipeline::PipelineStage> apply_pipeline(nn::Module& mo
     if (config.progress) std::fprintf(stderr, "pipeline of processes: %s\n", stage->extra_repr().c_str());
   }
   return stage;
+}
+
+distributed::StatePlacements apply_tp(nn::Module& model, std::shared_ptr<distributed::Communicator> tp_group,
+                                      const TrainConfig& config) {
+  auto* resnet = dynamic_cast<nn::ResNet*>(&model);
+  LOOM_CHECK(resnet != nullptr, "--tp splits a ResNet's blocks (resnet_tp_plan), got a ", model.type_name());
+  const int tp = tp_group->size();
+  distributed::StatePlacements placements =
+      distributed::parallelize_module(model, std::move(tp_group), distributed::resnet_tp_plan(*resnet));
+  if (config.progress && distributed::default_group()->rank() == 0)
+    std::fprintf(stderr, "tensor parallel over %d ranks: %zu tensors split (each block's conv1, bn1 and conv2)\n",
+                 tp, placements.size());
+  return placements;
 }
 
 std::shared_ptr<nn::Module> apply_ddp(std::shared_ptr<nn::Module> model,
@@ -213,6 +228,8 @@ ParallelModel parallelize(std::shared_ptr<nn::Module> model, const distributed::
   if (dims.pp_enabled()) {  // the pipeline split first; then each stage's parts
     auto stage = apply_pipeline(*model, mesh->group("pp"), config, device, criterion);
     out.gather_weights = [stage] { stage->share_weights(); };
+    // The stage runs the model's own layers, so splitting them splits the stage's.
+    if (dims.tp_enabled()) out.tp_placements = apply_tp(*model, mesh->group("tp"), config);
     if (dims.dp_shard_enabled()) {
       shard_pipeline_stage(out, stage, dims, *mesh, config);
     } else if (dims.dp_replicate_enabled()) {
@@ -228,7 +245,8 @@ ParallelModel parallelize(std::shared_ptr<nn::Module> model, const distributed::
     };
     return out;
   }
-  if (dims.dp_shard_enabled()) {
+  if (dims.tp_enabled()) out.tp_placements = apply_tp(*model, mesh->group("tp"), config);
+  if (dims.dp_shard_enabled()) {  // FSDP over each rank's tp shards: 2-D, as FSDP2 on a DTensor model
     auto fsdp = apply_fsdp(model, dims, *mesh, config);
     out.sharded_parts.push_back({"", fsdp});
     out.module = fsdp;

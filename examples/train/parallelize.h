@@ -2,6 +2,7 @@
 // parallelize.py, applied in its order and chosen by ParallelDims' predicates alone:
 //
 //   pp        split the model into pipeline stages first, one per process (apply_pipeline)
+//   tp        split each block's convolutions over the mesh's "tp" ranks (apply_tp)
 //   ...       then, on each part (the stage's virtual stages, or the whole model):
 //   dp_shard  FullyShardedDataParallel (HSDP with dp_replicate)   apply_fsdp
 //   dp_replicate  DistributedDataParallel (+ ZeRO-1: build_optimizer)   apply_ddp
@@ -30,6 +31,7 @@
 #include "parallel/fsdp/fully_sharded_data_parallel.h"  // defines: FullyShardedDataParallel
 #include "parallel/parallel_dims.h"             // defines: ParallelDims
 #include "parallel/pipeline/pipeline_stage.h"   // defines: PipelineStage (--pp)
+#include "parallel/tensor/parallel_style.h"     // defines: StatePlacements (--tp)
 
 namespace loom::examples {
 
@@ -61,6 +63,9 @@ struct ParallelModel {
     std::shared_ptr<fsdp::FullyShardedDataParallel> fsdp;
   };
   std::vector<ShardedPart> sharded_parts;
+  // --tp: how each split tensor of `model` (and `whole`) is cut over the "tp" ranks; empty
+  // without tensor parallelism.
+  distributed::StatePlacements tp_placements;
 
   // The module to evaluate: the module the loop calls, or under --pp the whole model.
   nn::Module& for_evaluation();
@@ -75,6 +80,11 @@ std::shared_ptr<parallel::pipeline::PipelineStage> apply_pipeline(nn::Module& mo
                                                                   std::shared_ptr<distributed::Communicator> pp_group,
                                                                   const TrainConfig& config, Device device,
                                                                   nn::CrossEntropyLoss& criterion);
+
+// tp: the ResNet plan (resnet_tp_plan: conv1 column-parallel, bn1 on its channels, conv2
+// row-parallel, in every block) over `tp_group`, in place; the split tensors' placements.
+distributed::StatePlacements apply_tp(nn::Module& model, std::shared_ptr<distributed::Communicator> tp_group,
+                                      const TrainConfig& config);
 
 // dp_replicate: SyncBatchNorm (--sync-bn), then DistributedDataParallel over `dp_group`.
 std::shared_ptr<nn::Module> apply_ddp(std::shared_ptr<nn::Module> model,

@@ -8,15 +8,18 @@
 
 namespace loom::distributed {
 
-OrderedDict<Tensor> full_state_dict(const nn::Module& module, const StatePlacements& placements) {
-  OrderedDict<Tensor> state = module.state_dict();
+OrderedDict<Tensor> gather_tp_state(OrderedDict<Tensor> state, const StatePlacements& placements) {
   for (const auto& [name, spec] : placements) {
     Tensor* local = state.find(name);
-    LOOM_CHECK(local != nullptr, "full_state_dict: '", name, "' was split by parallelize_module but is not in the ",
-               module.type_name(), "'s state_dict; the placements belong to another model");
+    LOOM_CHECK(local != nullptr, "full_state_dict: '", name, "' was split by parallelize_module but is not in the "
+               "state_dict; the placements belong to another model");
     *local = redistribute_local(*local, *spec.group, spec.shape, spec.placement, Replicate());
   }
   return state;
+}
+
+OrderedDict<Tensor> full_state_dict(const nn::Module& module, const StatePlacements& placements) {
+  return gather_tp_state(module.state_dict(), placements);
 }
 
 void load_full_state_dict(nn::Module& module, const OrderedDict<Tensor>& state, const StatePlacements& placements) {

@@ -24,6 +24,9 @@ namespace loom::distributed {
 // calls this. The other entries are this rank's own (replicated) tensors, shared as
 // state_dict() shares them.
 OrderedDict<Tensor> full_state_dict(const nn::Module& module, const StatePlacements& placements);
+// The same from a state_dict already taken (FSDP's full_state_dict of a split model, say):
+// each entry named in `placements` gathered whole, the rest as given.
+OrderedDict<Tensor> gather_tp_state(OrderedDict<Tensor> state, const StatePlacements& placements);
 
 // Copies a whole state_dict (a single-process run's, or full_state_dict's) into a split
 // module: each split tensor gets this rank's rows, the others all of it. No communication.

@@ -1,0 +1,114 @@
+// train_cifar10 --tp under loomrun: tensor parallelism alone and composed with DDP
+// (--dp-replicate), FSDP (--dp-shard) and the pipeline (--pp), each against the run it must
+// equal from the same --init: one process, DDP on the data-parallel ranks alone, the
+// pipeline without --tp. Tensor parallelism sums each block's conv2 over the tp ranks in
+// another order than one process does, so the weights agree to rounding (float32, <= 1e-5),
+// not to the bit. Also: the bytes a step moves against the formula, a sharded checkpoint
+// resumed exactly and refused under another cut, --save's single-process names and
+// shapes, and the flags' errors.
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "process_launch.h"  // defines: Launch, Result, TempDir, path_from_env, contains
+#include "saved_weights.h"   // defines: max_weight_difference, check_same_weights, progress_line
+
+using namespace loom;
+using namespace loom::testing;
+
+namespace {
+
+const std::string kCommon = " --model tiny --synthetic --max-steps 2 --batch-size 8 --eval-limit 40 --threads 1 "
+                            "--workers 0 --quiet";
+
+std::string run_on(int ranks, const std::string& flags) {
+  return path_from_env("LOOMRUN") + " --standalone --nproc_per_node " + std::to_string(ranks) + " " +
+         path_from_env("TRAIN_CIFAR10") + kCommon + " " + flags;
+}
+
+// The tiny ResNet's weights, written once per directory, that every run starts from.
+std::string init_weights(const TempDir& dir) {
+  const std::string init = (dir.path / "init.safetensors").string();
+  Result made = Launch(path_from_env("TRAIN_CIFAR10") + kCommon + " --max-steps 0 --save " + init).finish();
+  REQUIRE_MESSAGE(made.code == 0, made.output);
+  return init;
+}
+
+// `reference` on `ranks` processes and `flags` on `tp_ranks`, from the same init: the same
+// saved weights to rounding.
+void check_trains_alike(const TempDir& dir, int ranks, const std::string& reference, int tp_ranks,
+                               const std::string& flags) {
+  const std::string init = init_weights(dir);
+  const std::string want = (dir.path / "want.safetensors").string(), got = (dir.path / "got.safetensors").string();
+  Result ref = Launch(ranks == 1 ? path_from_env("TRAIN_CIFAR10") + kCommon + " " + reference + " --init " + init +
+                                       " --save " + want
+                                 : run_on(ranks, reference + " --init " + init + " --save " + want)).finish();
+  REQUIRE_MESSAGE(ref.code == 0, ref.output);
+  Result tp = Launch(run_on(tp_ranks, flags + " --init " + init + " --save " + got)).finish();
+  REQUIRE_MESSAGE(tp.code == 0, tp.output);
+  CHECK(max_weight_difference(want, got) <= 1e-5);
+}
+
+}  // namespace
+
+TEST_CASE("--tp 2 trains as one process, and each step moves the formula's bytes") {
+  TempDir dir("loom_tp_single");
+  const std::string json = (dir.path / "metrics.json").string();
+  check_trains_alike(dir, 1, "", 2, "--tp 2 --metrics-json " + json);
+  // Per block: conv2's output all-reduced forward, conv1's input gradient backward, float32,
+  // batch 8; the tiny ResNet's blocks have widths 8, 16, 32, 64 at 32, 16, 8, 4 pixels and
+  // read 8, 8, 16, 32 channels at 32, 32, 16, 8. Over 2 ranks an all-reduce of S bytes
+  // moves S (Note [Bytes a collective moves]).
+  const long long forward = 8LL * 4 * (8 * 32 * 32 + 16 * 16 * 16 + 32 * 8 * 8 + 64 * 4 * 4);
+  const long long backward = 8LL * 4 * (8 * 32 * 32 + 8 * 32 * 32 + 16 * 16 * 16 + 32 * 8 * 8);
+  CHECK_MESSAGE(contains(read_file(json), "\"all_reduce\": " + std::to_string(forward + backward) + ","),
+                read_file(json));
+}
+
+TEST_CASE("--tp 2 with --dp-replicate 2 and with --dp-shard 2 train as DDP on the 2 data-parallel ranks") {
+  TempDir dir("loom_tp_dp");
+  check_trains_alike(dir, 2, "--dp-replicate 2", 4, "--dp-replicate 2 --tp 2");
+  check_trains_alike(dir, 2, "--dp-replicate 2", 4, "--dp-shard 2 --tp 2");
+}
+
+TEST_CASE("--tp 2 with --pp 2 trains as the pipeline alone") {
+  TempDir dir("loom_tp_pp");
+  check_trains_alike(dir, 2, "--pp 2 --microbatches 2 --balance 5,5", 4, "--pp 2 --microbatches 2 --balance 5,5 --tp 2");
+}
+
+TEST_CASE("--tp 2 checkpoints each rank's shards with their placements and resumes exactly") {
+  TempDir dir("loom_tp_resume");
+  const std::string ckpt = (dir.path / "ckpt").string();
+  const std::string want = (dir.path / "straight.safetensors").string(), got = (dir.path / "resumed.safetensors").string();
+  const std::string flags = "--tp 2 --seed 5";
+  Result straight = Launch(run_on(2, flags + " --max-steps 4 --save " + want)).finish();
+  REQUIRE_MESSAGE(straight.code == 0, straight.output);
+  Result first = Launch(run_on(2, flags + " --max-steps 2 --checkpoint-dir " + ckpt)).finish();
+  REQUIRE_MESSAGE(first.code == 0, first.output);
+  // Another cut of the same checkpoint is refused, naming both.
+  Result other = Launch(run_on(2, "--dp-shard 2 --seed 5 --max-steps 4 --checkpoint-dir " + ckpt + " --resume")).finish();
+  CHECK(other.code != 0);
+  CHECK_MESSAGE(contains(other.output, "was saved with tensors split over tensor-parallel ranks as"), other.output);
+  CHECK_MESSAGE(contains(other.output, "layer1.0.conv1.weight Shard(dim=0) [8, 8, 3, 3]"), other.output);
+  Result second = Launch(run_on(2, flags + " --max-steps 4 --checkpoint-dir " + ckpt + " --resume --save " + got)).finish();
+  REQUIRE_MESSAGE(second.code == 0, second.output);
+  CHECK_MESSAGE(contains(second.output, "resumed from"), second.output);
+  CHECK(progress_line(straight.output) == progress_line(second.output));
+  check_same_weights(want, got);
+}
+
+TEST_CASE("--tp refuses what it cannot do, saying why") {
+  const std::string train = path_from_env("TRAIN_CIFAR10");
+  Result alone = Launch(train + kCommon + " --tp 2").finish();
+  CHECK(alone.code != 0);
+  CHECK_MESSAGE(contains(alone.output, "loomrun"), alone.output);
+  Result in_process = Launch(run_on(2, "--mode dp --tp 2")).finish();
+  CHECK(in_process.code != 0);
+  CHECK_MESSAGE(contains(in_process.output, "does not combine with --pp, --tp"), in_process.output);
+  Result uneven = Launch(run_on(3, "--tp 2")).finish();
+  CHECK(uneven.code != 0);
+  CHECK_MESSAGE(contains(uneven.output, "but WORLD_SIZE is 3"), uneven.output);
+  Result full = Launch(run_on(2, "--tp 2 --checkpoint-format full --checkpoint-dir /tmp/unused")).finish();
+  CHECK(full.code != 0);
+  CHECK_MESSAGE(contains(full.output, "--checkpoint-format full with --tp 2"), full.output);
+}
