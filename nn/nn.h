@@ -22,6 +22,8 @@
 //   optim/optimizer.h     Optimizer, ParamGroup
 //   optim/grad_scaler.h   GradScaler: dynamic loss scaling for float16 autocast
 //   optim/sgd.h           SGD and its fused update kernel
+//   optim/adamw.h         AdamW (decoupled weight decay), param_groups_weight_decay
+//   optim/clip_grad.h     nn::utils::clip_grad_norm_
 //   optim/lr_scheduler.h  StepLR, MultiStepLR, CosineAnnealingLR, LinearLR, SequentialLR,
 //                         OneCycleLR, scale_lr_linear
 #pragma once
@@ -41,6 +43,8 @@
 #include "nn/module.h"
 #include "nn/multihead_attention.h"
 #include "nn/normalization.h"
+#include "nn/optim/adamw.h"
+#include "nn/optim/clip_grad.h"
 #include "nn/optim/grad_scaler.h"
 #include "nn/optim/lr_scheduler.h"
 #include "nn/optim/optimizer.h"

@@ -31,6 +31,8 @@
 #pragma once
 
 #include <memory>
+#include <set>
+#include <string>
 
 #include "nn/activation.h"     // defines: Dropout
 #include "nn/container.h"      // defines: Sequential
@@ -90,6 +92,9 @@ class VisionTransformer : public Cloneable<VisionTransformer> {
   // so checkpoint through the VisionTransformer.
   std::shared_ptr<Sequential> sequential() const;
   int64_t num_patches() const;
+  // Parameters to exempt from weight decay besides biases and norms: {"cls_token",
+  // "pos_embed"}, timm's model.no_weight_decay() (optim::param_groups_weight_decay).
+  std::set<std::string> no_weight_decay() const { return {"cls_token", "pos_embed"}; }
 
   VisionTransformerOptions options;
   std::shared_ptr<Conv2d> patch_embed;

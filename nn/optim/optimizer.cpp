@@ -112,8 +112,8 @@ void Optimizer::load_state_dict(const OrderedDict<Tensor>& state) {
   for (const auto& [param, prefix] : params) {
     for (const auto& [key, t] : state) {
       if (key.rfind(prefix, 0) != 0) continue;
-      LOOM_CHECK(t.shape() == param->shape(), name_, ".load_state_dict: \"", key, "\" has shape ", t.shape(),
-                 " but its parameter has shape ", param->shape());
+      LOOM_CHECK(t.shape() == param->shape() || t.dim() == 0, name_, ".load_state_dict: \"", key, "\" has shape ",
+                 t.shape(), " but its parameter has shape ", param->shape(), " (or a scalar, as Adam's step)");
     }
   }
 
@@ -131,8 +131,11 @@ void Optimizer::load_state_dict(const OrderedDict<Tensor>& state) {
   for (const auto& [param, prefix] : params) {
     for (const auto& [key, t] : state) {
       if (key.rfind(prefix, 0) != 0) continue;
-      // A copy on the parameter's device and dtype, as PyTorch casts loaded state.
-      Tensor copy = empty(param->shape(), TensorOptions(param->dtype()).device(param->device()));
+      // A copy on the parameter's device and dtype, as PyTorch casts loaded state, except a
+      // scalar (Adam's step), which PyTorch keeps as saved, on the CPU.
+      const bool scalar = t.dim() == 0 && param->dim() != 0;
+      Tensor copy = scalar ? empty({}, TensorOptions(t.dtype()))
+                           : empty(param->shape(), TensorOptions(param->dtype()).device(param->device()));
       copy_into(copy, t);
       state_[param->unsafe_impl()].insert(key.substr(prefix.size()), copy);
     }

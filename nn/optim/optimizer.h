@@ -18,7 +18,8 @@
 // so one safetensors file can hold a whole checkpoint (model, optimizer, scheduler):
 //   "param_groups.<g>.<hyperparameter>"  float64 scalar (bools as 0/1)
 //   "param_groups.<g>.params"            int64 [n]: the indices of the group's parameters
-//   "state.<i>.<name>"                   per-parameter state (SGD: momentum_buffer)
+//   "state.<i>.<name>"                   per-parameter state (SGD: momentum_buffer; AdamW:
+//                                        step, a 0-d tensor, exp_avg, exp_avg_sq)
 // Parameters are numbered across groups in order, as PyTorch's optimizer state_dict
 // numbers them. Per-parameter state that does not exist yet (no step taken) is absent.
 #pragma once

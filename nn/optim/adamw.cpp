@@ -1,0 +1,153 @@
+#include "nn/optim/adamw.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+
+#include "autograd/grad_mode.h"  // defines: NoGradGuard
+#include "core/dtype.h"          // defines: dispatch_floating
+#include "core/factory.h"        // defines: zeros, zeros_like
+#include "nn/embedding.h"        // defines: Embedding (no weight decay on its table)
+
+namespace loom::optim {
+namespace {
+
+std::map<std::string, double> to_defaults(const AdamWOptions& o) {
+  return {{"lr", o.lr},
+          {"beta1", o.beta1},
+          {"beta2", o.beta2},
+          {"eps", o.eps},
+          {"weight_decay", o.weight_decay},
+          {"amsgrad", o.amsgrad ? 1.0 : 0.0},
+          {"maximize", o.maximize ? 1.0 : 0.0}};
+}
+
+void check_group(const ParamGroup& g, size_t index) {
+  LOOM_CHECK(g["lr"] >= 0, "AdamW: invalid learning rate ", g["lr"], " in param group ", index);
+  LOOM_CHECK(g["eps"] >= 0, "AdamW: invalid epsilon value ", g["eps"], " in param group ", index);
+  LOOM_CHECK(g["beta1"] >= 0 && g["beta1"] < 1, "AdamW: invalid beta parameter at index 0: ", g["beta1"],
+             " in param group ", index, " (expected 0 <= beta1 < 1)");
+  LOOM_CHECK(g["beta2"] >= 0 && g["beta2"] < 1, "AdamW: invalid beta parameter at index 1: ", g["beta2"],
+             " in param group ", index, " (expected 0 <= beta2 < 1)");
+  LOOM_CHECK(g["weight_decay"] >= 0, "AdamW: invalid weight_decay value ", g["weight_decay"], " in param group ",
+             index);
+}
+
+// One parameter's update: Note [AdamW update rule].
+struct AdamWStep {
+  double decay_factor;     // 1 - lr * weight_decay
+  double beta1, beta2;
+  double step_size;        // lr / (1 - beta1^step)
+  double bias_correction2_sqrt;
+  double eps;
+  bool maximize;
+};
+
+template <typename T>
+void adamw_update_loop(T* p, const T* g, T* m, T* v, T* v_max, int64_t n, const AdamWStep& s) {
+  const T decay = static_cast<T>(s.decay_factor), b1 = static_cast<T>(s.beta1), b2 = static_cast<T>(s.beta2);
+  const T one_minus_b1 = static_cast<T>(1 - s.beta1), one_minus_b2 = static_cast<T>(1 - s.beta2);
+  const T step_size = static_cast<T>(s.step_size), bc2_sqrt = static_cast<T>(s.bias_correction2_sqrt);
+  const T eps = static_cast<T>(s.eps);
+  const bool maximize = s.maximize;
+#pragma omp parallel for schedule(static) if (n > 32768)
+  for (int64_t i = 0; i < n; ++i) {
+    const T grad = maximize ? -g[i] : g[i];
+    const T decayed = p[i] * decay;
+    const T mi = b1 * m[i] + one_minus_b1 * grad;
+    const T vi = b2 * v[i] + one_minus_b2 * grad * grad;
+    m[i] = mi;
+    v[i] = vi;
+    T second = vi;
+    if (v_max) {
+      second = std::max(v_max[i], vi);
+      v_max[i] = second;
+    }
+    const T denom = std::sqrt(second) / bc2_sqrt + eps;
+    p[i] = decayed - step_size * (mi / denom);
+  }
+}
+
+// The named state tensor of p, created as zeros of p's shape on first use; it follows p
+// if the model moved since. A handle, not a reference: the next insert may move the dict's items.
+Tensor moment(OrderedDict<Tensor>& state, const Tensor& p, const char* name) {
+  Tensor* existing = state.find(name);
+  if (!existing || !existing->defined()) return state.insert(name, zeros_like(p));
+  if (existing->device() != p.device() || existing->dtype() != p.dtype())
+    *existing = existing->to(p.device()).to(p.dtype());
+  return *existing;
+}
+
+}  // namespace
+
+AdamW::AdamW(const std::vector<Tensor>& params, AdamWOptions options)
+    : AdamW(std::vector<ParamGroup>{{params, {}}}, options) {}
+
+AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions defaults)
+    : Optimizer(std::move(groups), to_defaults(defaults), "AdamW") {
+  for (size_t i = 0; i < param_groups().size(); ++i) check_group(param_groups()[i], i);
+}
+
+void AdamW::step() {
+  NoGradGuard no_grad;
+  for (size_t gi = 0; gi < param_groups().size(); ++gi) {
+    const ParamGroup& group = param_groups()[gi];
+    check_group(group, gi);  // schedulers and users may have edited the group
+    const double lr = group["lr"], beta1 = group["beta1"], beta2 = group["beta2"];
+    const bool amsgrad = group["amsgrad"] != 0;
+    for (size_t pi = 0; pi < group.params.size(); ++pi) {
+      const Tensor& p = group.params[pi];
+      Tensor grad = p.grad();
+      if (!grad.defined()) continue;  // frozen, or unused in this forward
+      LOOM_CHECK(grad.shape() == p.shape() && grad.dtype() == p.dtype() && grad.device() == p.device(),
+                 "AdamW: parameter ", pi, " of group ", gi, " is ", p.str(), " but its gradient is ", grad.str());
+      LOOM_CHECK(p.device().is_cpu(), "AdamW: not implemented on CUDA yet (the fused update has a CPU loop only), "
+                 "got parameter ", pi, " of group ", gi, " on ", p.device(), "; train on the CPU or use SGD");
+      LOOM_CHECK(p.is_contiguous(), "AdamW: parameter ", pi, " of group ", gi, " is not contiguous (shape ",
+                 p.shape(), ", strides ", p.strides(), "); the fused update needs contiguous parameters");
+      OrderedDict<Tensor>& state = state_[p.unsafe_impl()];
+      Tensor* step_t = state.find("step");
+      if (!step_t) step_t = &state.insert("step", zeros({}, kFloat32));
+      const double step = step_t->to(kFloat64).item<double>() + 1;
+      step_t->fill_(step);
+      Tensor exp_avg = moment(state, p, "exp_avg");
+      Tensor exp_avg_sq = moment(state, p, "exp_avg_sq");
+      Tensor max_exp_avg_sq = amsgrad ? moment(state, p, "max_exp_avg_sq") : Tensor();
+      const AdamWStep s{1 - lr * group["weight_decay"], beta1, beta2, lr / (1 - std::pow(beta1, step)),
+                        std::sqrt(1 - std::pow(beta2, step)), group["eps"], group["maximize"] != 0};
+      const Tensor g = grad.contiguous();
+      Tensor data = p.detach();  // same storage; the loop writes through it
+      dispatch_floating(p.dtype(), "AdamW step", [&]<typename T>() {
+        adamw_update_loop<T>(data.data_ptr<T>(), g.data_ptr<T>(), exp_avg.data_ptr<T>(), exp_avg_sq.data_ptr<T>(),
+                             amsgrad ? max_exp_avg_sq.data_ptr<T>() : nullptr, p.numel(), s);
+      });
+      p.bump_version();
+      exp_avg.bump_version();
+      exp_avg_sq.bump_version();
+    }
+  }
+}
+
+std::vector<ParamGroup> param_groups_weight_decay(const nn::Module& model, double weight_decay,
+                                                  const std::set<std::string>& no_weight_decay) {
+  std::set<std::string> embedding_tables;
+  std::function<void(const nn::Module&, const std::string&)> find_embeddings = [&](const nn::Module& m,
+                                                                                  const std::string& prefix) {
+    if (dynamic_cast<const nn::Embedding*>(&m)) embedding_tables.insert(prefix + "weight");
+    for (const auto& item : m.named_children()) find_embeddings(*item.second, prefix + item.first + ".");
+  };
+  find_embeddings(model, "");
+  ParamGroup decay{{}, {{"weight_decay", weight_decay}}}, no_decay{{}, {{"weight_decay", 0.0}}};
+  for (const auto& item : model.named_parameters()) {
+    const std::string& name = item.first;
+    const bool skip = item.second.dim() <= 1 || (name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0) ||
+                      no_weight_decay.count(name) || embedding_tables.count(name);
+    (skip ? no_decay : decay).params.push_back(item.second);
+  }
+  std::vector<ParamGroup> groups;
+  for (ParamGroup* g : {&no_decay, &decay})
+    if (!g->params.empty()) groups.push_back(std::move(*g));
+  return groups;
+}
+
+}  // namespace loom::optim
