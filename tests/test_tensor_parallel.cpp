@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -132,65 +133,86 @@ TEST_CASE("Conv2d column-parallel, BatchNorm on its channels, Conv2d row-paralle
   }
 }
 
-TEST_CASE("a tiny ResNet at tp=2 trains 3 SGD steps to single-device weights, moving the formula's bytes") {
-  manual_seed(3);
-  auto model = nn::resnet_tiny(10, 8);
-  model->to(kFloat64);
-  const int steps = 3;
-  const int64_t n = 4;
+// What a ResNet trained `steps` SGD steps on `tp` ranks differs by from one process's,
+// over every tensor of full_state_dict, and each rank's all-reduce traffic in the steps
+// after the first.
+struct TrainedSplit {
+  double error = 0;
+  std::vector<int64_t> bytes, calls;
+};
+TrainedSplit train_split(const nn::ResNet& model, int tp, int steps, int64_t n, int64_t side) {
   std::vector<Tensor> inputs, targets;
   for (int s = 0; s < steps; ++s) {
-    inputs.push_back(randn({n, 3, 16, 16}, kFloat64));
+    inputs.push_back(randn({n, 3, side, side}, kFloat64));
     targets.push_back(randint(0, 10, {n}));
   }
   nn::CrossEntropyLoss criterion;
-  auto train = [&](nn::Module& m, const std::function<void()>& after_first = {}) {
+  auto train = [&](nn::Module& m, const std::function<void()>& after_first) {
     optim::SGD opt(m.parameters(), {.lr = 0.1, .momentum = 0.9, .weight_decay = 5e-4});
     for (int s = 0; s < steps; ++s) {
       opt.zero_grad();
       criterion(m(inputs[static_cast<size_t>(s)]), targets[static_cast<size_t>(s)]).backward();
       opt.step();
-      if (s == 0 && after_first) after_first();
+      if (s == 0) after_first();
     }
   };
-  auto reference = model->clone();
-  train(*reference);
+  auto reference = model.clone();
+  train(*reference, [] {});
   const OrderedDict<Tensor> expected = reference->state_dict();
-
-  // Each block: one all-reduce of conv2's output forward and one of conv1's input gradient
-  // backward, in float64; over 2 ranks an all-reduce of S bytes moves 2(2-1)/2 S = S.
-  int64_t block_bytes = 0;
-  {
-    int64_t side = 16, in = 8;
-    for (int64_t width : {8, 16, 32, 64}) {
-      const int64_t out_side = width == 8 ? side : side / 2;
-      block_bytes += n * width * out_side * out_side * 8 + n * in * side * side * 8;
-      side = out_side;
-      in = width;
-    }
-  }
-  std::vector<double> errors(2, 0.0);
-  std::vector<int64_t> bytes(2, 0), calls(2, 0);
-  require_no_errors(run_ranks(2, [&](std::shared_ptr<Communicator> comm) {
-    auto mine = std::dynamic_pointer_cast<nn::ResNet>(model->clone());
+  TrainedSplit out{0, std::vector<int64_t>(static_cast<size_t>(tp)), std::vector<int64_t>(static_cast<size_t>(tp))};
+  std::vector<double> errors(static_cast<size_t>(tp), 0.0);
+  require_no_errors(run_ranks(tp, [&](std::shared_ptr<Communicator> comm) {
+    auto mine = std::dynamic_pointer_cast<nn::ResNet>(model.clone());
     const StatePlacements placements = parallelize_module(*mine, comm, resnet_tp_plan(*mine));
-    comm->reset_traffic();
     const size_t r = static_cast<size_t>(comm->rank());
-    train(*mine, [&] {
-      bytes[r] = comm->traffic().all_reduce.bytes;
-      calls[r] = comm->traffic().all_reduce.calls;
-    });
+    train(*mine, [&] { comm->reset_traffic(); });
+    out.bytes[r] = comm->traffic().all_reduce.bytes / (steps - 1);
+    out.calls[r] = comm->traffic().all_reduce.calls / (steps - 1);
     const OrderedDict<Tensor> state = full_state_dict(*mine, placements);
     REQUIRE(state.size() == expected.size());
     double e = 0;
     for (const auto& [name, t] : state) e = std::max(e, diff(t, expected[name]));
     errors[r] = e;
   }));
+  out.error = *std::max_element(errors.begin(), errors.end());
+  return out;
+}
+
+TEST_CASE("a tiny ResNet at tp=2 trains 3 SGD steps to single-device weights, moving the formula's bytes") {
+  manual_seed(3);
+  auto model = nn::resnet_tiny(10, 8);
+  model->to(kFloat64);
+  const int64_t n = 4, side = 16;
+  const TrainedSplit trained = train_split(*model, 2, 3, n, side);
+  CHECK(trained.error <= 1e-10);
+  // Each block: one all-reduce of conv2's output forward and one of conv1's input gradient
+  // backward, in float64; over 2 ranks an all-reduce of S bytes moves 2(2-1)/2 S = S.
+  int64_t block_bytes = 0;
+  int64_t at = side, in = 8;
+  for (int64_t width : {8, 16, 32, 64}) {
+    const int64_t out_side = width == 8 ? at : at / 2;
+    block_bytes += n * width * out_side * out_side * 8 + n * in * at * at * 8;
+    at = out_side;
+    in = width;
+  }
   for (size_t r = 0; r < 2; ++r) {
     CAPTURE(r);
-    CHECK(errors[r] <= 1e-10);
-    CHECK(calls[r] == 2 * 4);  // 4 blocks, f and g each
-    CHECK(bytes[r] == block_bytes);
+    CHECK(trained.calls[r] == 2 * 4);  // 4 blocks, f and g each
+    CHECK(trained.bytes[r] == block_bytes);
+  }
+}
+
+TEST_CASE("a Bottleneck ResNet at tp=2 and 3 trains 2 SGD steps to single-device weights") {
+  manual_seed(5);
+  // Bottlenecks of widths 6, 8, 16, 32 (outputs 24 ... 128): 8 splits 4, 4 and 3, 3, 2.
+  auto model = std::make_shared<nn::ResNet>(std::vector<int64_t>{1, 1, 1, 1}, std::vector<int64_t>{6, 8, 16, 32}, 10,
+                                            nn::ResNetOptions{.block = nn::ResNetBlock::bottleneck});
+  model->to(kFloat64);
+  for (int tp : {2, 3}) {
+    CAPTURE(tp);
+    const TrainedSplit trained = train_split(*model, tp, 2, 4, 16);
+    CHECK(trained.error <= 1e-10);
+    CHECK(trained.calls[0] == 2 * 4);
   }
 }
 
@@ -242,8 +264,8 @@ TEST_CASE("a wrong plan is a clear error") {
   require_no_errors(run_ranks(3, [&](std::shared_ptr<Communicator> comm) {
     auto head = sequential({std::make_shared<nn::Linear>(4, 2)});
     CHECK_THROWS_WITH_AS(parallelize_module(*head, comm, {{"0", ColwiseParallel()}}),
-                         doctest::Contains("it has 2 rows there and every rank needs one at least; use a tp degree of "
-                                           "at most 2"),
+                         doctest::Contains("its 2 rows there cut as torch.chunk cuts them into 1, 1, 0, and every "
+                                           "rank needs one at least"),
                          Error);
   }));
   // forward called around the hooks would compute with a shard as if it were the whole weight.

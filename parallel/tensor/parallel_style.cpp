@@ -48,16 +48,25 @@ std::string qualified(const std::string& name, const std::string& tensor) {
 
 // Replaces `tensor`'s data (a registered parameter or buffer: every handle sees it, Note
 // [Parameters keep their identity]) by this rank's rows along `dim`, and records the split.
-// Every rank must get one row at least: PyTorch allows empty shards, but a layer with no
-// channels is not a layer loom's kernels run.
+// Every rank must get one row at least: PyTorch allows empty shards (torch.chunk cuts 4
+// rows over 3 ranks into 2, 2, 0), but a layer with no channels is not a layer loom's
+// kernels run.
 void shard_in_place(const Tensor& tensor, int64_t dim, const std::string& name,
                     const std::shared_ptr<Communicator>& group, StatePlacements& placements) {
   if (!tensor.defined()) return;
   const Shape global = tensor.shape();
   const int64_t rows = global[static_cast<size_t>(dim)];
-  LOOM_CHECK(rows >= group->size(), "tensor parallelism over ", group->size(), " ranks cannot split '", name,
-             "' (shape ", global, ") along dim ", dim, ": it has ", rows, " rows there and every rank needs one at "
-             "least; use a tp degree of at most ", rows);
+  std::string cut;  // "2, 2, 0": torch.chunk's pieces, one per rank
+  bool every_rank_has_rows = true;
+  for (int r = 0; r < group->size(); ++r) {
+    const int64_t length = shard_range(rows, group->size(), r).length;
+    cut += (r ? ", " : "") + std::to_string(length);
+    every_rank_has_rows = every_rank_has_rows && length > 0;
+  }
+  LOOM_CHECK(every_rank_has_rows, "tensor parallelism over ", group->size(), " ranks cannot split '", name, "' (shape ",
+             global, ") along dim ", dim, ": its ", rows, " rows there cut as torch.chunk cuts them into ", cut,
+             ", and every rank needs one at least; use a tp degree that leaves none empty (", rows, " rows: at most ",
+             "ceil(rows / tp) * (tp - 1) < rows)");
   const ShardRange mine = shard_range(rows, group->size(), group->rank());
   NoGradGuard no_grad;
   nn::set_data(tensor, tensor.detach().narrow(dim, mine.offset, mine.length).contiguous().clone());

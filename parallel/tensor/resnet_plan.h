@@ -12,10 +12,11 @@
 // so a block costs one all-reduce of its output forward (g) and one of its input's
 // gradient backward (f), and each rank holds 1/tp of both 3x3 convolutions and of bn1.
 // The stem, the shortcuts' 1x1 convolutions and the head stay whole (Note [What the ResNet
-// plan leaves whole]).
+// plan leaves whole]). A Bottleneck gets the same three entries; its conv3 and bn3 run
+// whole after the reduction (Note [The Bottleneck's split]).
 #pragma once
 
-#include "nn/resnet.h"                           // defines: ResNet
+#include "nn/resnet.h"                           // defines: ResNet, BasicBlock, Bottleneck
 #include "parallel/tensor/parallelize_module.h"  // defines: ParallelizePlan
 
 namespace loom::distributed {
