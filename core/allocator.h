@@ -20,6 +20,11 @@
 // The steady state holds because a step's requests repeat in the same order, so from a
 // free list that already served a whole step without a miss, every later step is served
 // alike. A block keeps its class for life; stats count whole blocks.
+//
+// Each CPU device (cpu, and every virtual cpu:N) has its own free lists and statistics, as
+// each GPU has: a block freed on cpu:1 serves cpu:1 again, so a device's reserved bytes
+// are its own, and a budget per device (Note [Device memory budget], core/memory.h) caps
+// them.
 #pragma once
 
 #include <cstddef>
@@ -29,11 +34,15 @@
 
 namespace loom {
 
+// One device's, as the fields of torch.cuda.memory_stats.
 struct AllocatorStats {
   int64_t allocated_bytes = 0;       // handed out to tensors now (whole blocks)
   int64_t reserved_bytes = 0;        // allocated + cached in free lists
   int64_t peak_allocated_bytes = 0;  // max of allocated_bytes since the last reset
+  int64_t peak_reserved_bytes = 0;   // max of reserved_bytes since the last reset
   int64_t system_allocations = 0;    // calls that went to the system (cache misses)
+  int64_t num_alloc_retries = 0;     // allocations that freed the cache and tried again
+  int64_t num_ooms = 0;              // OutOfMemoryErrors raised
 };
 
 class Allocator {
@@ -45,6 +54,14 @@ class Allocator {
   virtual AllocatorStats stats(Device device) const = 0;
   virtual void reset_peak_stats(Device device) = 0;
   virtual void empty_cache() = 0;
+  // The cap on `device`'s reserved bytes, kNoMemoryLimit (-1) for none (core/memory.h).
+  // An allocator without budgets refuses a cap.
+  virtual void set_memory_limit(Device device, int64_t bytes);
+  virtual int64_t memory_limit(Device device) const;
+  // The device's total memory and what is free now (torch.cuda.mem_get_info); the
+  // default is the host's, which CPU devices share.
+  virtual int64_t capacity(Device device) const;
+  virtual int64_t free_memory(Device device) const;
 };
 
 // The allocator of a device type; the CUDA backend installs its allocator at load time.

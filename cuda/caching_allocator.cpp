@@ -16,7 +16,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "cuda/check.h"  // defines: LOOM_CUDA_CHECK
+#include "core/memory.h"  // defines: OutOfMemoryError, out_of_memory_message, kNoMemoryLimit
+#include "cuda/check.h"   // defines: LOOM_CUDA_CHECK
 
 namespace loom::cuda {
 namespace {
@@ -64,6 +65,7 @@ struct DeviceState {
   std::unordered_map<void*, Block*> active;          // handed out, by address
   std::deque<std::pair<cudaEvent_t, Block*>> pending;  // freed, waiting for other streams
   AllocatorStats stats;
+  int64_t limit = kNoMemoryLimit;  // Note [Device memory budget], core/memory.h
 
   Pool& pool_of(const Block* block) { return block->small ? small_pool : large_pool; }
 };
@@ -171,7 +173,24 @@ class CudaCachingAllocator final : public Allocator {
     std::lock_guard<std::mutex> lock(mutex_);
     DeviceState& state = state_of(device.index);
     state.stats.peak_allocated_bytes = state.stats.allocated_bytes;
+    state.stats.peak_reserved_bytes = state.stats.reserved_bytes;
   }
+
+  void set_memory_limit(Device device, int64_t bytes) override {
+    check_device(device);
+    std::lock_guard<std::mutex> lock(mutex_);
+    state_of(device.index).limit = bytes;
+  }
+
+  int64_t memory_limit(Device device) const override {
+    check_device(device);
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto& state = states_[static_cast<size_t>(device.index)];
+    return state ? state->limit : kNoMemoryLimit;
+  }
+
+  int64_t capacity(Device device) const override { return mem_get_info(device).second; }
+  int64_t free_memory(Device device) const override { return mem_get_info(device).first; }
 
   void empty_cache() override {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -198,30 +217,45 @@ class CudaCachingAllocator final : public Allocator {
     return *state;
   }
 
+  static std::pair<int64_t, int64_t> mem_get_info(Device device) {
+    check_device(device);
+    DeviceGuard guard(device.index);
+    size_t device_free = 0, device_total = 0;
+    LOOM_CUDA_CHECK(cudaMemGetInfo(&device_free, &device_total), "cudaMemGetInfo on ", device);
+    return {static_cast<int64_t>(device_free), static_cast<int64_t>(device_total)};
+  }
+
+  // Past the device's budget or the GPU's memory: every cached, fully free segment of the
+  // device goes back to the driver and the cudaMalloc is tried once more (Note [Device
+  // memory budget]); a second failure is PyTorch's report.
   Block* new_segment(DeviceState& state, int index, cudaStream_t stream, size_t size, size_t requested) {
     const size_t bytes = segment_size(size);
     DeviceGuard guard(index);
+    const auto fits_budget = [&] {
+      return state.limit == kNoMemoryLimit || state.stats.reserved_bytes + static_cast<int64_t>(bytes) <= state.limit;
+    };
+    const auto try_malloc = [&](void** ptr) {
+      if (!fits_budget()) return cudaErrorMemoryAllocation;
+      return cudaMalloc(ptr, bytes);
+    };
     void* ptr = nullptr;
-    cudaError_t error = cudaMalloc(&ptr, bytes);
+    cudaError_t error = try_malloc(&ptr);
     if (error == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();
       release_cached(state, index, /*wait_pending=*/true);
-      error = cudaMalloc(&ptr, bytes);
+      state.stats.num_alloc_retries += 1;
+      error = try_malloc(&ptr);
     }
     if (error == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();
-      size_t device_free = 0, device_total = 0;
-      (void)cudaMemGetInfo(&device_free, &device_total);
-      (void)cudaGetLastError();
-      LOOM_FAIL("CUDA out of memory on cuda:", index, ": tried to allocate ", format_bytes(requested), " (a ",
-                format_bytes(bytes), " segment); loom's tensors hold ",
-                format_bytes(static_cast<size_t>(state.stats.allocated_bytes)), ", loom reserves ",
-                format_bytes(static_cast<size_t>(state.stats.reserved_bytes)), " in all (cached blocks included); the GPU has ",
-                format_bytes(device_free), " free of ", format_bytes(device_total),
-                ". Lower the batch size, free tensors you no longer need, or check `nvidia-smi` for other processes.");
+      state.stats.num_ooms += 1;
+      throw OutOfMemoryError(out_of_memory_message(Device(DeviceType::CUDA, index), static_cast<int64_t>(requested),
+                                                   state.stats, state.limit) +
+                             " (check `nvidia-smi` for other processes)");
     }
     LOOM_CUDA_CHECK(error, "allocating ", format_bytes(bytes), " on cuda:", index);
     state.stats.reserved_bytes += static_cast<int64_t>(bytes);
+    state.stats.peak_reserved_bytes = std::max(state.stats.peak_reserved_bytes, state.stats.reserved_bytes);
     state.stats.system_allocations += 1;
     return new Block(index, stream, bytes, static_cast<char*>(ptr), size <= kSmallSize);
   }

@@ -61,6 +61,8 @@ int main(int argc, char** argv) {
     auto& threads = flags.add<int64_t>("threads", c.threads, "compute threads (0: OpenMP's default)");
     auto& seed = flags.add<int64_t>("seed", static_cast<int64_t>(c.seed), "seed for init, shuffling, augmentation");
     auto& device = flags.add<std::string>("device", c.device, "cpu | cpu:N | cuda | cuda:N");
+    auto& device_memory_limit = flags.add<std::string>("device-memory-limit", c.device_memory_limit,
+        "cap on each training device's reserved memory, e.g. 1.5GiB (per rank; OutOfMemoryError past it)");
     auto& amp = flags.add<std::string>("amp", c.amp, "mixed precision: none | bf16 | fp16 (autocast; fp16 adds a GradScaler)");
     auto& memory_format = flags.add<std::string>(
         "memory-format", c.memory_format,
@@ -139,6 +141,7 @@ int main(int argc, char** argv) {
     c.threads = threads;
     c.seed = static_cast<uint64_t>(seed);
     c.device = device;
+    c.device_memory_limit = device_memory_limit;
     c.amp = amp;
     c.memory_format = memory_format;
     c.augment = !no_augment;

@@ -18,6 +18,7 @@
 #include "core/allocator.h"
 #include "core/copy.h"
 #include "core/factory.h"
+#include "core/memory.h"  // defines: set_device_memory_limit, OutOfMemoryError, memory_reserved
 #include "core/kernels.h"
 #include "cuda/caching_allocator.h"  // defines: record_stream
 #include "cuda/device.h"             // defines: is_available, Stream, Event, StreamGuard
@@ -234,12 +235,42 @@ TEST_CASE("an impossible allocation is a loom::Error naming the sizes" * doctest
     threw = true;
     INFO(e.what());
     CHECK(contains(e.what(), "CUDA out of memory"));
-    CHECK(contains(e.what(), "tried to allocate"));
+    CHECK(contains(e.what(), "Tried to allocate "));
   }
   CHECK(threw);
   Tensor fine = gpu_empty({16}, kFloat32);  // the allocator still works afterwards
   fill_kernel(kCuda0)(fine, 2.0);
   CHECK(host_values(fine)[15] == 2.0);
+}
+
+TEST_CASE("a budget on cuda:0: just under it succeeds, past it the cache is freed, retried, then OutOfMemoryError" *
+          doctest::skip(!kGpu)) {
+  empty_cache(DeviceType::CUDA);
+  const AllocatorStats start = memory_stats(kCuda0);
+  const int64_t mib = 1 << 20;
+  // Segments of large requests round to 2 MiB: a 40 MiB tensor reserves exactly 40 MiB.
+  set_device_memory_limit(start.reserved_bytes + 40 * mib, kCuda0);
+  {
+    Tensor fits = gpu_empty({10 * mib}, kFloat32);
+    CHECK(memory_reserved(kCuda0) == start.reserved_bytes + 40 * mib);
+    std::string report;
+    try {
+      (void)gpu_empty({mib}, kFloat32);
+    } catch (const OutOfMemoryError& e) {
+      report = e.what();
+    }
+    INFO(report);
+    CHECK(contains(report, "CUDA out of memory. Tried to allocate 4.00 MiB. Device cuda:0 has a total capacity of "));
+    CHECK(contains(report, " allowed (set_per_process_memory_fraction / set_device_memory_limit); "));
+    CHECK(memory_stats(kCuda0).num_ooms == start.num_ooms + 1);
+    CHECK(memory_stats(kCuda0).num_alloc_retries == start.num_alloc_retries + 1);
+  }
+  // The freed 40 MiB are cached: a request served from the cache needs no new reservation.
+  CHECK(gpu_empty({10 * mib}, kFloat32).numel() == 10 * mib);
+  CHECK(memory_stats(kCuda0).num_ooms == start.num_ooms + 1);
+  set_device_memory_limit(kNoMemoryLimit, kCuda0);
+  CHECK(device_memory_capacity(kCuda0) > 0);
+  CHECK(device_memory_free(kCuda0) <= device_memory_capacity(kCuda0));
 }
 
 TEST_CASE("events order work across streams" * doctest::skip(!kGpu)) {

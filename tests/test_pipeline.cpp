@@ -171,7 +171,7 @@ TEST_CASE("checkpointing frees each stage's activations: the step's peak memory 
   const int64_t never = peak_of("never"), except_last = peak_of("except_last"), always = peak_of("always");
   MESSAGE("peak step memory above the model's: never ", never >> 20, " MiB, except_last ", except_last >> 20,
           " MiB, always ", always >> 20, " MiB");
-  CHECK(except_last < never * 3 / 5);  // measured: 85, 41 and 33 MiB
+  CHECK(except_last < never * 3 / 5);  // cpu:0's (stage 0's) peaks, measured: 41, 13 and 9 MiB
   CHECK(always < never / 2);
   CHECK(always <= except_last);
 }

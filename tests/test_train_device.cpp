@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/memory.h"                // defines: set_device_memory_limit, kNoMemoryLimit
 #include "cuda/backends.h"              // defines: cuda::set_cudnn_allow_tf32
 #include "cuda/device.h"                // defines: cuda::is_available, unavailable_reason
 #include "examples/train/device.h"      // defines: training_device
@@ -83,4 +84,21 @@ TEST_CASE("a few training steps on the GPU follow the CPU's" * doctest::skip(!kG
   // reductions) move the loss in its fourth digit at most over three steps.
   CHECK(std::abs(gpu.train_loss - cpu.train_loss) <= 1e-3 * std::abs(cpu.train_loss));
   CHECK(std::abs(gpu.test_loss - cpu.test_loss) <= 1e-3 * std::abs(cpu.test_loss));
+}
+
+TEST_CASE("--device-memory-limit: a budget the step cannot fit is PyTorch's OutOfMemoryError; one that fits trains") {
+  TrainConfig tight = tiny_run("cpu:2");  // cpu:2: the dataset and the loader's batches stay on cpu, outside
+  tight.device_memory_limit = "1MiB";
+  const std::string message = error_of(tight);
+  INFO(message);
+  CHECK(message.find("CPU out of memory. Tried to allocate ") != std::string::npos);
+  CHECK(message.find("Device cpu:2 has a total capacity of ") != std::string::npos);
+  CHECK(message.find("1.00 MiB allowed") != std::string::npos);
+  TrainConfig roomy = tiny_run("cpu:3");
+  roomy.device_memory_limit = "64MiB";
+  CHECK(std::isfinite(train_cifar10(roomy).train_loss));
+  TrainConfig bad = tiny_run("cpu");
+  bad.device_memory_limit = "1.5 gigs";
+  CHECK(error_of(bad).find("--device-memory-limit: expected a memory size such as 1.5GiB") != std::string::npos);
+  for (const char* device : {"cpu:2", "cpu:3"}) set_device_memory_limit(kNoMemoryLimit, Device(device));
 }

@@ -4,6 +4,7 @@
 
 #include "autograd/ops.h"            // defines: argmax, eq, sum, stack
 #include "core/error.h"
+#include "core/memory.h"             // defines: parse_memory_size, set_device_memory_limit
 #include "cuda/device.h"             // defines: cuda::is_compiled, is_available, unavailable_reason
 #include "cuda/host_allocator.h"     // defines: cuda::copy_to_device_async
 
@@ -25,6 +26,21 @@ Device training_device(const std::string& flag, int default_index) {
   LOOM_CHECK(device.index < cuda::device_count(), "--device ", flag, ": ", device, " does not exist; ",
              cuda::device_count(), " CUDA device(s) are visible (cuda:0..cuda:", cuda::device_count() - 1, ")");
   return device;
+}
+
+void apply_device_memory_limit(const std::string& flag, Device first, int64_t count) {
+  if (flag.empty()) return;
+  int64_t bytes = 0;
+  try {
+    bytes = parse_memory_size(flag);
+  } catch (const Error& e) {
+    LOOM_FAIL("--device-memory-limit: ", e.what());
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    const Device device(first.type, first.index + static_cast<int>(i));
+    if (device.is_cuda() && device.index >= cuda::device_count()) break;
+    set_device_memory_limit(bytes, device);
+  }
 }
 
 MemoryFormat input_memory_format(const std::string& flag, const std::string& amp, Device device) {

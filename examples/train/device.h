@@ -26,6 +26,14 @@ namespace loom::examples {
 // script. Nothing is allocated on the device.
 Device training_device(const std::string& flag, int default_index = 0);
 
+// --device-memory-limit SIZE ("1.5GiB", "512MiB"; "" for none): the budget of Note [Device
+// memory budget] (core/memory.h) on `first` and the devices after it, `count` in all, as
+// torch.cuda.set_per_process_memory_fraction on each GPU a process uses; CUDA devices past
+// the last visible GPU are skipped. Each process caps its own devices, so under loomrun it is
+// a budget per rank. On the CPU, train on cpu:1 to keep the dataset and the loader's batches
+// (on cpu, host memory) out of the budget, as a GPU's budget excludes host memory.
+void apply_device_memory_limit(const std::string& flag, Device first, int64_t count);
+
 // --memory-format auto | contiguous | channels_last: the layout images enter the model
 // in (Note [Channels-last activations], core/memory_format.h). auto is channels_last for
 // --amp bf16 on the CPU, where oneDNN's bfloat16 convolutions compute in NHWC and NCHW

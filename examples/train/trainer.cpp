@@ -56,6 +56,13 @@ std::shared_ptr<data::Dataset> make_dataset(const TrainConfig& config, bool trai
   return std::make_shared<data::CIFAR10>(data::find_cifar10_root(config.data), train, transform);
 }
 
+// --device for this process. Across processes, "--device cuda" is this process's GPU,
+// cuda:LOCAL_RANK (set by loomrun; srun and mpirun say it as SLURM_LOCALID and
+// OMPI_COMM_WORLD_LOCAL_RANK).
+Device process_device(const TrainConfig& config) {
+  return training_device(config.device, needs_process_group(config) ? distributed::launch_local_rank() : 0);
+}
+
 std::shared_ptr<nn::Module> make_model(const TrainConfig& config) {
   return nn::make_model(config.model, {.num_classes = 10});  // an unknown name: an error listing the known ones
 }
@@ -281,10 +288,8 @@ class Trainer {
  public:
   explicit Trainer(const TrainConfig& config)
       : config_(config),
-        // First: a missing GPU is an error naming why, before any data is read. Across
-        // processes, "--device cuda" is this process's GPU, cuda:LOCAL_RANK (set by
-        // loomrun; srun and mpirun say it as SLURM_LOCALID and OMPI_COMM_WORLD_LOCAL_RANK).
-        device_(training_device(config.device, needs_process_group(config) ? distributed::launch_local_rank() : 0)),
+        // First: a missing GPU is an error naming why, before any data is read.
+        device_(process_device(config)),
         dist_(config),  // the ParallelDims, the process group and its mesh; in one process rank 0 of 1
         data_(config, dist_),
         model_(make_model(config)),
@@ -389,7 +394,7 @@ class Trainer {
     result_.steps = position_.global_step;
     result_.img_per_s = dist_.sum(times_.images_per_second());
     result_.median_step_s = median(times_.step_seconds);
-    result_.peak_memory_bytes = memory_stats(device()).peak_allocated_bytes;  // --device's (CPU devices share one)
+    result_.peak_memory_bytes = memory_stats(device()).peak_allocated_bytes;  // --device's own
     print_memory_per_rank(dist_, result_);
     checkpointer_.save_weights(config_.save);
     if (dist_.is_main() && !config_.metrics_json.empty()) write_metrics_json(result_, config_.metrics_json);
@@ -431,6 +436,11 @@ TrainResult train_cifar10(const TrainConfig& config) {
   if (config.threads > 0) omp_set_num_threads(static_cast<int>(config.threads));
   trace::set_thread_name("train");  // this thread's row in a LOOM_TRACE picture
   manual_seed(config.seed);         // before the data and the model draw anything
+  // Before anything is allocated: --dp-devices / --mp-devices count the devices after
+  // --device that --mode dp, mp and pipeline use in this process (a cap on an unused
+  // virtual device changes nothing).
+  apply_device_memory_limit(config.device_memory_limit, process_device(config),
+                            std::max({config.dp_devices, config.mp_devices, int64_t{1}}));
   Trainer trainer(config);  // the data, the parallelized model, the optimizer, the checkpointer; resumed
   if (config.eval_only) return trainer.evaluate_only();
   for (int64_t epoch = trainer.position().epoch; epoch < config.epochs; ++epoch)

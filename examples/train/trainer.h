@@ -35,6 +35,7 @@ struct TrainConfig {
   int64_t threads = 0;  // OpenMP threads for compute; 0 = the runtime's default
   uint64_t seed = 0;
   std::string device = "cpu";
+  std::string device_memory_limit;  // "1.5GiB": a budget per device of this process (examples/train/device.h); "": none
   std::string amp = "none";    // none | bf16 | fp16 (examples/train/mixed_precision.h)
   std::string memory_format = "auto";  // auto | contiguous | channels_last (examples/train/device.h)
   bool augment = true;
