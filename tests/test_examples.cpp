@@ -34,7 +34,7 @@ Result check_trains(const std::string& command) {
 
 }  // namespace
 
-TEST_CASE("ddp_minimal, fsdp_minimal and pipeline_minimal train under loomrun with 2 ranks, printing on rank 0 only") {
+TEST_CASE("ddp_minimal, fsdp_minimal, pipeline_minimal and tp_minimal train under loomrun with 2 ranks, printing on rank 0 only") {
   const std::string launcher = path_from_env("LOOMRUN") + " --standalone --nproc_per_node 2 ";
   check_trains(launcher + path_from_env("DDP_MINIMAL") + kFewSteps);
   // Each rank 1/N of the model; the full state dict gathered to rank 0 under the model's own names.
@@ -43,6 +43,9 @@ TEST_CASE("ddp_minimal, fsdp_minimal and pipeline_minimal train under loomrun wi
   // One process per stage (PipelineStage), activations and gradients by send/recv.
   const Result stages = check_trains(launcher + path_from_env("PIPELINE_MINIMAL") + kFewSteps);
   CHECK(contains(stages.output, "PipelineStage: stage=0 of 2"));
+  // Each rank half of every block's 3x3 convolutions; the state dict gathered whole.
+  const Result split = check_trains(launcher + path_from_env("TP_MINIMAL") + kFewSteps);
+  CHECK(contains(split.output, "full state dict: 122 tensors; layer1.0.conv1.weight has 64 output channels, this rank 32"));
 }
 
 TEST_CASE("dp_minimal, model_parallel_minimal and pipeline_minimal (its stages on threads) train in one process") {
