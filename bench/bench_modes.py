@@ -252,6 +252,9 @@ def main():
                                               processes=4, replicas=2)),
         ("loom pp 2 x zero1 2", lambda t: loom(args, t, "single", "--pp", "2", "--dp-replicate", "2",
                                                "--zero-redundancy-optimizer", "--chunks", c, processes=4, replicas=2)),
+        # Tensor parallelism (docs/tensor_parallel.md): every block's 3x3 convolutions split
+        # over a process per device; the ranks all read the whole global batch.
+        (f"loom tp {d}", lambda t: loom(args, t, "single", "--tp", d, processes=args.devices, replicas=1)),
         # The sharded family (docs/sharding.md, docs/fsdp.md): as ddp, a process per device.
         ("loom fsdp full_shard", lambda t: loom(args, t, "fsdp", "--sharding-strategy", "full_shard",
                                                 processes=args.devices)),

@@ -18,6 +18,7 @@
 #include "core/factory.h"                        // defines: randn
 #include "core/generator.h"                      // defines: manual_seed
 #include "nn/nn.h"                               // defines: Linear, Conv2d, BatchNorm2d, ReLU, Sequential, resnet_tiny
+#include "nn/model_state.h"                     // defines: model_state_bytes
 #include "nn/optim/sgd.h"                        // defines: SGD
 #include "parallel/tensor/parallelize_module.h"  // defines: parallelize_module, the styles
 #include "parallel/tensor/resnet_plan.h"         // defines: resnet_tp_plan
@@ -138,15 +139,18 @@ TEST_CASE("Conv2d column-parallel, BatchNorm on its channels, Conv2d row-paralle
 // after the first.
 struct TrainedSplit {
   double error = 0;
-  std::vector<int64_t> bytes, calls;
+  std::vector<int64_t> bytes, calls, state_bytes;  // per rank
+  int64_t state_bytes_single = 0;
 };
 TrainedSplit train_split(const nn::ResNet& model, int tp, int steps, int64_t n, int64_t side) {
+  int64_t out_state_bytes_single = 0;
   std::vector<Tensor> inputs, targets;
   for (int s = 0; s < steps; ++s) {
     inputs.push_back(randn({n, 3, side, side}, kFloat64));
     targets.push_back(randint(0, 10, {n}));
   }
   nn::CrossEntropyLoss criterion;
+  // Returns the model's training state (parameters, gradients, momenta) in bytes.
   auto train = [&](nn::Module& m, const std::function<void()>& after_first) {
     optim::SGD opt(m.parameters(), {.lr = 0.1, .momentum = 0.9, .weight_decay = 5e-4});
     for (int s = 0; s < steps; ++s) {
@@ -155,17 +159,20 @@ TrainedSplit train_split(const nn::ResNet& model, int tp, int steps, int64_t n, 
       opt.step();
       if (s == 0) after_first();
     }
+    return nn::model_state_bytes(m, opt);
   };
   auto reference = model.clone();
-  train(*reference, [] {});
+  out_state_bytes_single = train(*reference, [] {});
   const OrderedDict<Tensor> expected = reference->state_dict();
-  TrainedSplit out{0, std::vector<int64_t>(static_cast<size_t>(tp)), std::vector<int64_t>(static_cast<size_t>(tp))};
+  TrainedSplit out;
+  out.bytes = out.calls = out.state_bytes = std::vector<int64_t>(static_cast<size_t>(tp));
+  out.state_bytes_single = out_state_bytes_single;
   std::vector<double> errors(static_cast<size_t>(tp), 0.0);
   require_no_errors(run_ranks(tp, [&](std::shared_ptr<Communicator> comm) {
     auto mine = std::dynamic_pointer_cast<nn::ResNet>(model.clone());
     const StatePlacements placements = parallelize_module(*mine, comm, resnet_tp_plan(*mine));
     const size_t r = static_cast<size_t>(comm->rank());
-    train(*mine, [&] { comm->reset_traffic(); });
+    out.state_bytes[r] = train(*mine, [&] { comm->reset_traffic(); });
     out.bytes[r] = comm->traffic().all_reduce.bytes / (steps - 1);
     out.calls[r] = comm->traffic().all_reduce.calls / (steps - 1);
     const OrderedDict<Tensor> state = full_state_dict(*mine, placements);
@@ -195,10 +202,22 @@ TEST_CASE("a tiny ResNet at tp=2 trains 3 SGD steps to single-device weights, mo
     at = out_side;
     in = width;
   }
+  // Training state (parameter, gradient, momentum: 3 x 8 bytes each) per rank: the split
+  // tensors (each block's conv1 and conv2 weights, bn1's weight and bias; all of even
+  // rows here) halved, the rest (stem, shortcuts, bn2, head) whole.
+  int64_t split = 0, whole = 0;
+  for (const auto& [name, p] : model->named_parameters()) {
+    const bool is_split = name.rfind("layer", 0) == 0 && (name.find(".conv1.") != std::string::npos ||
+                                                           name.find(".conv2.") != std::string::npos ||
+                                                           name.find(".bn1.") != std::string::npos);
+    (is_split ? split : whole) += p.numel();
+  }
+  CHECK(trained.state_bytes_single == 3 * 8 * (split + whole));
   for (size_t r = 0; r < 2; ++r) {
     CAPTURE(r);
     CHECK(trained.calls[r] == 2 * 4);  // 4 blocks, f and g each
     CHECK(trained.bytes[r] == block_bytes);
+    CHECK(trained.state_bytes[r] == 3 * 8 * (split / 2 + whole));
   }
 }
 
