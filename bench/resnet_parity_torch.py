@@ -15,16 +15,13 @@ than --tolerance (relative).
 Not part of the build or the test suite (Debian's python3-torch is optional).
 """
 import argparse
-import os
 import subprocess
 import sys
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
-from reference_train_torch import read_safetensors  # noqa: E402  (the format, without the safetensors package)
+from parity import compare_eval  # the shared comparison and report
 
 
 def conv3x3(cin, cout, stride=1):
@@ -141,22 +138,8 @@ def main():
                     "--classes", str(a.classes), "--out", a.out], check=True)
     block, layers, width_per_group = MODELS[a.model]
     model = ResNet(block, layers, a.classes, width_per_group, imagenet_stem=a.stem == "imagenet")
-    model.load_state_dict(read_safetensors(os.path.join(a.out, "model.safetensors")), strict=True)
-    model.eval()
-    batch = read_safetensors(os.path.join(a.out, "batch.safetensors"))
-    with torch.no_grad():
-        logits = model(batch["images"])
-        loss = F.cross_entropy(logits, batch["labels"]).item()
-    loom_loss = batch["loss"].item()
-    rel = abs(loss - loom_loss) / abs(loss)
-    logit_diff = (logits - batch["logits"]).abs().max().item()
-    params = sum(t.numel() for t in model.parameters())
-    print(f"{a.model} ({a.stem} stem, {params:,} parameters), eval on {a.batch} images of {a.size}x{a.size}:")
-    print(f"  loss: loom {loom_loss:.9g}  torch {loss:.9g}  relative difference {rel:.3g}")
-    print(f"  logits: max |loom - torch| = {logit_diff:.3g} (largest |logit| {logits.abs().max().item():.3g})")
-    ok = rel <= a.tolerance
-    print(f"{'PASS' if ok else 'FAIL'}: relative loss difference {rel:.3g} {'<=' if ok else '>'} {a.tolerance:g}")
-    return 0 if ok else 1
+    return compare_eval(model, a.out, f"{a.model} ({a.stem} stem), eval on {a.batch} images of {a.size}x{a.size}",
+                        a.tolerance)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@
 
 #include "parallel/comm/gloo_communicator.h"
 #include "parallel/store/tcp_store.h"
+#include "tensor_compare.h"  // defines: max_abs_diff
 
 namespace loom::testing {
 
@@ -67,14 +68,5 @@ inline void require_no_errors(const std::vector<std::string>& errors) {
 }
 
 inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
-// Largest |a - b| over two same-shaped tensors (any floating dtype).
-inline double max_abs_diff(const Tensor& a, const Tensor& b) {
-  REQUIRE(a.shape() == b.shape());
-  auto x = a.to(kFloat64).tolist<double>(), y = b.to(kFloat64).tolist<double>();
-  double m = 0;
-  for (size_t i = 0; i < x.size(); ++i) m = std::max(m, std::abs(x[i] - y[i]));
-  return m;
-}
 
 }  // namespace loom::testing

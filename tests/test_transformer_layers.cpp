@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 
+#include "tensor_compare.h"              // defines: max_abs_diff
 #include "gradcheck.h"                // defines: gradcheck, leaf
 #include "nn/embedding.h"             // defines: Embedding
 #include "nn/multihead_attention.h"   // defines: MultiheadAttention, mha_state_dict_to_pytorch
@@ -17,13 +18,9 @@
 using namespace loom;
 using loom::testing::gradcheck;
 using loom::testing::leaf;
+using loom::testing::max_abs_diff;
 
 namespace {
-
-double max_abs_diff(const Tensor& a, const Tensor& b) {
-  REQUIRE(a.shape() == b.shape());
-  return max(abs(a.detach().to(kFloat64) - b.detach().to(kFloat64))).item<double>();
-}
 
 // Gradient check of module(x) with respect to x and every parameter (float64).
 void gradcheck_module(nn::Module& module, const Tensor& x) {

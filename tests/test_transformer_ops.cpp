@@ -10,18 +10,15 @@
 
 #include "autograd/ops.h"                  // declares: layer_norm, gelu, softmax, scaled_dot_product_attention
 #include "core/cpu/transformer_kernels.h"  // declares: flash_attention_forward / _backward, AttentionBlocks
+#include "tensor_compare.h"              // defines: max_abs_diff
 #include "gradcheck.h"                     // defines: gradcheck, leaf
 
 using namespace loom;
 using loom::testing::gradcheck;
 using loom::testing::leaf;
+using loom::testing::max_abs_diff;
 
 namespace {
-
-double max_abs_diff(const Tensor& a, const Tensor& b) {
-  REQUIRE(a.shape() == b.shape());
-  return max(abs(a.detach() - b.detach())).item<double>();
-}
 
 // The composition scaled_dot_product_attention's fused kernel must equal.
 Tensor reference_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& additive_mask,

@@ -7,12 +7,14 @@
 #include <set>
 
 #include "autograd/grad_mode.h"       // defines: NoGradGuard
+#include "tensor_compare.h"              // defines: max_abs_diff
 #include "gradcheck.h"                // defines: gradcheck, leaf
 #include "nn/vision_transformer.h"    // defines: VisionTransformer, vit_tiny, vit_small
 
 using namespace loom;
 using loom::testing::gradcheck;
 using loom::testing::leaf;
+using loom::testing::max_abs_diff;
 
 namespace {
 
@@ -20,11 +22,6 @@ int64_t count(const nn::Module& m) {
   int64_t total = 0;
   for (const Tensor& p : m.parameters()) total += p.numel();
   return total;
-}
-
-double max_abs_diff(const Tensor& a, const Tensor& b) {
-  REQUIRE(a.shape() == b.shape());
-  return max(abs(a.detach().to(kFloat64) - b.detach().to(kFloat64))).item<double>();
 }
 
 // A ViT small enough for finite differences: 8x8 images, 4 patches of 4x4, width 4.
