@@ -241,13 +241,26 @@ def analyse(events, step):
             label += f" (stage {stages.pop()})"
         kinds = {kind(e["name"]) for e in row} - {"group", "waiting"}
         comm_row = bool(kinds) and kinds <= COMM
-        rows.append({"pid": pid, "tid": tid, "label": label, "comm": comm_row, "spans": row,
+        # A DTensor move's collective runs on the training thread, which waits in it: it
+        # blocks the computation it sits inside instead of hiding under it.
+        rows.append({"pid": pid, "tid": tid, "label": label, "comm": comm_row, "blocking": "dtensor" in track,
+                     "spans": row,
                      "window": (t0, t1), "offset": offsets[pid],
                      "run_length": next(g for g in groups if pid in g["pids"])["length"]})
+    blocked = {}
+    for r in rows:
+        if r["comm"] and r["blocking"]:
+            blocked[r["pid"]] = union(blocked.get(r["pid"], []) + busy_intervals(r["spans"], *r["window"], COMM))
     for r in rows:
         t0, t1 = r["window"]
         width = max(t1 - t0, 1)
-        if r["comm"]:
+        if r["comm"] and r["blocking"]:
+            comm = busy_intervals(r["spans"], t0, t1, COMM)
+            r["busy"] = length(comm) / width
+            r["bubble"] = None
+            r["hidden"] = 0.0 if comm else None
+            r["comm_ms"] = length(comm) / 1e3
+        elif r["comm"]:
             comm = busy_intervals(r["spans"], t0, t1, COMM)
             compute = union([iv for other in rows if other["pid"] == r["pid"] and not other["comm"]
                              for iv in busy_intervals(other["spans"], t0, t1, COMPUTE)])
@@ -256,7 +269,8 @@ def analyse(events, step):
             r["hidden"] = length(intersect(comm, compute)) / length(comm) if comm else None
             r["comm_ms"] = length(comm) / 1e3
         else:
-            r["busy"] = length(busy_intervals(r["spans"], t0, t1, COMPUTE)) / width
+            work = busy_intervals(r["spans"], t0, t1, COMPUTE)
+            r["busy"] = (length(work) - length(intersect(work, blocked.get(r["pid"], [])))) / width
             r["bubble"] = 1 - r["busy"]
             r["hidden"] = None
     for run in {r["offset"] for r in rows}:

@@ -17,7 +17,9 @@ Tensor move(const Tensor& local, const std::shared_ptr<Communicator>& group, con
             const char* name) {
   Tensor out = redistribute_local(local, *group, global_shape, from, to);
   if (from == to && grad_from == grad_to) return out;
-  if (from == to) out = out.detach().clone();  // a node of its own, for the gradient's move alone
+  // A tensor of its own for the gradient's move alone: an alias (detach() shares the
+  // storage), not a copy, so Megatron's f costs no memory. Nothing writes into either.
+  if (from == to) out = out.detach();
   if (!any_requires_grad({local})) return out;
   record(
       name, {local}, {out},

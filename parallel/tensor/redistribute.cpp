@@ -1,11 +1,13 @@
 #include "parallel/tensor/redistribute.h"
 
+#include <optional>
 #include <vector>
 
 #include "autograd/grad_mode.h"  // defines: NoGradGuard
 #include "autograd/ops.h"        // defines: cat
 #include "core/error.h"          // defines: LOOM_CHECK
 #include "core/factory.h"        // defines: zeros
+#include "core/trace.h"          // defines: trace::Span (LOOM_TRACE)
 
 namespace loom::distributed {
 namespace {
@@ -77,6 +79,14 @@ Tensor redistribute_local(const Tensor& local, Communicator& group, const Shape&
 
   NoGradGuard no_grad;
   const Tensor x = local.detach().contiguous();
+  // A span per move on the group's communication row (docs/tensor_parallel.md's trace):
+  // the collectives run on the calling thread, so this is their time.
+  std::optional<trace::Span> span;
+  if (trace::enabled())
+    span.emplace(detail::str(from.is_partial() ? (to.is_replicate() ? "all_reduce " : "reduce_scatter ")
+                                               : (from.is_shard() ? "all_gather " : "chunk "),
+                             global_shape),
+                 "dtensor", trace::track(detail::str("comm (rank ", group.rank(), ", dtensor)")));
   if (from.is_shard() && to.is_replicate()) return all_gather_shards(x, group, global_shape, from.dim);
   if (from.is_partial() && to.is_replicate()) {
     Tensor sum = x.clone();
