@@ -10,15 +10,14 @@
 //   <out>/batch.safetensors   "images", "labels", and loom's eval-mode "logits" and "loss"
 // The script loads both into a torch.nn model with torchvision's names and compares.
 #include <cstdio>
-#include <cstdlib>
-#include <filesystem>
 #include <string>
 
 #include "autograd/grad_mode.h"  // defines: NoGradGuard
-#include "autograd/ops.h"        // defines: cross_entropy
+#include "autograd/ops.h"        // defines: rand, randn, randint
+#include "bench/parity.h"         // defines: parity::save_eval_batch
 #include "nn/batchnorm.h"        // defines: BatchNorm2d
 #include "nn/models.h"           // defines: make_model
-#include "nn/safetensors.h"      // defines: nn::save, safetensors::save_file
+#include "nn/safetensors.h"      // defines: nn::save
 
 using namespace loom;
 
@@ -56,19 +55,9 @@ int main(int argc, char** argv) {
   }
   model->eval();
   Tensor images = randn({batch, 3, size, size}), labels = randint(0, classes, {batch});
-  NoGradGuard no_grad;
-  Tensor logits = (*model)(images);
-  Tensor loss = cross_entropy(logits, labels);
-  std::filesystem::create_directories(out);
+  const float loss = parity::save_eval_batch(*model, images, labels, out);
   nn::save(*model, out + "/model.safetensors");
-  OrderedDict<Tensor> batch_tensors;
-  batch_tensors.insert("images", images);
-  batch_tensors.insert("labels", labels);
-  batch_tensors.insert("logits", logits);
-  batch_tensors.insert("loss", loss.reshape({1}));
-  safetensors::save_file(batch_tensors, out + "/batch.safetensors");
   std::printf("loom %s (%s stem): eval loss %.9g on %lld images of %lldx%lld\n", model_name.c_str(), stem_name.c_str(),
-              loss.item<float>(), static_cast<long long>(batch), static_cast<long long>(size),
-              static_cast<long long>(size));
+              loss, static_cast<long long>(batch), static_cast<long long>(size), static_cast<long long>(size));
   return 0;
 }

@@ -11,11 +11,11 @@
 //   <out>/batch.safetensors   "images", "labels", and loom's eval-mode "logits" and "loss"
 // The script loads both into a torch.nn model built from nn.TransformerEncoderLayer.
 #include <cstdio>
-#include <filesystem>
 #include <string>
 
 #include "autograd/grad_mode.h"      // defines: NoGradGuard
-#include "autograd/ops.h"            // defines: cross_entropy, randn, randint
+#include "autograd/ops.h"            // defines: rand, randn, randint
+#include "bench/parity.h"            // defines: parity::save_eval_batch
 #include "nn/multihead_attention.h"  // defines: mha_state_dict_to_pytorch
 #include "nn/safetensors.h"          // defines: safetensors::save_file
 #include "nn/vision_transformer.h"   // defines: vit_tiny, vit_small
@@ -49,19 +49,10 @@ int main(int argc, char** argv) {
   }
   model->eval();
   Tensor images = randn({batch, 3, 32, 32}), labels = randint(0, 10, {batch});
-  NoGradGuard no_grad;
-  Tensor logits = (*model)(images);
-  Tensor loss = cross_entropy(logits, labels);
-  std::filesystem::create_directories(out);
+  const float loss = parity::save_eval_batch(*model, images, labels, out);
   safetensors::save_file(nn::mha_state_dict_to_pytorch(model->state_dict()), out + "/model.safetensors",
                          {{"format", "pt"}});
-  OrderedDict<Tensor> batch_tensors;
-  batch_tensors.insert("images", images);
-  batch_tensors.insert("labels", labels);
-  batch_tensors.insert("logits", logits);
-  batch_tensors.insert("loss", loss.reshape({1}));
-  safetensors::save_file(batch_tensors, out + "/batch.safetensors");
-  std::printf("loom %s: eval loss %.9g on %lld random images\n", model_name.c_str(), loss.item<float>(),
+  std::printf("loom %s: eval loss %.9g on %lld random images\n", model_name.c_str(), loss,
               static_cast<long long>(batch));
   return 0;
 }
