@@ -48,8 +48,8 @@ TEST_CASE("ddp_minimal, fsdp_minimal, pipeline_minimal and tp_minimal train unde
   CHECK(contains(split.output, "full state dict: 122 tensors; layer1.0.conv1.weight has 64 output channels, this rank 32"));
 }
 
-TEST_CASE("dp_minimal, model_parallel_minimal and pipeline_minimal (its stages on threads) train in one process") {
-  for (const char* program : {"DP_MINIMAL", "MODEL_PARALLEL_MINIMAL", "PIPELINE_MINIMAL"}) {
+TEST_CASE("dp_minimal, model_parallel_minimal, pipeline_minimal (its stages on threads) and vit_minimal train in one process") {
+  for (const char* program : {"DP_MINIMAL", "MODEL_PARALLEL_MINIMAL", "PIPELINE_MINIMAL", "VIT_MINIMAL"}) {
     CAPTURE(program);
     check_trains(path_from_env(program) + kFewSteps);
   }
