@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/factory.h"               // defines: zeros, full
 #include "core/memory.h"                // defines: set_device_memory_limit, kNoMemoryLimit
 #include "cuda/backends.h"              // defines: cuda::set_cudnn_allow_tf32
 #include "cuda/device.h"                // defines: cuda::is_available, unavailable_reason
@@ -101,4 +102,12 @@ TEST_CASE("--device-memory-limit: a budget the step cannot fit is PyTorch's OutO
   bad.device_memory_limit = "1.5 gigs";
   CHECK(error_of(bad).find("--device-memory-limit: expected a memory size such as 1.5GiB") != std::string::npos);
   for (const char* device : {"cpu:2", "cpu:3"}) set_device_memory_limit(kNoMemoryLimit, Device(device));
+}
+
+TEST_CASE("read_loss_and_correct: a loss on another device than the logits (--pp with --device cpu:1)") {
+  const Tensor logits = zeros({2, 3}).to(Device("cpu:1"));
+  const Tensor labels = zeros({2}, TensorOptions(kInt64)).to(Device("cpu:1"));
+  const std::pair<float, int64_t> read = read_loss_and_correct(full({}, 0.5), logits, labels);  // the loss on cpu
+  CHECK(read.first == 0.5f);
+  CHECK(read.second == 2);
 }

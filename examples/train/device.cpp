@@ -63,8 +63,11 @@ Tensor to_training_device(const Tensor& batch, Device device, MemoryFormat forma
 std::pair<float, int64_t> read_loss_and_correct(const Tensor& loss, const Tensor& logits, const Tensor& labels) {
   const Tensor correct = sum(eq(argmax(logits.detach(), 1), labels).to(kInt64));
   // One device -> host copy (and so one wait for the GPU) for both numbers; a count of
-  // at most a batch is exact in float64, and the float loss survives the round trip.
-  const std::vector<double> both = stack({loss.detach().to(kFloat64), correct.to(kFloat64)}).tolist<double>();
+  // at most a batch is exact in float64, and the float loss survives the round trip. The
+  // loss may be on another device than the logits: --pp with --device cpu:1 reports its
+  // loss on cpu and the last stage's logits on cpu:1.
+  const std::vector<double> both =
+      stack({loss.detach().to(kFloat64), correct.to(kFloat64).to(loss.device())}).tolist<double>();
   return {static_cast<float>(both[0]), static_cast<int64_t>(both[1])};
 }
 
