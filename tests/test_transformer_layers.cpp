@@ -8,12 +8,12 @@
 #include <cmath>
 #include <limits>
 
-#include "tensor_compare.h"              // defines: max_abs_diff
-#include "gradcheck.h"                // defines: gradcheck, leaf
-#include "nn/embedding.h"             // defines: Embedding
-#include "nn/multihead_attention.h"   // defines: MultiheadAttention, mha_state_dict_to_pytorch
-#include "nn/normalization.h"         // defines: LayerNorm
-#include "nn/transformer.h"           // defines: TransformerEncoderLayer
+#include "tensor_compare.h"          // defines: max_abs_diff
+#include "gradcheck.h"               // defines: gradcheck, leaf
+#include "nn/embedding.h"            // defines: Embedding
+#include "nn/multihead_attention.h"  // defines: MultiheadAttention, mha_state_dict_to_pytorch
+#include "nn/normalization.h"        // defines: LayerNorm
+#include "nn/transformer.h"          // defines: TransformerEncoderLayer
 
 using namespace loom;
 using loom::testing::gradcheck;

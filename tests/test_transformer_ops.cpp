@@ -6,11 +6,13 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <functional>
 #include <limits>
 
 #include "autograd/ops.h"                  // declares: layer_norm, gelu, softmax, scaled_dot_product_attention
+#include "core/allocator.h"                // defines: memory_stats
 #include "core/cpu/transformer_kernels.h"  // declares: flash_attention_forward / _backward, AttentionBlocks
-#include "tensor_compare.h"              // defines: max_abs_diff
+#include "tensor_compare.h"                // defines: max_abs_diff
 #include "gradcheck.h"                     // defines: gradcheck, leaf
 
 using namespace loom;
@@ -203,4 +205,27 @@ TEST_CASE("attention dropout takes the math path: p of the weights dropped, the 
   Tensor out = scaled_dot_product_attention(q, k, v, Tensor(), 0.5, false, std::nullopt, &gen);
   // Each output is (kept weights) * 2 / 8: a multiple of 1/4 between 0 and 2.
   for (double x : out.tolist<float>()) CHECK(std::abs(x * 4 - std::round(x * 4)) < 1e-6);
+}
+
+TEST_CASE("the fused kernel keeps no attention matrix for backward; the composition keeps two") {
+  // What stays allocated between forward and backward: the graph's saved tensors and the output.
+  const int64_t N = 2, L = 512, E = 16;
+  const int64_t matrix_bytes = N * L * L * 4;  // one [N, L, S] float32 matrix: 2 MiB
+  Tensor q = randn({N, L, E}).requires_grad_(true), k = randn({N, L, E}).requires_grad_(true);
+  Tensor v = randn({N, L, E}).requires_grad_(true);
+  auto kept_by = [&](const std::function<Tensor()>& forward) {
+    const int64_t before = memory_stats(Device()).allocated_bytes;
+    Tensor out = forward();
+    const int64_t kept = memory_stats(Device()).allocated_bytes - before;
+    sum(out).backward();
+    return kept;
+  };
+  const int64_t fused = kept_by([&] { return scaled_dot_product_attention(q, k, v); });
+  MESSAGE("kept from forward to backward: fused ", fused, " bytes");
+  CHECK(fused < matrix_bytes / 8);  // out [N, L, E] and lse [N, L]: 68 KiB
+  // A mask that requires grad takes the composition (Note [Which attention runs]).
+  Tensor bias = zeros({L, L}).requires_grad_(true);
+  const int64_t composed = kept_by([&] { return scaled_dot_product_attention(q, k, v, bias); });
+  MESSAGE("kept from forward to backward: composition ", composed, " bytes");
+  CHECK(composed >= 2 * matrix_bytes);
 }

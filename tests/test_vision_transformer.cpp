@@ -6,10 +6,10 @@
 #include <cmath>
 #include <set>
 
-#include "autograd/grad_mode.h"       // defines: NoGradGuard
-#include "tensor_compare.h"              // defines: max_abs_diff
-#include "gradcheck.h"                // defines: gradcheck, leaf
-#include "nn/vision_transformer.h"    // defines: VisionTransformer, vit_tiny, vit_small
+#include "autograd/grad_mode.h"     // defines: NoGradGuard
+#include "tensor_compare.h"         // defines: max_abs_diff
+#include "gradcheck.h"              // defines: gradcheck, leaf
+#include "nn/vision_transformer.h"  // defines: VisionTransformer, vit_tiny, vit_small
 
 using namespace loom;
 using loom::testing::gradcheck;
