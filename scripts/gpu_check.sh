@@ -15,7 +15,8 @@
 #                loom vs PyTorch, CUDA-event timed, a table with ratios (bench/bench_train_gpu.py)
 #   6. train     train_cifar10 --device cuda for a few steps: --amp bf16 and fp16;
 #                --mode ddp and --mode fsdp with --backend nccl at world size 1 via loomrun;
-#                ddp, fsdp and a --pp 2 pipeline as 2 processes sharing the GPU over --backend gloo
+#                ddp, fsdp, a --pp 2 pipeline and --tp 2 as 2 processes sharing the GPU over --backend gloo;
+#                --tp 1 over nccl
 #   7. summary   one line per phase; exit 1 if any failed
 # Each phase has its own `timeout`, and a phase that would start with too little of the
 # budget left is skipped (and says so). All output goes to the terminal and to
@@ -262,8 +263,8 @@ if [ $BUILT = 1 ]; then
     OMP_NUM_THREADS=4 run_timed "ddp gloo, 2 procs on 1 GPU" 120 "$BUILD/parallel/loomrun" --standalone \
       --nproc_per_node 2 --prefix-output "$BUILD/examples/train_cifar10" --mode ddp --backend gloo --device cuda:0 \
       "${TRAIN[@]}"
-  # The sharded family and the pipeline of processes (issues 14, 15): FSDP over NCCL at
-  # world size 1; FSDP and a 2-stage pipeline as 2 processes sharing the GPU over gloo.
+  # The sharded family and the pipeline of processes: FSDP over NCCL at world size 1; FSDP
+  # and a 2-stage pipeline as 2 processes sharing the GPU over gloo.
   enough 60 "fsdp nccl, world size 1" &&
     run_timed "fsdp nccl, world size 1" 90 "$BUILD/parallel/loomrun" --standalone --nproc_per_node 1 \
       "$BUILD/examples/train_cifar10" --mode fsdp --sharding-strategy full_shard --backend nccl --device cuda \
@@ -276,6 +277,15 @@ if [ $BUILT = 1 ]; then
     OMP_NUM_THREADS=4 run_timed "pipeline --pp 2 gloo, 2 procs on 1 GPU" 120 "$BUILD/parallel/loomrun" --standalone \
       --nproc_per_node 2 --prefix-output "$BUILD/examples/train_cifar10" --mode pipeline --pp 2 --chunks 4 \
       --backend gloo --device cuda:0 "${TRAIN[@]}"
+  # Tensor parallelism: the mesh's tp dimension over NCCL at world size 1, and the ResNet
+  # plan's hooks and DTensor moves on CUDA tensors with 2 processes sharing the GPU over gloo.
+  enough 60 "tp 1 nccl, world size 1" &&
+    run_timed "tp 1 nccl, world size 1" 90 "$BUILD/parallel/loomrun" --standalone --nproc_per_node 1 \
+      "$BUILD/examples/train_cifar10" --mode ddp --tp 1 --backend nccl --device cuda "${TRAIN[@]}"
+  enough 60 "tp 2 gloo, 2 procs on 1 GPU" &&
+    OMP_NUM_THREADS=4 run_timed "tp 2 gloo, 2 procs on 1 GPU" 120 "$BUILD/parallel/loomrun" --standalone \
+      --nproc_per_node 2 --prefix-output "$BUILD/examples/train_cifar10" --tp 2 --backend gloo --device cuda:0 \
+      "${TRAIN[@]}"
 fi
 
 # ---- 7. summary -----------------------------------------------------------------------------
