@@ -89,3 +89,16 @@ TEST_CASE("--backend nccl without a GPU (or without NCCL): a clear error" * doct
                 r.output);
   CHECK_MESSAGE(contains(r.output, "--device cpu"), r.output);
 }
+
+TEST_CASE("--device-memory-limit under DDP: a rank past its budget fails with the OOM report and loomrun stops the run") {
+  const std::string loomrun = path_from_env("LOOMRUN"), train = path_from_env("TRAIN_CIFAR10");
+  // 1 MiB on cpu:1: the tiny model's state fits, its first activations do not.
+  const Result r = Launch(loomrun + " --standalone --nproc_per_node 2 " + train + kTrainArgs +
+                          " --device cpu:1 --device-memory-limit 1MiB")
+                       .finish();
+  INFO(r.output);
+  CHECK(r.code != 0);
+  CHECK(contains(r.output, "CPU out of memory. Tried to allocate "));
+  CHECK(contains(r.output, "1.00 MiB allowed (set_per_process_memory_fraction / set_device_memory_limit)"));
+  CHECK(contains(r.output, "loomrun: failed: worker rank "));
+}
