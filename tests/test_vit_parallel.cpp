@@ -1,8 +1,8 @@
-// The Vision Transformer under data parallelism with its optimizer: DDP + AdamW (and
-// clip_grad_norm_) ends with the weights of one process training on the whole batch, and
-// ZeRO-1 sharding AdamW's state ends with DDP + AdamW's weights bit for bit, its
-// consolidated state_dict AdamW's own (step, exp_avg, exp_avg_sq). Ranks are threads
-// (tests/rank_threads.h).
+// The Vision Transformer under the parallel modes, against one process on the whole batch:
+// a pipeline over its sequential() view gives the same gradients; DDP + AdamW (and
+// clip_grad_norm_) ends with the same weights; ZeRO-1 sharding AdamW's state ends with
+// DDP + AdamW's weights bit for bit, its consolidated state_dict AdamW's own (step,
+// exp_avg, exp_avg_sq). Ranks are threads (tests/rank_threads.h).
 #include <doctest/doctest.h>
 
 #include "autograd/ops.h"                            // defines: cross_entropy, randn, randint
@@ -10,14 +10,16 @@
 #include "nn/optim/clip_grad.h"                      // defines: clip_grad_norm_
 #include "nn/vision_transformer.h"                   // defines: VisionTransformer
 #include "parallel/ddp/distributed_data_parallel.h"  // defines: DistributedDataParallel
+#include "parallel/pipeline/pipeline.h"              // defines: Pipeline
 #include "parallel/zero_redundancy_optimizer.h"      // defines: ZeroRedundancyOptimizer, optimizer_class
 
 #ifdef LOOM_WITH_GLOO
 #include "rank_threads.h"  // defines: run_ranks, require_no_errors
-#include "transparency.h"  // defines: max_param_diff
+#include "transparency.h"  // defines: max_param_diff, max_grad_diff
 
 using namespace loom;
 using distributed::Communicator;
+using loom::testing::max_grad_diff;
 using loom::testing::max_param_diff;
 using loom::testing::require_no_errors;
 using loom::testing::run_ranks;
@@ -25,12 +27,12 @@ using loom::testing::run_ranks;
 namespace {
 
 constexpr int kSteps = 3;
-const optim::AdamWOptions kAdamW{.lr = 3e-3, .weight_decay = 0.05};
 
 std::shared_ptr<nn::VisionTransformer> micro_vit() {
   return std::make_shared<nn::VisionTransformer>(nn::VisionTransformerOptions{
       .image_size = 8, .patch_size = 4, .num_layers = 2, .num_heads = 2, .hidden_dim = 8, .mlp_dim = 16});
 }
+const optim::AdamWOptions kAdamW{.lr = 3e-3, .weight_decay = 0.05};
 
 std::vector<optim::ParamGroup> groups_of(nn::Module& model) {
   return optim::param_groups_weight_decay(model, kAdamW.weight_decay,
@@ -50,6 +52,25 @@ void train(nn::Module& model, nn::Module& params_of, optim::Optimizer& opt, cons
 }
 
 }  // namespace
+
+TEST_CASE("transparency: a pipeline over ViT's sequential() gives one device's gradients (1F1B and GPipe)") {
+  for (const char* schedule : {"1f1b", "gpipe"}) {
+    CAPTURE(schedule);
+    manual_seed(5);
+    auto model = micro_vit();
+    model->to(kFloat64);
+    auto reference = model->clone();
+    Tensor images = randn({8, 3, 8, 8}, kFloat64), labels = randint(0, 10, {8});
+    cross_entropy((*reference)(images), labels).backward();
+    // Embedding, pos_drop | blocks.0, blocks.1, norm, pooling, head.
+    auto layers = model->sequential();
+    REQUIRE(layers->size() == 7);
+    parallel::pipeline::Pipeline pipe(layers, {Device("cpu:0"), Device("cpu:1")}, {2, 5}, /*n_microbatches=*/4,
+                                      schedule, [](const Tensor& out, const Tensor& y) { return cross_entropy(out, y); });
+    pipe.step(images.to(Device("cpu:0")), labels.to(Device("cpu:1")));
+    CHECK(max_grad_diff(*model, *reference) < 1e-12);
+  }
+}
 
 TEST_CASE("transparency: DDP + AdamW on ViT equals one process on the whole batch; ZeRO-1 + AdamW equals DDP bit for bit") {
   const int world = 2;
