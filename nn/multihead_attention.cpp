@@ -71,6 +71,7 @@ Tensor MultiheadAttention::forward(const Tensor& input) { return forward(input, 
 
 Tensor MultiheadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
                                    const Tensor& key_padding_mask, const Tensor& attn_mask, bool is_causal) {
+  check_hooks_ran();  // a split attention's hooks (its f) must not be skipped: Note [Forward hooks run in module(x)]
   const char* layout = batch_first ? "[N, L, E]" : "[L, N, E]";
   for (const Tensor* t : {&query, &key, &value})
     LOOM_CHECK(t->defined() && t->dim() == 3 && t->size(-1) == embed_dim, "MultiheadAttention(embed_dim=", embed_dim,

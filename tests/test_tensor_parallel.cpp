@@ -23,6 +23,7 @@
 #include "parallel/tensor/parallelize_module.h"  // defines: parallelize_module, the styles
 #include "parallel/tensor/resnet_plan.h"         // defines: resnet_tp_plan
 #include "parallel/tensor/tp_state_dict.h"       // defines: full_state_dict, load_full_state_dict
+#include "parallel/tensor/vit_plan.h"            // defines: vit_tp_plan
 #include "rank_threads.h"                        // defines: run_ranks, require_no_errors
 
 using namespace loom;
@@ -142,7 +143,11 @@ struct TrainedSplit {
   std::vector<int64_t> bytes, calls, state_bytes;  // per rank
   int64_t state_bytes_single = 0;
 };
-TrainedSplit train_split(const nn::ResNet& model, int tp, int steps, int64_t n, int64_t side) {
+using PlanFor = std::function<ParallelizePlan(nn::Module& model, int tp)>;
+ParallelizePlan resnet_plan(nn::Module& model, int) { return resnet_tp_plan(dynamic_cast<nn::ResNet&>(model)); }
+
+TrainedSplit train_split(const nn::Module& model, int tp, int steps, int64_t n, int64_t side,
+                         const PlanFor& plan_for = resnet_plan) {
   int64_t out_state_bytes_single = 0;
   std::vector<Tensor> inputs, targets;
   for (int s = 0; s < steps; ++s) {
@@ -169,8 +174,8 @@ TrainedSplit train_split(const nn::ResNet& model, int tp, int steps, int64_t n, 
   out.state_bytes_single = out_state_bytes_single;
   std::vector<double> errors(static_cast<size_t>(tp), 0.0);
   require_no_errors(run_ranks(tp, [&](std::shared_ptr<Communicator> comm) {
-    auto mine = std::dynamic_pointer_cast<nn::ResNet>(model.clone());
-    const StatePlacements placements = parallelize_module(*mine, comm, resnet_tp_plan(*mine));
+    auto mine = model.clone();
+    const StatePlacements placements = parallelize_module(*mine, comm, plan_for(*mine, tp));
     const size_t r = static_cast<size_t>(comm->rank());
     out.state_bytes[r] = train(*mine, [&] { comm->reset_traffic(); });
     out.bytes[r] = comm->traffic().all_reduce.bytes / (steps - 1);
@@ -233,6 +238,26 @@ TEST_CASE("a Bottleneck ResNet at tp=2 and 3 trains 2 SGD steps to single-device
     CHECK(trained.error <= 1e-10);
     CHECK(trained.calls[0] == 2 * 4);
   }
+}
+
+TEST_CASE("a ViT at tp=2 and 3 (heads split whole, the MLP unevenly) trains 2 SGD steps to single-device weights, "
+          "with 2 all-reduces per block each way") {
+  manual_seed(6);
+  // 8x8 images of 4x4 patches: 4 tokens and the class token; 6 heads of 4 features (3 or 2
+  // per rank); an MLP of 40 features (20, 20 and 14, 14, 12).
+  auto vit = std::make_shared<nn::VisionTransformer>(nn::VisionTransformerOptions{
+      .image_size = 8, .patch_size = 4, .num_layers = 2, .num_heads = 6, .hidden_dim = 24, .mlp_dim = 40});
+  vit->to(kFloat64);
+  const PlanFor plan = [](nn::Module& m, int tp) { return vit_tp_plan(dynamic_cast<nn::VisionTransformer&>(m), tp); };
+  for (int tp : {2, 3}) {
+    CAPTURE(tp);
+    const TrainedSplit trained = train_split(*vit, tp, 2, 4, 8, plan);
+    CHECK(trained.error <= 1e-10);
+    // Per block: out_proj's and linear2's sums forward; the gradients of attention's input
+    // (once for q, k and v) and of the MLP's input backward.
+    CHECK(trained.calls[0] == 4 * 2);
+  }
+  CHECK_THROWS_WITH_AS(vit_tp_plan(*vit, 4), doctest::Contains("4 does not divide the model's 6 heads"), Error);
 }
 
 TEST_CASE("full_state_dict writes a single process's names and shapes; load_full_state_dict cuts them again") {

@@ -20,6 +20,7 @@
 #include "parallel/sync_batch_norm.h"                // defines: convert_sync_batchnorm
 #include "parallel/tensor/parallelize_module.h"       // defines: parallelize_module (--tp)
 #include "parallel/tensor/resnet_plan.h"              // defines: resnet_tp_plan
+#include "parallel/tensor/vit_plan.h"                 // defines: vit_tp_plan
 
 namespace loom::examples {
 
@@ -116,14 +117,14 @@ std::shared_ptr<parallel::pipeline::PipelineStage> apply_pipeline(nn::Module& mo
 
 distributed::StatePlacements apply_tp(nn::Module& model, std::shared_ptr<distributed::Communicator> tp_group,
                                       const TrainConfig& config) {
-  auto* resnet = dynamic_cast<nn::ResNet*>(&model);
-  LOOM_CHECK(resnet != nullptr, "--tp splits a ResNet's blocks (resnet_tp_plan), got a ", model.type_name());
   const int tp = tp_group->size();
-  distributed::StatePlacements placements =
-      distributed::parallelize_module(model, std::move(tp_group), distributed::resnet_tp_plan(*resnet));
+  distributed::ParallelizePlan plan;
+  if (auto* resnet = dynamic_cast<nn::ResNet*>(&model)) plan = distributed::resnet_tp_plan(*resnet);
+  else if (auto* vit = dynamic_cast<nn::VisionTransformer*>(&model)) plan = distributed::vit_tp_plan(*vit, tp);
+  else LOOM_FAIL("--tp splits a ResNet (resnet_tp_plan) or a VisionTransformer (vit_tp_plan), got a ", model.type_name());
+  distributed::StatePlacements placements = distributed::parallelize_module(model, std::move(tp_group), plan);
   if (config.progress && distributed::default_group()->rank() == 0)
-    std::fprintf(stderr, "tensor parallel over %d ranks: %zu tensors split (each block's conv1, bn1 and conv2)\n",
-                 tp, placements.size());
+    std::fprintf(stderr, "tensor parallel over %d ranks: %zu tensors split\n", tp, placements.size());
   return placements;
 }
 

@@ -2,7 +2,7 @@
 // parallelize.py, applied in its order and chosen by ParallelDims' predicates alone:
 //
 //   pp        split the model into pipeline stages first, one per process (apply_pipeline)
-//   tp        split each block's convolutions over the mesh's "tp" ranks (apply_tp)
+//   tp        split each block's layers over the mesh's "tp" ranks (apply_tp)
 //   ...       then, on each part (the stage's virtual stages, or the whole model):
 //   dp_shard  FullyShardedDataParallel (HSDP with dp_replicate)   apply_fsdp
 //   dp_replicate  DistributedDataParallel (+ ZeRO-1: build_optimizer)   apply_ddp
@@ -81,8 +81,9 @@ std::shared_ptr<parallel::pipeline::PipelineStage> apply_pipeline(nn::Module& mo
                                                                   const TrainConfig& config, Device device,
                                                                   nn::CrossEntropyLoss& criterion);
 
-// tp: the ResNet plan (resnet_tp_plan: conv1 column-parallel, bn1 on its channels, conv2
-// row-parallel, in every block) over `tp_group`, in place; the split tensors' placements.
+// tp: the model's plan over `tp_group`, in place (a ResNet's: conv1 column-parallel, bn1 on
+// its channels, conv2 row-parallel, in every block; a ViT's: attention by heads, the MLP by
+// features); the split tensors' placements.
 distributed::StatePlacements apply_tp(nn::Module& model, std::shared_ptr<distributed::Communicator> tp_group,
                                       const TrainConfig& config);
 

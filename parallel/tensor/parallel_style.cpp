@@ -114,8 +114,9 @@ void ColwiseParallel::apply(nn::Module& module, const std::string& name, const s
   *layer.out_features = layer.weight.size(0);
   // f: whole on every rank forward; the input's gradient, a partial sum on each rank (each
   // multiplied its own columns), all-reduced backward.
-  module.register_forward_pre_hook([group, in](nn::Module&, const Tensor& x) {
-    return move_local(x, group, in, Replicate(), /*grad_partial=*/true);
+  const bool reduce_grad = options_.reduce_input_grad;
+  module.register_forward_pre_hook([group, in, reduce_grad](nn::Module&, const Tensor& x) {
+    return move_local(x, group, in, Replicate(), /*grad_partial=*/reduce_grad);
   });
   const int64_t feature_dim = layer.feature_dim;
   module.register_forward_hook([group, out, feature_dim, global_out](nn::Module&, const Tensor&, const Tensor& y) {
@@ -184,12 +185,17 @@ void ChannelParallel::apply(nn::Module& module, const std::string& name, const s
 void PrepareModuleInput::apply(nn::Module& module, const std::string&, const std::shared_ptr<Communicator>& group,
                                StatePlacements&) const {
   const Placement from = from_, to = to_;
-  module.register_forward_pre_hook(
-      [group, from, to](nn::Module&, const Tensor& x) { return move_local(x, group, from, to); });
+  const bool reduce_grad = reduce_grad_;
+  LOOM_CHECK(!reduce_grad || to.is_replicate(), "PrepareModuleInput: reduce_grad all-reduces the gradient of a "
+             "Replicate() input; desired_input_layouts is ", to.str());
+  module.register_forward_pre_hook([group, from, to, reduce_grad](nn::Module&, const Tensor& x) {
+    return move_local(x, group, from, to, reduce_grad);
+  });
 }
 
 std::string PrepareModuleInput::str() const {
-  return "PrepareModuleInput(input_layouts=" + from_.str() + ", desired_input_layouts=" + to_.str() + ")";
+  return "PrepareModuleInput(input_layouts=" + from_.str() + ", desired_input_layouts=" + to_.str() +
+         (reduce_grad_ ? ", reduce_grad=True)" : ")");
 }
 
 void PrepareModuleOutput::apply(nn::Module& module, const std::string&, const std::shared_ptr<Communicator>& group,

@@ -26,6 +26,16 @@
 // are dim 1 of NCHW, so for a Conv2d the same defaults are Shard(1). A layout given
 // explicitly is used as given.
 //
+// Note [One f for q, k and v]
+// Attention reads its input three times, through q_proj, k_proj and v_proj. Each
+// column-parallel projection's own f would all-reduce its share of the input's gradient:
+// three all-reduces of [N, L, D] in backward where one does, since the three shares add up
+// before anything else reads them. So a plan may put f on the attention module instead
+// (PrepareModuleInput(Replicate(), Replicate(), /*reduce_grad=*/true)) and tell the
+// projections to leave their input gradients partial (ColwiseParallel({.reduce_input_grad =
+// false})): the sum of the three partial gradients is then all-reduced once, as DTensor does
+// when the three read one Replicate() DTensor and its Partial() gradients meet.
+//
 // Note [Local modules]
 // loom's parameters stay plain tensors, not DTensors: a split layer holds this rank's shard
 // as its weight and its configuration says so (a column-parallel Linear(512, 1024) on 2
@@ -77,6 +87,9 @@ class ColwiseParallel : public ParallelStyle {
   struct Options {
     std::optional<Placement> input_layouts = std::nullopt;   // default Replicate()
     std::optional<Placement> output_layouts = std::nullopt;  // default Shard(feature dim)
+    // false: leave the input's gradient a partial sum, for a parent that reduces it once
+    // for several column-parallel layers reading one input (Note [One f for q, k and v]).
+    bool reduce_input_grad = true;
   };
   ColwiseParallel() = default;
   explicit ColwiseParallel(Options options) : options_(options) {}
@@ -120,16 +133,21 @@ class ChannelParallel : public ParallelStyle {
 };
 
 // Moves a module's input from input_layouts to desired_input_layouts before its forward.
+// reduce_grad: the gradient that comes back to the moved input is a partial sum (column-
+// parallel layers inside read it, each with its own columns, and leave it unreduced:
+// ColwiseParallel({.reduce_input_grad = false})), all-reduced here once: Megatron's f for
+// the whole module. Note [One f for q, k and v].
 class PrepareModuleInput : public ParallelStyle {
  public:
-  PrepareModuleInput(Placement input_layouts, Placement desired_input_layouts)
-      : from_(input_layouts), to_(desired_input_layouts) {}
+  PrepareModuleInput(Placement input_layouts, Placement desired_input_layouts, bool reduce_grad = false)
+      : from_(input_layouts), to_(desired_input_layouts), reduce_grad_(reduce_grad) {}
   void apply(nn::Module& module, const std::string& name, const std::shared_ptr<Communicator>& group,
              StatePlacements& placements) const override;
   std::string str() const override;
 
  private:
   Placement from_, to_;
+  bool reduce_grad_ = false;
 };
 
 // Moves a module's output from output_layouts to desired_output_layouts after its forward.
