@@ -1,6 +1,7 @@
 // optim::AdamW against a float64 transcription of PyTorch's update (Note [AdamW update
 // rule]), one float32 step against float64 truth, state names and exact resumption,
-// param_groups_weight_decay's split, validation, and nn::utils::clip_grad_norm_.
+// param_groups_weight_decay's split, validation, and nn::utils::clip_grad_norm_ with its two
+// halves.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -194,6 +195,26 @@ TEST_CASE("clip_grad_norm_: the total norm, gradients scaled to max_norm, small 
   CHECK(nn::utils::clip_grad_norm_({a, b}, 100.0, 1.0).item<double>() == doctest::Approx(8 + 4 * coef));
   a.set_grad(from_vector<double>({std::numeric_limits<double>::infinity(), 1}, {2}));
   CHECK_THROWS_WITH_AS(nn::utils::clip_grad_norm_({a, b}, 1.0, 2.0, true), doctest::Contains("non-finite"), Error);
+}
+
+TEST_CASE("clip_grad_norm_ is get_total_norm then clip_grads_with_norm_: shards clip by the whole model's norm") {
+  // Two ranks' shards of one gradient vector (Note [Clipping sharded gradients]): the p-th
+  // powers of their local norms add up to the whole norm's.
+  Tensor whole = param({1.0, 2.0, 3.0, 4.0}), left = param({1.0, 2.0}), right = param({3.0, 4.0});
+  whole.set_grad(from_vector<double>({1, -2, 3, -4}, {4}));
+  left.set_grad(from_vector<double>({1, -2}, {2}));
+  right.set_grad(from_vector<double>({3, -4}, {2}));
+  const Tensor want = nn::utils::clip_grad_norm_({whole}, 1.0);
+  const double l = nn::utils::get_total_norm({left.grad()}).item<double>();
+  const double r = nn::utils::get_total_norm({right.grad()}).item<double>();
+  const Tensor total = scalar_tensor(std::sqrt(l * l + r * r), kFloat64);
+  CHECK(total.item<double>() == doctest::Approx(want.item<double>()).epsilon(1e-15));
+  nn::utils::clip_grads_with_norm_({left}, 1.0, total);
+  nn::utils::clip_grads_with_norm_({right}, 1.0, total);
+  auto w = whole.grad().tolist<double>(), lg = left.grad().tolist<double>(), rg = right.grad().tolist<double>();
+  CHECK(lg[1] == doctest::Approx(w[1]).epsilon(1e-15));
+  CHECK(rg[0] == doctest::Approx(w[2]).epsilon(1e-15));
+  CHECK(nn::utils::get_total_norm({}).item<float>() == 0);
 }
 
 TEST_CASE("a small ViT learns a fixed batch under AdamW with clipping") {
