@@ -111,6 +111,26 @@ class CachingCpuAllocator final : public Allocator {
     return it == devices_.end() ? kNoMemoryLimit : it->second.limit;
   }
 
+  void reserve_external(Device device, int64_t bytes) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto size = static_cast<size_t>(bytes);
+    if (!fits_budget(device.index, size)) {
+      release_cached(device.index);
+      state(device.index).stats.num_alloc_retries += 1;
+      if (!fits_budget(device.index, size)) throw_out_of_memory(device, size);
+    }
+    DeviceState& d = state(device.index);
+    note_reserved(d, bytes);
+    note_allocated(d, size);
+  }
+
+  void release_external(Device device, int64_t bytes) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    DeviceState& d = state(device.index);
+    d.stats.allocated_bytes -= bytes;
+    d.stats.reserved_bytes -= bytes;
+  }
+
  private:
   struct Block {
     size_t size;  // its size class
@@ -198,6 +218,8 @@ void Allocator::set_memory_limit(Device device, int64_t) {
             " allocator has no memory budget; budgets exist for CPU devices (cpu, cpu:N)");
 }
 int64_t Allocator::memory_limit(Device) const { return kNoMemoryLimit; }
+void Allocator::reserve_external(Device, int64_t) {}
+void Allocator::release_external(Device, int64_t) {}
 
 int64_t Allocator::capacity(Device) const {
   return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGE_SIZE));

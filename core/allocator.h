@@ -62,6 +62,12 @@ class Allocator {
   // default is the host's, which CPU devices share.
   virtual int64_t capacity(Device device) const;
   virtual int64_t free_memory(Device device) const;
+  // Memory the device holds that this allocator did not hand out (a shared-memory
+  // segment's block), counted as allocated and reserved and against the budget until
+  // released; past the budget, as allocate (core/memory.h: reserve_external_memory).
+  // An allocator without budgets ignores it.
+  virtual void reserve_external(Device device, int64_t bytes);
+  virtual void release_external(Device device, int64_t bytes);
 };
 
 // The allocator of a device type; the CUDA backend installs its allocator at load time.

@@ -31,6 +31,14 @@ int64_t memory_reserved(Device device) { return memory_stats(device).reserved_by
 int64_t max_memory_reserved(Device device) { return memory_stats(device).peak_reserved_bytes; }
 void reset_peak_memory_stats(Device device) { get_allocator(device.type)->reset_peak_stats(device); }
 
+std::shared_ptr<void> reserve_external_memory(int64_t bytes, Device device) {
+  LOOM_CHECK(bytes >= 0, "reserve_external_memory: expected a number of bytes >= 0, got ", bytes);
+  Allocator* allocator = get_allocator(device.type);
+  allocator->reserve_external(device, bytes);
+  // The handle holds no memory; its deleter gives the bytes back to the device's count.
+  return std::shared_ptr<void>(nullptr, [allocator, device, bytes](void*) { allocator->release_external(device, bytes); });
+}
+
 std::string format_memory_size(int64_t bytes) {
   char text[64];
   const double b = static_cast<double>(bytes);

@@ -23,10 +23,13 @@
 //
 // Statistics are per device, as torch.cuda's: each CPU virtual device has its own cache
 // and its own counts (Note [Caching allocator], core/allocator.h), so a pipeline stage's
-// or a rank's peak is its own device's.
+// or a rank's peak is its own device's. Device memory the allocator does not hand out
+// counts too, through reserve_external_memory: the shared-memory blocks of symmetric
+// tensors (DDP's buckets, FSDP's shards) and FSDP's gathered parameters on the CPU.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "core/allocator.h"  // defines: AllocatorStats, memory_stats, empty_cache
@@ -66,6 +69,12 @@ int64_t max_memory_reserved(Device device = Device());
 void reset_peak_memory_stats(Device device = Device());
 // torch.cuda.memory_summary: a table of the above, the limit, num_ooms and num_alloc_retries.
 std::string memory_summary(Device device = Device());
+
+// Counts `bytes` of memory the caching allocator did not hand out (a shared-memory block:
+// Note [Symmetric memory], parallel/comm/communicator.h) in `device`'s allocated and
+// reserved bytes and against its budget, until the returned handle is released; keep it
+// alive with the memory. Past the budget: OutOfMemoryError, after the cache is freed.
+std::shared_ptr<void> reserve_external_memory(int64_t bytes, Device device);
 
 // "1.50 GiB", "20.00 MiB", "512 bytes": PyTorch's format_size, used by the report.
 std::string format_memory_size(int64_t bytes);

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "core/factory.h"
+#include "core/memory.h"  // defines: memory_allocated, set_device_memory_limit, OutOfMemoryError
 #include "nn/nn.h"
 #include "parallel/ddp/distributed_data_parallel.h"
 #include "rank_threads.h"   // defines: run_ranks, require_no_errors, contains
@@ -340,4 +341,26 @@ TEST_CASE("DDP's buckets are symmetric memory: with gradient_as_bucket_view ever
     outside[r] = count;
   }));
   CHECK(outside == std::vector<int>{0, 0});
+}
+
+TEST_CASE("a rank's symmetric block counts on its device as allocator memory, against its budget, until freed") {
+  std::vector<std::string> problems(2);
+  require_no_errors(run_ranks(2, [&](std::shared_ptr<Communicator> comm) {
+    const Device device("cpu:" + std::to_string(5 + comm->rank()));  // a device of its own: counts apart
+    std::string& problem = problems[static_cast<size_t>(comm->rank())];
+    const int64_t before = memory_allocated(device);
+    {
+      Tensor t = comm->zeros_symmetric({1 << 20}, TensorOptions(kFloat32).device(device));  // 4 MiB, whole pages
+      if (memory_allocated(device) - before != 4 << 20) problem = detail::str("allocated grew by ", memory_allocated(device) - before);
+    }
+    if (memory_allocated(device) != before) problem = "not given back when the tensor died";
+    set_device_memory_limit(memory_reserved(device) + (1 << 20), device);
+    try {
+      (void)comm->zeros_symmetric({1 << 20}, TensorOptions(kFloat32).device(device));
+      problem = "no OutOfMemoryError past the budget";
+    } catch (const OutOfMemoryError&) {
+    }
+    set_device_memory_limit(kNoMemoryLimit, device);
+  }));
+  for (const std::string& p : problems) CHECK(p == "");
 }

@@ -159,3 +159,19 @@ TEST_CASE("parse_memory_size and format_memory_size: the --device-memory-limit f
   CHECK(format_memory_size(20 * kMiB) == "20.00 MiB");
   CHECK(format_memory_size(1536 * kMiB) == "1.50 GiB");
 }
+
+TEST_CASE("reserve_external_memory: memory the allocator did not hand out counts, against the budget, until released") {
+  const Device device("cpu:6");
+  const int64_t before = memory_allocated(device), reserved_before = memory_reserved(device);
+  std::shared_ptr<void> charge = reserve_external_memory(3 * kMiB, device);
+  CHECK(memory_allocated(device) == before + 3 * kMiB);
+  CHECK(memory_reserved(device) == reserved_before + 3 * kMiB);
+  {
+    LimitGuard limit(memory_reserved(device) + kMiB, device);
+    CHECK_THROWS_WITH_AS(reserve_external_memory(2 * kMiB, device), doctest::Contains("Tried to allocate 2.00 MiB"),
+                         OutOfMemoryError);
+    CHECK_NOTHROW(reserve_external_memory(kMiB, device));  // just fits; released at once
+  }
+  charge.reset();
+  CHECK(memory_allocated(device) == before);
+}

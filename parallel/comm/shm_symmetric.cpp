@@ -1,8 +1,11 @@
 // ShmCollectives' symmetric memory: the allocation every rank makes together, and the
 // lookup that tells all_reduce a tensor lies in it. See Note [Symmetric memory] in
 // communicator.h; the all_reduce itself is all_reduce_symmetric in shm_collectives.cpp.
+#include <utility>  // defines: std::pair (a storage's two owners)
+
 #include "core/error.h"
 #include "core/factory.h"  // defines: zeros
+#include "core/memory.h"   // defines: reserve_external_memory
 #include "core/storage.h"  // defines: StorageImpl (over external memory)
 #include "parallel/comm/shm_collectives.h"
 
@@ -24,7 +27,10 @@ Tensor ShmCollectives::zeros_symmetric(TCPStore& store, const std::string& prefi
   }
   // The segment is zero-filled (Note [Reserve the memory up front]); each rank's tensor
   // views its own block, and the storage owns the mapping, so the memory outlives this
-  // communicator for as long as a tensor uses it.
+  // communicator for as long as a tensor uses it. The block counts against the device's
+  // budget and in its statistics as if the caching allocator had handed it out (Note
+  // [Device memory budget], core/memory.h): DDP's buckets and FSDP's shards live here.
+  std::shared_ptr<void> charge = reserve_external_memory(static_cast<int64_t>(stride), options.device_);
   auto segment = std::make_shared<SharedMemorySegment>(std::move(mapped));
   auto* base = static_cast<uint8_t*>(segment->data());
   {
@@ -32,7 +38,8 @@ Tensor ShmCollectives::zeros_symmetric(TCPStore& store, const std::string& prefi
     std::erase_if(symmetric_, [](const SymmetricRegion& r) { return r.segment.expired(); });
     symmetric_.push_back({segment, base, stride, id});
   }
-  auto storage = std::make_shared<StorageImpl>(base + size_t(rank_) * stride, nbytes, options.device_, segment);
+  auto owner = std::make_shared<std::pair<std::shared_ptr<SharedMemorySegment>, std::shared_ptr<void>>>(segment, charge);
+  auto storage = std::make_shared<StorageImpl>(base + size_t(rank_) * stride, nbytes, options.device_, owner);
   return make_tensor(std::move(storage), shape, contiguous_strides(shape), 0, dtype);
 }
 

@@ -9,6 +9,7 @@
 #include "autograd/grad_mode.h"    // defines: NoGradGuard
 #include "core/error.h"
 #include "core/factory.h"          // defines: zeros, empty
+#include "core/memory.h"           // defines: reserve_external_memory
 #include "core/trace.h"            // defines: trace::now_us
 #include "nn/module.h"             // defines: nn::set_data, nn::Parameter
 #include "parallel/ddp/reducer.h"  // defines: copy_divided
@@ -183,11 +184,21 @@ void FlatParameter::ensure_full_buffer() {
   full_chunks_ = full_.chunk(group_->size());
 }
 
+// On the CPU the gathered buffer is mapped memory whose pages come and go with each gather
+// and release (Note [Releasing a gathered unit]), not the caching allocator's: it counts
+// against the device's budget and in its statistics from the gather to the release, as
+// the allocator's blocks would (Note [Device memory budget], core/memory.h).
+void FlatParameter::charge_gathered() {
+  if (full_releasable_ && !gathered_charge_)
+    gathered_charge_ = reserve_external_memory(static_cast<int64_t>(full_.nbytes()), full_.device());
+}
+
 void FlatParameter::gather_async() {
   // One-sided gathers copy when the unit is needed, on the caller's thread (see
   // wait_gathered): a prefetch would only hold the memory longer.
   if (!sharded() || gathered_ || gather_work_ || one_sided_) return;
   ensure_full_buffer();
+  charge_gathered();
   gather_issued_us_ = trace::now_us();
   ++gathers_;
   gather_work_ = group_->all_gather(full_chunks_, shard_.detach());
@@ -203,6 +214,7 @@ int64_t FlatParameter::wait_gathered() {
   if (gathered_) return -1;
   if (one_sided_) {  // Note [When one-sided gathers may read] (runtime.cpp)
     ensure_full_buffer();
+    charge_gathered();
     gather_issued_us_ = trace::now_us();
     ++gathers_;
     group_->all_gather_one_sided(full_chunks_, shard_.detach());
@@ -228,6 +240,7 @@ void FlatParameter::release() {
   for (const Tensor& p : params_) nn::set_data(p, nothing);
   if (full_releasable_) {
     release_pages(full_);  // See Note [Releasing a gathered unit]
+    gathered_charge_.reset();
   } else {
     full_ = Tensor();
     full_chunks_.clear();

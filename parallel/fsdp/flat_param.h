@@ -121,6 +121,7 @@ class FlatParameter {
  private:
   void point_params_at(const Tensor& flat);
   void ensure_full_buffer();  // full_ and full_chunks_, allocated on first use (non-CPU devices: after each release)
+  void charge_gathered();     // full_'s pages against the device's budget while gathered (CPU)
   void drain() noexcept;
 
   std::vector<Tensor> params_;
@@ -131,6 +132,7 @@ class FlatParameter {
   Tensor shard_;
   Tensor full_;            // the gathered buffer (sharded units); see Note [Releasing a gathered unit]
   bool full_releasable_ = false;
+  std::shared_ptr<void> gathered_charge_;  // see charge_gathered
   std::vector<Tensor> full_chunks_;  // full_ cut into group-size shards: all_gather's outputs
   std::shared_ptr<distributed::Work> gather_work_;
   bool gathered_ = false;
