@@ -43,12 +43,8 @@ class CachingCpuAllocator final : public Allocator {
       std::lock_guard<std::mutex> lock(mutex_);
       if (void* cached = take_cached(device.index, size)) return cached;
       // A cache miss: the bytes count against the device's budget from here, so that two
-      // threads cannot both pass the check; the first retry returns this device's cache.
-      if (!fits_budget(device.index, size)) {
-        release_cached(device.index);
-        state(device.index).stats.num_alloc_retries += 1;
-        if (!fits_budget(device.index, size)) throw_out_of_memory(device, nbytes);
-      }
+      // threads cannot both pass the check.
+      check_budget(device, size, nbytes);
       note_reserved(state(device.index), static_cast<int64_t>(size));
     }
     void* ptr = std::aligned_alloc(kAlignment, size);
@@ -114,11 +110,7 @@ class CachingCpuAllocator final : public Allocator {
   void reserve_external(Device device, int64_t bytes) override {
     std::lock_guard<std::mutex> lock(mutex_);
     const auto size = static_cast<size_t>(bytes);
-    if (!fits_budget(device.index, size)) {
-      release_cached(device.index);
-      state(device.index).stats.num_alloc_retries += 1;
-      if (!fits_budget(device.index, size)) throw_out_of_memory(device, size);
-    }
+    check_budget(device, size, size);
     DeviceState& d = state(device.index);
     note_reserved(d, bytes);
     note_allocated(d, size);
@@ -158,6 +150,15 @@ class CachingCpuAllocator final : public Allocator {
     in_use_.emplace(ptr, Block{block, device});
     note_allocated(d, block);
     return ptr;
+  }
+
+  // Past the budget, this device's cache goes back to the system and the check is tried
+  // once more; still past it, OutOfMemoryError for the `requested` bytes.
+  void check_budget(Device device, size_t size, size_t requested) {
+    if (fits_budget(device.index, size)) return;
+    release_cached(device.index);
+    state(device.index).stats.num_alloc_retries += 1;
+    if (!fits_budget(device.index, size)) throw_out_of_memory(device, requested);
   }
 
   bool fits_budget(int device, size_t size) {
