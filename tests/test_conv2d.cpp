@@ -212,7 +212,7 @@ TEST_CASE("conv2d float32 with the Winograd and the direct algorithm, against fl
   }
   setenv("LOOM_CONV2D_ALGO", "fast", 1);
   CHECK_THROWS_WITH_AS(conv2d(zeros({1, 1, 3, 3}), zeros({1, 1, 3, 3}), Tensor(), {1}, {1}),
-                       doctest::Contains("LOOM_CONV2D_ALGO: expected 'winograd' or 'direct', got 'fast'"), Error);
+                       doctest::Contains("LOOM_CONV2D_ALGO: expected 'auto', 'winograd' or 'direct', got 'fast'"), Error);
   unsetenv("LOOM_CONV2D_ALGO");
 }
 

@@ -21,18 +21,26 @@
 // docs/benchmarks.md), while float32 keeps the blocked layout its Winograd needs.
 //
 // Note [Conv2d algorithm]
-// 3x3 convolutions with stride 1 (most of a ResNet's work) run as Winograd F(4x4, 3x3)
-// where oneDNN has kernels for it (jit_wino_4x3 on AVX-512; elsewhere creating the
-// primitive fails and the plan uses the direct algorithm). Winograd turns each 6x6 input
-// tile into a batch of small matrix multiplies with 2.25x fewer multiply-adds than the
-// direct convolution, in all three passes. On the ResNet18-CIFAR shapes (bench_ops, one
-// thread, batch 32) forward + backward went from 108 / 100 / 119 / 137 ms to 94 / 56 /
-// 44 / 75 ms for 64@32x32 / 128@16x16 / 256@8x8 / 512@4x4. The price is precision: the
-// tile transforms add rounding, and results against a float64 reference are off by
-// ~1e-6 relative instead of ~2e-7 (what float32 training on GPUs accepts routinely:
-// cuDNN picks Winograd too, TF32 is at 1e-3). PyTorch's CPU convolutions are direct.
-// LOOM_CONV2D_ALGO=direct selects the direct algorithm for every convolution (for
-// bit-level comparisons and benchmarks); LOOM_CONV2D_ALGO=winograd is the default.
+// 3x3 convolutions with stride 1 (most of a ResNet's work) run as Winograd F(4x4, 3x3):
+// each 6x6 input tile becomes a batch of small matrix multiplies with 4x fewer multiplies
+// than the direct convolution (2.25x counting the transforms' share), in all three
+// passes. Two implementations:
+// - oneDNN's (jit_wino_4x3), which exists only for AVX-512, for every layout. On the
+//   ResNet18-CIFAR shapes (bench_ops, one thread, batch 32) forward + backward went from
+//   108 / 100 / 119 / 137 ms to 94 / 56 / 44 / 75 ms for 64@32x32 / 128@16x16 / 256@8x8 /
+//   512@4x4.
+// - loom's own (core/cpu/winograd_conv2d.h) on AVX2 CPUs, where oneDNN has only direct
+//   kernels (and under LOOM_CPU_ISA=avx2: Note [CPU ISA switch], core/cpu/cpu_isa.h), for
+//   float32 NCHW activations with padding 1. It reads and writes loom's NCHW tensors as
+//   they are, so these convolutions need no reorders either.
+// LOOM_CONV2D_ALGO chooses (read per call): `auto` (the default) takes Winograd where it
+// beats the direct algorithm (loom's own: where both channel counts are at least
+// kWinogradMinChannels, measured by bench_ops --algorithms; oneDNN's wherever it has it),
+// `winograd` wherever the shape allows, `direct` nowhere (for bit-level comparisons and
+// benchmarks). The price of Winograd is precision: the tile transforms add rounding, and
+// results against a float64 reference are off by ~1e-6 relative instead of ~2e-7 (what
+// float32 training on GPUs accepts routinely: cuDNN picks Winograd too, TF32 is at 1e-3);
+// tests/test_winograd.cpp bounds it. PyTorch's CPU convolutions are direct.
 //
 // Note [Conv2d in bfloat16]
 // bfloat16 convolutions run on oneDNN's bf16 primitives where the CPU has them (Note
@@ -50,7 +58,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <unordered_map>
 #include <string>
 #include <vector>
@@ -61,6 +71,8 @@
 
 #include "core/cpu/contiguous.h"  // defines: contiguous_input (NCHW copies for the direct loops)
 #include "core/cpu/conv2d_reference.h"
+#include "core/cpu/cpu_isa.h"          // defines: onednn_has_avx512 (Note [CPU ISA switch])
+#include "core/cpu/winograd_conv2d.h"  // defines: winograd_forward, winograd_backward_* (loom's own)
 #include "core/copy.h"
 #include "core/kernels.h"
 
@@ -72,7 +84,7 @@ using Tag = memory::format_tag;
 
 enum class Pass : int8_t { Forward, BackwardData, BackwardWeights };
 enum class Layout : int8_t { Nchw, Blocked, Nhwc };
-enum class Algorithm : int8_t { Direct, Winograd };
+enum class Algorithm : int8_t { Direct, Winograd, Auto };
 
 // See Note [Conv2d memory layout]: LOOM_CONV2D_LAYOUT if set (read per call, so that
 // benchmarks and tests can switch it), else nhwc for channels-last bfloat16 activations
@@ -89,9 +101,22 @@ Layout layout_policy(bool channels_last, DType dtype) {
 // See Note [Conv2d algorithm].
 Algorithm algorithm_from_env() {
   const char* value = std::getenv("LOOM_CONV2D_ALGO");
-  if (value == nullptr || *value == '\0' || std::strcmp(value, "winograd") == 0) return Algorithm::Winograd;
+  if (value == nullptr || *value == '\0' || std::strcmp(value, "auto") == 0) return Algorithm::Auto;
+  if (std::strcmp(value, "winograd") == 0) return Algorithm::Winograd;
   if (std::strcmp(value, "direct") == 0) return Algorithm::Direct;
-  LOOM_FAIL("LOOM_CONV2D_ALGO: expected 'winograd' or 'direct', got '", value, "'");
+  LOOM_FAIL("LOOM_CONV2D_ALGO: expected 'auto', 'winograd' or 'direct', got '", value, "'");
+}
+
+// See Note [Conv2d algorithm]: below this many input or output channels loom's Winograd
+// loses to oneDNN's direct kernels (its sgemms are too thin): the 3-channel stem stays direct.
+constexpr int64_t kWinogradMinChannels = 16;
+
+// Whether loom's own Winograd computes this convolution (Note [Conv2d algorithm]).
+bool runs_loom_winograd(const Conv2dGeometry& g, DType dtype, bool channels_last) {
+  if (dtype != kFloat32 || channels_last || !winograd_applies(g)) return false;
+  const Algorithm algorithm = algorithm_from_env();
+  if (algorithm == Algorithm::Direct || onednn_has_avx512()) return false;
+  return algorithm == Algorithm::Winograd || (g.c >= kWinogradMinChannels && g.o >= kWinogradMinChannels);
 }
 
 using onednn::cpu_engine;
@@ -278,6 +303,21 @@ void report_plan(const PlanKey& key, const Plan& plan) {
                key.geometry.str().c_str(), impl ? impl : "?");
 }
 
+// The same for loom's own Winograd, once per pass and shape.
+void report_loom_winograd(const char* pass, const Conv2dGeometry& g) {
+  static const bool verbose = [] {
+    const char* value = std::getenv("LOOM_CONV2D_VERBOSE");
+    return value != nullptr && *value != '\0' && std::strcmp(value, "0") != 0;
+  }();
+  if (!verbose) return;
+  static std::mutex mutex;
+  static std::set<std::pair<std::string, Conv2dGeometry>> reported;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!reported.insert({pass, g}).second) return;
+  std::fprintf(stderr, "loom conv2d %s float32 %s: loom winograd F(%dx%d, 3x3)\n", pass, g.str().c_str(),
+               winograd_tile(g), winograd_tile(g));
+}
+
 std::shared_ptr<const Plan> get_plan(const PlanKey& key) {
   static onednn::PlanCache<PlanKey, Plan> cache;
   return cache.get(key, [](const PlanKey& k) {
@@ -361,8 +401,8 @@ PlanKey make_key(Pass pass, bool with_bias, const Conv2dGeometry& geometry, DTyp
                  DType grad_dtype = DType::Float32) {
   const memory::data_type dt = onednn::data_type(dtype);
   const memory::data_type gdt = pass == Pass::BackwardWeights ? onednn::data_type(grad_dtype) : dt;
-  return PlanKey{pass, channels_last, layout_policy(channels_last, dtype), algorithm_from_env(), dt, gdt, with_bias,
-                 geometry};
+  const Algorithm algorithm = algorithm_from_env() == Algorithm::Direct ? Algorithm::Direct : Algorithm::Winograd;
+  return PlanKey{pass, channels_last, layout_policy(channels_last, dtype), algorithm, dt, gdt, with_bias, geometry};
 }
 
 // The activations' memory format (Note [Channels-last activations], core/memory_format.h):
@@ -416,6 +456,11 @@ void conv2d_forward_cpu(const Tensor& input, const Tensor& weight, const Tensor&
     conv2d_forward_cpu(cpu::float32_copy(input), cpu::float32_copy(weight), cpu::float32_copy(bias), params, out32);
     return cpu::round_into(out32, out);
   }
+  if (runs_loom_winograd(g, input.dtype(), channels_last)) {
+    report_loom_winograd("forward", g);
+    return winograd_forward(g, input.data_ptr<float>(), weight.data_ptr<float>(),
+                            bias.defined() ? bias.data_ptr<float>() : nullptr, out.data_ptr<float>());
+  }
   const PlanKey key = make_key(Pass::Forward, bias.defined(), g, input.dtype(), channels_last);
   ReorderedInputs reordered;
   run_plan(key, *get_plan(key), {&input, &weight, &out, &bias}, reordered);
@@ -459,6 +504,20 @@ void conv2d_backward_cpu(const Tensor& grad_out, const Tensor& input, const Tens
     cpu::round_into(gi, grad_input);
     cpu::round_into(gw, grad_weight);
     cpu::round_into(gb, grad_bias);
+    return;
+  }
+  if (runs_loom_winograd(g, input.dtype(), channels_last)) {
+    const float* gy = grad_out.data_ptr<float>();
+    if (grad_input.defined()) {
+      report_loom_winograd("backward (input gradient)", g);
+      winograd_backward_data(g, gy, weight.data_ptr<float>(), grad_input.data_ptr<float>());
+    }
+    if (grad_weight.defined() || grad_bias.defined()) {
+      report_loom_winograd("backward (weight gradient)", g);
+      Tensor weight_sink = grad_weight.defined() ? grad_weight : empty(weight.shape(), TensorOptions(kFloat32));
+      winograd_backward_weights(g, input.data_ptr<float>(), gy, weight_sink.data_ptr<float>(),
+                                grad_bias.defined() ? grad_bias.data_ptr<float>() : nullptr);
+    }
     return;
   }
   ReorderedInputs reordered;  // grad_out is reordered once for both passes

@@ -1,0 +1,335 @@
+// loom's Winograd convolution: the three passes over blocks of tiles, each a gather and
+// transform, alpha^2 OpenBLAS sgemms and a transform and scatter (Note [Winograd tiles],
+// core/cpu/winograd_transforms.h).
+//
+// Note [Winograd gradients]
+// Both gradients are Winograd computations of their own, with the same matrices:
+// - Input gradient. For stride 1 and padding 1 the input gradient is the convolution of
+//   grad_out (padding 1) with the filters flipped in both spatial axes and with input and
+//   output channels swapped, w'[c, o, i, j] = w[o, c, 2 - i, 2 - j]: the forward pass on
+//   other operands.
+// - Weight gradient. Y = A^T [U (.) V] A is linear in U = G g G^T, so differentiating the
+//   forward's own formula gives dL/dU[p] = sum over tiles of (A dY A^T)[p] (.) V[p],
+//   i.e. per position p the product dU[p] (O x C) = dM[p] (O x tiles) . V[p]^T, then
+//   dL/dg = G^T dU G. Exact in exact arithmetic, since the forward formula is the
+//   convolution exactly; the sum over tiles is a long GEMM reduction like the direct
+//   algorithm's.
+//
+// Note [Winograd blocking]
+// The tiles are processed in blocks: one thread transforms a block's input tiles into
+// V (alpha^2 x C x block floats), multiplies, and transforms the products M
+// (alpha^2 x O x block) back, while both are still in its L2 cache. kL2Bytes is a
+// conservative per-core L2 (AMD Zen 2-4: 512 KiB-1 MiB, Intel since Skylake-SP: 1-2 MiB);
+// the block is also kept at least 16 tiles, so that each sgemm has some width, and small
+// enough that every thread gets a block.
+//
+// Note [Winograd tile size]
+// F(4x4) needs 36 products per 16 outputs, F(2x2) 16 per 4: F(4x4) does 2.25x less
+// work per output, unless the image is so small that its 6x6 tiles are mostly padding.
+// The tile side is the one with fewer products over the whole padded plane, 4 on ties:
+// 4 for every ResNet18-CIFAR layer (32x32 down to 4x4, where one 6x6 tile covers the
+// 4x4 output), 2 for 2x2 and 3x3 images.
+#include "core/cpu/winograd_conv2d.h"
+
+#include <cblas.h>  // defines: cblas_sgemm (single-threaded inside our parallel region: Note [BLAS threads])
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "core/cpu/winograd_transforms.h"  // defines: Matrices, transform_tile (Note [Winograd tiles])
+#include "core/factory.h"                  // defines: empty (workspace from the caching allocator)
+
+namespace loom::cpu {
+namespace {
+
+using winograd::kLanes;
+using winograd::Matrices;
+using winograd::transform_tile;
+using winograd::Transposed;
+
+constexpr int64_t kL2Bytes = 512 * 1024;  // See Note [Winograd blocking]
+constexpr int64_t kMinBlock = 16;
+
+int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+// Where a tile's top-left output pixel lies.
+struct TileRef {
+  int64_t n, y, x;
+};
+
+// The tiles of a batch of H x W images cut into m x m tiles, numbered image by image,
+// row by row.
+struct Tiling {
+  int64_t m, rows, cols, total;
+  Tiling(const Conv2dGeometry& g, int64_t m_)
+      : m(m_), rows((g.h + m_ - 1) / m_), cols((g.w + m_ - 1) / m_), total(g.n * rows * cols) {}
+  TileRef at(int64_t t) const {
+    const int64_t per_image = rows * cols, r = t % per_image;
+    return {t / per_image, r / cols * m, r % cols * m};
+  }
+};
+
+// See Note [Winograd blocking]: tiles per block, a multiple of kLanes.
+int64_t block_tiles(int64_t alpha, int64_t in_channels, int64_t out_channels, int64_t total, int threads) {
+  const int64_t fit = kL2Bytes / (alpha * alpha * (in_channels + out_channels) * int64_t{sizeof(float)});
+  const int64_t share = round_up((total + threads - 1) / threads, kLanes);
+  return std::max<int64_t>(kLanes, std::min(round_up(std::max(fit, kMinBlock), kLanes), share));
+}
+
+// Gathers kLanes tiles of side `side` starting at output pixel (y + offset, x + offset) of
+// one channel plane into d[i * side + k][lane], zero outside the image and for lanes past
+// `count`.
+template <int Side>
+inline void gather_tiles(const float* plane, int64_t channel_stride, int64_t h, int64_t w, const TileRef* tiles,
+                         int64_t count, int64_t offset, float* d) {
+  for (int l = 0; l < kLanes; ++l) {
+    if (l >= count) {
+      for (int e = 0; e < Side * Side; ++e) d[e * kLanes + l] = 0.f;
+      continue;
+    }
+    const TileRef& tile = tiles[l];
+    const float* src = plane + tile.n * channel_stride;
+    const int64_t y0 = tile.y + offset, x0 = tile.x + offset;
+    if (y0 >= 0 && x0 >= 0 && y0 + Side <= h && x0 + Side <= w) {  // interior: no bounds checks
+      for (int i = 0; i < Side; ++i)
+        for (int k = 0; k < Side; ++k) d[(i * Side + k) * kLanes + l] = src[(y0 + i) * w + x0 + k];
+    } else {
+      for (int i = 0; i < Side; ++i)
+        for (int k = 0; k < Side; ++k) {
+          const int64_t y = y0 + i, x = x0 + k;
+          d[(i * Side + k) * kLanes + l] = y >= 0 && y < h && x >= 0 && x < w ? src[y * w + x] : 0.f;
+        }
+    }
+  }
+}
+
+// V[p][c][t] = (B^T d B)[p] for the block's input tiles (6x6 or 4x4, from one pixel up
+// and left of the output tile: the padding).
+template <int M>
+void transform_input(const Conv2dGeometry& g, int64_t channels, const float* x, const TileRef* tiles, int64_t count,
+                     int64_t padded, float* v) {
+  constexpr int A = M + 2;
+  alignas(32) float d[A * A * kLanes];
+  alignas(32) float out[A * A * kLanes];
+  const int64_t plane = g.h * g.w;
+  for (int64_t c = 0; c < channels; ++c)
+    for (int64_t t = 0; t < padded; t += kLanes) {
+      gather_tiles<A>(x + c * plane, channels * plane, g.h, g.w, tiles + t, count - t, -1, d);
+      transform_tile<A, A>(Matrices<M>::BT, d, out);
+      for (int p = 0; p < A * A; ++p) std::memcpy(v + (p * channels + c) * padded + t, out + p * kLanes, sizeof(float) * kLanes);
+    }
+}
+
+// dM[p][o][t] = (A dY A^T)[p] for the block's m x m grad_out tiles (Note [Winograd gradients]).
+template <int M>
+void transform_grad_out(const Conv2dGeometry& g, int64_t channels, const float* grad_out, const TileRef* tiles,
+                        int64_t count, int64_t padded, float* dm) {
+  constexpr int A = M + 2;
+  static constexpr Transposed<M, A> kA(Matrices<M>::AT);
+  alignas(32) float d[M * M * kLanes];
+  alignas(32) float out[A * A * kLanes];
+  const int64_t plane = g.h * g.w;
+  for (int64_t o = 0; o < channels; ++o)
+    for (int64_t t = 0; t < padded; t += kLanes) {
+      gather_tiles<M>(grad_out + o * plane, channels * plane, g.h, g.w, tiles + t, count - t, 0, d);
+      transform_tile<A, M>(kA.m, d, out);
+      for (int p = 0; p < A * A; ++p) std::memcpy(dm + (p * channels + o) * padded + t, out + p * kLanes, sizeof(float) * kLanes);
+    }
+}
+
+// out tile = A^T M A (+ bias), scattered into the NCHW output where it lies in the image.
+template <int M>
+void transform_output(const Conv2dGeometry& g, int64_t channels, const float* m, const TileRef* tiles, int64_t count,
+                      int64_t padded, const float* bias, float* out) {
+  constexpr int A = M + 2;
+  alignas(32) float d[A * A * kLanes];
+  alignas(32) float y[M * M * kLanes];
+  const int64_t plane = g.h * g.w;
+  for (int64_t o = 0; o < channels; ++o) {
+    const float b = bias != nullptr ? bias[o] : 0.f;
+    for (int64_t t = 0; t < padded; t += kLanes) {
+      for (int p = 0; p < A * A; ++p) std::memcpy(d + p * kLanes, m + (p * channels + o) * padded + t, sizeof(float) * kLanes);
+      transform_tile<M, A>(Matrices<M>::AT, d, y);
+      const int64_t lanes = std::min<int64_t>(kLanes, count - t);
+      for (int l = 0; l < lanes; ++l) {
+        const TileRef& tile = tiles[t + l];
+        float* dst = out + (tile.n * channels + o) * plane;
+        const int64_t rows = std::min<int64_t>(M, g.h - tile.y), cols = std::min<int64_t>(M, g.w - tile.x);
+        for (int64_t i = 0; i < rows; ++i)
+          for (int64_t k = 0; k < cols; ++k) dst[(tile.y + i) * g.w + tile.x + k] = y[(i * M + k) * kLanes + l] + b;
+      }
+    }
+  }
+}
+
+// U[p][r][s] = (G g G^T)[p] for every filter g = weight[o, c] (rows = O, cols = C), or,
+// for the input gradient (Note [Winograd gradients]), of weight[o, c] flipped, at
+// [p][c][o]. Consecutive (r, s) pairs are the lanes, so each position's stores are
+// contiguous.
+template <int M>
+void transform_filters(const Conv2dGeometry& g, const float* weight, bool flip, float* u) {
+  constexpr int A = M + 2;
+  const int64_t rows = flip ? g.c : g.o, cols = flip ? g.o : g.c, total = rows * cols;
+#pragma omp parallel for schedule(static)
+  for (int64_t f = 0; f < total; f += kLanes) {
+    alignas(32) float d[9 * kLanes];
+    alignas(32) float out[A * A * kLanes];
+    const int64_t lanes = std::min<int64_t>(kLanes, total - f);
+    for (int l = 0; l < kLanes; ++l) {
+      if (l >= lanes) {
+        for (int e = 0; e < 9; ++e) d[e * kLanes + l] = 0.f;
+        continue;
+      }
+      const int64_t r = (f + l) / cols, s = (f + l) % cols;
+      const float* src = weight + (flip ? s * g.c + r : r * g.c + s) * 9;
+      for (int e = 0; e < 9; ++e) d[e * kLanes + l] = src[flip ? 8 - e : e];
+    }
+    transform_tile<A, 3>(Matrices<M>::G, d, out);
+    for (int p = 0; p < A * A; ++p)
+      for (int l = 0; l < lanes; ++l) u[p * total + f + l] = out[p * kLanes + l];
+  }
+}
+
+// grad_weight[o, c] = G^T dU[o, c] G (Note [Winograd gradients]).
+template <int M>
+void inverse_transform_filters(const Conv2dGeometry& g, const float* du, float* grad_weight) {
+  constexpr int A = M + 2;
+  static constexpr Transposed<A, 3> kGT(Matrices<M>::G);
+  const int64_t total = g.o * g.c;
+#pragma omp parallel for schedule(static)
+  for (int64_t f = 0; f < total; f += kLanes) {
+    alignas(32) float d[A * A * kLanes];
+    alignas(32) float out[9 * kLanes];
+    const int64_t lanes = std::min<int64_t>(kLanes, total - f);
+    for (int p = 0; p < A * A; ++p)
+      for (int l = 0; l < kLanes; ++l) d[p * kLanes + l] = l < lanes ? du[p * total + f + l] : 0.f;
+    transform_tile<3, A>(kGT.m, d, out);
+    for (int l = 0; l < lanes; ++l)
+      for (int e = 0; e < 9; ++e) grad_weight[(f + l) * 9 + e] = out[e * kLanes + l];
+  }
+}
+
+// The forward pass, for the given filters U (in_channels -> out_channels): the
+// convolution itself, or the input gradient (Note [Winograd gradients]).
+template <int M>
+void forward_tiles(const Conv2dGeometry& g, int64_t in_channels, int64_t out_channels, const float* input,
+                   const float* u, const float* bias, float* out) {
+  constexpr int64_t P = (M + 2) * (M + 2);
+  const Tiling tiling(g, M);
+  const int threads = omp_get_max_threads();
+  const int64_t block = block_tiles(M + 2, in_channels, out_channels, tiling.total, threads);
+  const int64_t blocks = (tiling.total + block - 1) / block;
+  const int64_t per_thread = P * (in_channels + out_channels) * block;
+  Tensor workspace = empty({std::min<int64_t>(threads, blocks) * per_thread}, TensorOptions(kFloat32));
+  float* base = workspace.data_ptr<float>();
+#pragma omp parallel num_threads(static_cast<int>(std::min<int64_t>(threads, blocks)))
+  {
+    float* v = base + omp_get_thread_num() * per_thread;
+    float* m = v + P * in_channels * block;
+    std::vector<TileRef> tiles(block);
+#pragma omp for schedule(dynamic)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t first = b * block, count = std::min(block, tiling.total - first), padded = round_up(count, kLanes);
+      for (int64_t t = 0; t < count; ++t) tiles[t] = tiling.at(first + t);
+      transform_input<M>(g, in_channels, input, tiles.data(), count, padded, v);
+      for (int64_t p = 0; p < P; ++p)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, out_channels, padded, in_channels, 1.f,
+                    u + p * out_channels * in_channels, in_channels, v + p * in_channels * padded, padded, 0.f,
+                    m + p * out_channels * padded, padded);
+      transform_output<M>(g, out_channels, m, tiles.data(), count, padded, bias, out);
+    }
+  }
+}
+
+template <int M>
+void forward_with(const Conv2dGeometry& g, const float* input, const float* weight, const float* bias, float* out,
+                  bool flip) {
+  constexpr int64_t P = (M + 2) * (M + 2);
+  Tensor u = empty({P * g.o * g.c}, TensorOptions(kFloat32));
+  transform_filters<M>(g, weight, flip, u.data_ptr<float>());
+  if (flip) forward_tiles<M>(g, g.o, g.c, input, u.data_ptr<float>(), nullptr, out);
+  else forward_tiles<M>(g, g.c, g.o, input, u.data_ptr<float>(), bias, out);
+}
+
+template <int M>
+void backward_weights_with(const Conv2dGeometry& g, const float* input, const float* grad_out, float* grad_weight) {
+  constexpr int64_t P = (M + 2) * (M + 2);
+  const Tiling tiling(g, M);
+  const int threads = omp_get_max_threads();
+  const int64_t block = block_tiles(M + 2, g.c, g.o, tiling.total, threads);
+  const int64_t blocks = (tiling.total + block - 1) / block;
+  const int team = static_cast<int>(std::min<int64_t>(threads, blocks));
+  const int64_t per_thread = P * (g.c + g.o) * block, filters = P * g.o * g.c;
+  // Each thread sums its blocks into its own dU; the sums are added after.
+  Tensor workspace = empty({team * (per_thread + filters)}, TensorOptions(kFloat32));
+  float* base = workspace.data_ptr<float>();
+#pragma omp parallel num_threads(team)
+  {
+    float* v = base + omp_get_thread_num() * (per_thread + filters);
+    float* dm = v + P * g.c * block;
+    float* du = dm + P * g.o * block;
+    std::fill(du, du + filters, 0.f);
+    std::vector<TileRef> tiles(block);
+#pragma omp for schedule(dynamic)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t first = b * block, count = std::min(block, tiling.total - first), padded = round_up(count, kLanes);
+      for (int64_t t = 0; t < count; ++t) tiles[t] = tiling.at(first + t);
+      transform_input<M>(g, g.c, input, tiles.data(), count, padded, v);
+      transform_grad_out<M>(g, g.o, grad_out, tiles.data(), count, padded, dm);
+      for (int64_t p = 0; p < P; ++p)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g.o, g.c, padded, 1.f, dm + p * g.o * padded, padded,
+                    v + p * g.c * padded, padded, 1.f, du + p * g.o * g.c, g.c);
+    }
+  }
+  float* du = base + per_thread;
+  for (int t = 1; t < team; ++t) {
+    const float* other = base + t * (per_thread + filters) + per_thread;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < filters; ++i) du[i] += other[i];
+  }
+  inverse_transform_filters<M>(g, du, grad_weight);
+}
+
+}  // namespace
+
+bool winograd_applies(const Conv2dGeometry& g) {
+  return g.kh == 3 && g.kw == 3 && g.sh == 1 && g.sw == 1 && g.ph == 1 && g.pw == 1 && g.dh == 1 && g.dw == 1 &&
+         g.groups == 1;
+}
+
+int winograd_tile(const Conv2dGeometry& g) {  // See Note [Winograd tile size]
+  auto products = [&](int64_t m) { return ((g.h + m - 1) / m) * ((g.w + m - 1) / m) * (m + 2) * (m + 2); };
+  return products(4) <= products(2) ? 4 : 2;
+}
+
+void winograd_forward(const Conv2dGeometry& g, const float* input, const float* weight, const float* bias,
+                      float* out) {
+  if (winograd_tile(g) == 4) forward_with<4>(g, input, weight, bias, out, false);
+  else forward_with<2>(g, input, weight, bias, out, false);
+}
+
+void winograd_backward_data(const Conv2dGeometry& g, const float* grad_out, const float* weight, float* grad_input) {
+  if (winograd_tile(g) == 4) forward_with<4>(g, grad_out, weight, nullptr, grad_input, true);
+  else forward_with<2>(g, grad_out, weight, nullptr, grad_input, true);
+}
+
+void winograd_backward_weights(const Conv2dGeometry& g, const float* input, const float* grad_out, float* grad_weight,
+                               float* grad_bias) {
+  if (winograd_tile(g) == 4) backward_weights_with<4>(g, input, grad_out, grad_weight);
+  else backward_weights_with<2>(g, input, grad_out, grad_weight);
+  if (grad_bias == nullptr) return;
+  const int64_t plane = g.h * g.w;
+#pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < g.o; ++o) {
+    double sum = 0;
+    for (int64_t n = 0; n < g.n; ++n) {
+      const float* src = grad_out + (n * g.o + o) * plane;
+      for (int64_t i = 0; i < plane; ++i) sum += src[i];
+    }
+    grad_bias[o] = static_cast<float>(sum);
+  }
+}
+
+}  // namespace loom::cpu

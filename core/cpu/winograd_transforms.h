@@ -1,0 +1,103 @@
+// The tile transforms of Winograd's minimal filtering, F(m x m, 3 x 3), for m = 4 and 2.
+//
+// Note [Winograd tiles]
+// A 3x3 convolution's output, cut into m x m tiles, is computed tile by tile from the
+// (m+2) x (m+2) input tile under it (alpha = m + 2):
+//
+//        Y = A^T [ (G g G^T)  (.)  (B^T d B) ] A        (.) elementwise, alpha x alpha
+//            m x m  filter U        input V
+//
+// Across channels the elementwise product becomes, for each of the alpha^2 positions p,
+// a matrix product M[p] (O x tiles) = U[p] (O x C) . V[p] (C x tiles): alpha^2 GEMMs that
+// together cost alpha^2 / (9 m^2) of the direct convolution's multiplies -- 36/144 = 1/4
+// for F(4x4) and 16/36 for F(2x2). The transforms themselves are additions and a few
+// multiplies by small constants per element; this file computes them for kLanes tiles at
+// once (one AVX2 register of floats per entry), so that they cost a small fraction of
+// the GEMMs.
+//
+// The matrices are Lavin and Gray's (arXiv:1509.09308), interpolation points 0, +-1,
+// +-2 and infinity for F(4x4) and 0, +-1, infinity for F(2x2). Both gradients are
+// transforms of the same kind (Note [Winograd gradients], winograd_conv2d.cpp).
+#pragma once
+
+#include <cstdint>
+
+namespace loom::cpu::winograd {
+
+// Tiles per vector: 8 floats fill one AVX2 register (the build's baseline, x86-64-v3).
+constexpr int kLanes = 8;
+
+template <int M>
+struct Matrices;
+
+template <>
+struct Matrices<4> {
+  static constexpr int kAlpha = 6;
+  static constexpr float BT[6][6] = {{1, 1.5f, -2, -1.5f, 1, 0},    {0, -1, -2.5f, -0.5f, 1, 0},
+                                     {0, 1, 0.5f, -2.5f, 1, 0},     {0, -0.5f, -1, 0.5f, 1, 0},
+                                     {0, 2, -1, -2, 1, 0},          {0, 1, 1.5f, -2, -1.5f, 1}};
+  static constexpr float G[6][3] = {{1, 0, 0},
+                                    {-1.f / 3, -1.f / 3, -1.f / 3},
+                                    {1.f / 3, -1.f / 3, 1.f / 3},
+                                    {1.f / 15, 2.f / 15, 4.f / 15},
+                                    {-16.f / 15, 8.f / 15, -4.f / 15},
+                                    {0, 0, 1}};
+  static constexpr float AT[4][6] = {
+      {1, 1, 1, 1, 1, 0}, {0, 1, -1, 2, -0.5f, 0}, {0, 1, 1, 4, 0.25f, 0}, {0, 1, -1, 8, -0.125f, 1}};
+};
+
+template <>
+struct Matrices<2> {
+  static constexpr int kAlpha = 4;
+  static constexpr float BT[4][4] = {{1, 0, -1, 0}, {0, 1, 1, 0}, {0, -1, 1, 0}, {0, 1, 0, -1}};
+  static constexpr float G[4][3] = {{1, 0, 0}, {0.5f, 0.5f, 0.5f}, {0.5f, -0.5f, 0.5f}, {0, 0, 1}};
+  static constexpr float AT[2][4] = {{1, 1, 1, 0}, {0, 1, -1, -1}};
+};
+
+// The transpose of a constant matrix, itself a constant (the weight gradient's output
+// transform multiplies by A = (A^T)^T).
+template <int R, int K>
+struct Transposed {
+  float m[K][R];
+  constexpr explicit Transposed(const float (&a)[R][K]) : m() {
+    for (int r = 0; r < R; ++r)
+      for (int k = 0; k < K; ++k) m[k][r] = a[r][k];
+  }
+};
+
+// y = A x A^T for a K x K tile x of lane vectors (x[i * K + k][lane]) and a constant
+// R x K matrix A, giving an R x R tile y. The loops are unrolled so that each
+// coefficient is a compile-time constant: zeros drop out and ones cost nothing, which
+// is what makes a transform a handful of vector additions rather than a dense product.
+template <int R, int K>
+[[gnu::always_inline]] inline void transform_tile(const float (&a)[R][K], const float* x, float* y) {
+  float t[R * K][kLanes];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int k = 0; k < K; ++k) {
+      float acc[kLanes] = {};
+#pragma GCC unroll 8
+      for (int i = 0; i < K; ++i) {
+        const float coefficient = a[r][i];
+        if (coefficient == 0) continue;
+        for (int l = 0; l < kLanes; ++l) acc[l] += coefficient * x[(i * K + k) * kLanes + l];
+      }
+      for (int l = 0; l < kLanes; ++l) t[r * K + k][l] = acc[l];
+    }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int s = 0; s < R; ++s) {
+      float acc[kLanes] = {};
+#pragma GCC unroll 8
+      for (int k = 0; k < K; ++k) {
+        const float coefficient = a[s][k];
+        if (coefficient == 0) continue;
+        for (int l = 0; l < kLanes; ++l) acc[l] += coefficient * t[r * K + k][l];
+      }
+      for (int l = 0; l < kLanes; ++l) y[(r * R + s) * kLanes + l] = acc[l];
+    }
+}
+
+}  // namespace loom::cpu::winograd
