@@ -48,13 +48,16 @@ struct Shape4 {
 };
 
 // Every tile case: F(4x4) with whole tiles, with partial tiles at the right and bottom
-// edges, one tile per image (ResNet18's 4x4 stage), and F(2x2) on tiny images.
+// edges, one tile per image (ResNet18's 4x4 stage), and F(2x2) on tiny images; and both
+// ways of splitting the work (Note [Winograd blocking]): blocks of tiles (many tiles, few
+// channels) and the whole batch at once (the rest, with more than one thread).
 const std::vector<Shape4> kShapes = {
     {"16->32 on 8x8 (F(4x4), whole tiles)", {3, 16, 8, 8}, {32, 16, 3, 3}, false},
     {"32->16 on 7x10, bias (F(4x4), edge tiles)", {2, 32, 7, 10}, {16, 32, 3, 3}, true},
     {"64->64 on 4x4 (F(4x4), one tile)", {4, 64, 4, 4}, {64, 64, 3, 3}, false},
     {"24->40 on 3x3, bias (F(2x2))", {5, 24, 3, 3}, {40, 24, 3, 3}, true},
-    {"64->64 on 16x16 (several blocks)", {4, 64, 16, 16}, {64, 64, 3, 3}, false},
+    {"64->64 on 16x16", {4, 64, 16, 16}, {64, 64, 3, 3}, false},
+    {"16->16 on 20x18, bias (blocks of tiles)", {2, 16, 20, 18}, {16, 16, 3, 3}, true},
 };
 
 struct Results {

@@ -21,7 +21,12 @@
 // (alpha^2 x O x block) back, while both are still in its L2 cache. kL2Bytes is a
 // conservative per-core L2 (AMD Zen 2-4: 512 KiB-1 MiB, Intel since Skylake-SP: 1-2 MiB);
 // the block is also kept at least 16 tiles, so that each sgemm has some width, and small
-// enough that every thread gets a block.
+// enough that every thread gets a block. That suits many tiles and few channels (32x32
+// images, 64 channels). With few tiles and many channels (4x4 images, 512 channels) the
+// filters U (alpha^2 x O x C) outweigh a block's V and M, and the weight gradient's
+// per-thread sums of dU would be larger than all of V and dM: there the whole batch is
+// one block, transformed with the threads splitting the channels, and the alpha^2
+// sgemms are split among the threads (whole_batch below).
 //
 // Note [Winograd tile size]
 // F(4x4) needs 36 products per 16 outputs, F(2x2) 16 per 4: F(4x4) does 2.25x less
@@ -109,12 +114,12 @@ inline void gather_tiles(const float* plane, int64_t channel_stride, int64_t h, 
 // and left of the output tile: the padding).
 template <int M>
 void transform_input(const Conv2dGeometry& g, int64_t channels, const float* x, const TileRef* tiles, int64_t count,
-                     int64_t padded, float* v) {
+                     int64_t padded, float* v, int64_t first = 0, int64_t last = -1) {
   constexpr int A = M + 2;
   alignas(32) float d[A * A * kLanes];
   alignas(32) float out[A * A * kLanes];
   const int64_t plane = g.h * g.w;
-  for (int64_t c = 0; c < channels; ++c)
+  for (int64_t c = first; c < (last < 0 ? channels : last); ++c)
     for (int64_t t = 0; t < padded; t += kLanes) {
       gather_tiles<A>(x + c * plane, channels * plane, g.h, g.w, tiles + t, count - t, -1, d);
       transform_tile<A, A>(Matrices<M>::BT, d, out);
@@ -125,13 +130,13 @@ void transform_input(const Conv2dGeometry& g, int64_t channels, const float* x, 
 // dM[p][o][t] = (A dY A^T)[p] for the block's m x m grad_out tiles (Note [Winograd gradients]).
 template <int M>
 void transform_grad_out(const Conv2dGeometry& g, int64_t channels, const float* grad_out, const TileRef* tiles,
-                        int64_t count, int64_t padded, float* dm) {
+                        int64_t count, int64_t padded, float* dm, int64_t first = 0, int64_t last = -1) {
   constexpr int A = M + 2;
   static constexpr Transposed<M, A> kA(Matrices<M>::AT);
   alignas(32) float d[M * M * kLanes];
   alignas(32) float out[A * A * kLanes];
   const int64_t plane = g.h * g.w;
-  for (int64_t o = 0; o < channels; ++o)
+  for (int64_t o = first; o < (last < 0 ? channels : last); ++o)
     for (int64_t t = 0; t < padded; t += kLanes) {
       gather_tiles<M>(grad_out + o * plane, channels * plane, g.h, g.w, tiles + t, count - t, 0, d);
       transform_tile<A, M>(kA.m, d, out);
@@ -142,12 +147,12 @@ void transform_grad_out(const Conv2dGeometry& g, int64_t channels, const float* 
 // out tile = A^T M A (+ bias), scattered into the NCHW output where it lies in the image.
 template <int M>
 void transform_output(const Conv2dGeometry& g, int64_t channels, const float* m, const TileRef* tiles, int64_t count,
-                      int64_t padded, const float* bias, float* out) {
+                      int64_t padded, const float* bias, float* out, int64_t first = 0, int64_t last = -1) {
   constexpr int A = M + 2;
   alignas(32) float d[A * A * kLanes];
   alignas(32) float y[M * M * kLanes];
   const int64_t plane = g.h * g.w;
-  for (int64_t o = 0; o < channels; ++o) {
+  for (int64_t o = first; o < (last < 0 ? channels : last); ++o) {
     const float b = bias != nullptr ? bias[o] : 0.f;
     for (int64_t t = 0; t < padded; t += kLanes) {
       for (int p = 0; p < A * A; ++p) std::memcpy(d + p * kLanes, m + (p * channels + o) * padded + t, sizeof(float) * kLanes);
@@ -211,6 +216,18 @@ void inverse_transform_filters(const Conv2dGeometry& g, const float* du, float* 
   }
 }
 
+// See Note [Winograd blocking]: whether the whole batch is one block, with the transforms
+// split over channels and the sgemms over positions.
+bool whole_batch(int64_t in_channels, int64_t out_channels, int64_t tiles, int threads) {
+  return threads > 1 && (in_channels + out_channels) * tiles <= threads * in_channels * out_channels;
+}
+
+std::vector<TileRef> all_tiles(const Tiling& tiling) {
+  std::vector<TileRef> tiles(tiling.total);
+  for (int64_t t = 0; t < tiling.total; ++t) tiles[t] = tiling.at(t);
+  return tiles;
+}
+
 // The forward pass, for the given filters U (in_channels -> out_channels): the
 // convolution itself, or the input gradient (Note [Winograd gradients]).
 template <int M>
@@ -219,6 +236,24 @@ void forward_tiles(const Conv2dGeometry& g, int64_t in_channels, int64_t out_cha
   constexpr int64_t P = (M + 2) * (M + 2);
   const Tiling tiling(g, M);
   const int threads = omp_get_max_threads();
+  if (whole_batch(in_channels, out_channels, tiling.total, threads)) {
+    const std::vector<TileRef> tiles = all_tiles(tiling);
+    const int64_t count = tiling.total, padded = round_up(count, kLanes);
+    Tensor workspace = empty({P * (in_channels + out_channels) * padded}, TensorOptions(kFloat32));
+    float* v = workspace.data_ptr<float>();
+    float* m = v + P * in_channels * padded;
+#pragma omp parallel for schedule(dynamic)
+    for (int64_t c = 0; c < in_channels; ++c) transform_input<M>(g, in_channels, input, tiles.data(), count, padded, v, c, c + 1);
+#pragma omp parallel for schedule(dynamic)
+    for (int64_t p = 0; p < P; ++p)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, out_channels, padded, in_channels, 1.f,
+                  u + p * out_channels * in_channels, in_channels, v + p * in_channels * padded, padded, 0.f,
+                  m + p * out_channels * padded, padded);
+#pragma omp parallel for schedule(dynamic)
+    for (int64_t o = 0; o < out_channels; ++o)
+      transform_output<M>(g, out_channels, m, tiles.data(), count, padded, bias, out, o, o + 1);
+    return;
+  }
   const int64_t block = block_tiles(M + 2, in_channels, out_channels, tiling.total, threads);
   const int64_t blocks = (tiling.total + block - 1) / block;
   const int64_t per_thread = P * (in_channels + out_channels) * block;
@@ -258,6 +293,24 @@ void backward_weights_with(const Conv2dGeometry& g, const float* input, const fl
   constexpr int64_t P = (M + 2) * (M + 2);
   const Tiling tiling(g, M);
   const int threads = omp_get_max_threads();
+  if (whole_batch(g.c, g.o, tiling.total, threads)) {  // no per-thread sums: each position's sgemm sums every tile
+    const std::vector<TileRef> tiles = all_tiles(tiling);
+    const int64_t count = tiling.total, padded = round_up(count, kLanes);
+    Tensor workspace = empty({P * ((g.c + g.o) * padded + g.o * g.c)}, TensorOptions(kFloat32));
+    float* v = workspace.data_ptr<float>();
+    float* dm = v + P * g.c * padded;
+    float* du = dm + P * g.o * padded;
+#pragma omp parallel for schedule(dynamic)
+    for (int64_t c = 0; c < g.c + g.o; ++c) {
+      if (c < g.c) transform_input<M>(g, g.c, input, tiles.data(), count, padded, v, c, c + 1);
+      else transform_grad_out<M>(g, g.o, grad_out, tiles.data(), count, padded, dm, c - g.c, c - g.c + 1);
+    }
+#pragma omp parallel for schedule(dynamic)
+    for (int64_t p = 0; p < P; ++p)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g.o, g.c, padded, 1.f, dm + p * g.o * padded, padded,
+                  v + p * g.c * padded, padded, 0.f, du + p * g.o * g.c, g.c);
+    return inverse_transform_filters<M>(g, du, grad_weight);
+  }
   const int64_t block = block_tiles(M + 2, g.c, g.o, tiling.total, threads);
   const int64_t blocks = (tiling.total + block - 1) / block;
   const int team = static_cast<int>(std::min<int64_t>(threads, blocks));
