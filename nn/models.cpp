@@ -3,7 +3,8 @@
 #include <functional>
 #include <utility>
 
-#include "core/error.h"  // defines: LOOM_CHECK
+#include "core/error.h"              // defines: LOOM_CHECK
+#include "nn/vision_transformer.h"  // defines: vit_tiny, vit_small, VisionTransformer::sequential
 
 namespace loom::nn {
 
@@ -23,6 +24,9 @@ const std::vector<std::pair<std::string, Builder>>& registry() {
       // is the short name the trainer's tests use.
       {"resnet_tiny", [](const ModelArgs& a) { return resnet_tiny(a.num_classes); }},
       {"tiny", [](const ModelArgs& a) { return resnet_tiny(a.num_classes); }},
+      // Vision Transformers on 4x4 patches of 32x32 images (nn/vision_transformer.h).
+      {"vit_tiny", [](const ModelArgs& a) { return vit_tiny(a.num_classes); }},
+      {"vit_small", [](const ModelArgs& a) { return vit_small(a.num_classes); }},
   };
   return models;
 }
@@ -42,6 +46,15 @@ std::shared_ptr<Module> make_model(const std::string& name, const ModelArgs& arg
   std::string known;
   for (const auto& entry : registry()) known += (known.empty() ? "" : ", ") + entry.first;
   LOOM_FAIL("unknown model '", name, "': expected one of ", known);
+}
+
+std::shared_ptr<Sequential> sequential_view(const Module& model) {
+  if (auto* resnet = dynamic_cast<const ResNet*>(&model)) return resnet->sequential();
+  if (auto* vit = dynamic_cast<const VisionTransformer*>(&model)) return vit->sequential();
+  if (auto* seq = dynamic_cast<const Sequential*>(&model))
+    return std::static_pointer_cast<Sequential>(const_cast<Sequential*>(seq)->shared_from_this());
+  LOOM_FAIL("a ", model.type_name(), " has no sequential() view of its layers, which pipelines cut and FSDP wraps; "
+            "give it one as ResNet and VisionTransformer do (docs/models.md)");
 }
 
 }  // namespace loom::nn

@@ -26,25 +26,26 @@ std::string run_on(int ranks, const std::string& flags) {
          path_from_env("TRAIN_CIFAR10") + kCommon + " " + flags;
 }
 
-// The tiny ResNet's weights, written once per directory, that every run starts from.
-std::string init_weights(const TempDir& dir) {
+// The model's weights (--model in `flags`), that both runs of a comparison start from.
+std::string init_weights(const TempDir& dir, const std::string& flags) {
   const std::string init = (dir.path / "init.safetensors").string();
-  Result made = Launch(path_from_env("TRAIN_CIFAR10") + kCommon + " --max-steps 0 --save " + init).finish();
+  Result made = Launch(path_from_env("TRAIN_CIFAR10") + kCommon + " " + flags + " --max-steps 0 --save " + init).finish();
   REQUIRE_MESSAGE(made.code == 0, made.output);
   return init;
 }
 
-// `reference` on `ranks` processes and `flags` on `tp_ranks`, from the same init: the same
-// saved weights to rounding.
+// `reference` on `ranks` processes and `flags` on `tp_ranks`, both with `model`'s flags and
+// from the same init: the same saved weights to rounding.
 void check_trains_alike(const TempDir& dir, int ranks, const std::string& reference, int tp_ranks,
-                               const std::string& flags) {
-  const std::string init = init_weights(dir);
+                        const std::string& flags, const std::string& model = "") {
+  const std::string init = init_weights(dir, model);
   const std::string want = (dir.path / "want.safetensors").string(), got = (dir.path / "got.safetensors").string();
-  Result ref = Launch(ranks == 1 ? path_from_env("TRAIN_CIFAR10") + kCommon + " " + reference + " --init " + init +
-                                       " --save " + want
-                                 : run_on(ranks, reference + " --init " + init + " --save " + want)).finish();
+  Result ref = Launch(ranks == 1 ? path_from_env("TRAIN_CIFAR10") + kCommon + " " + model + " " + reference +
+                                       " --init " + init + " --save " + want
+                                 : run_on(ranks, model + " " + reference + " --init " + init + " --save " + want))
+                   .finish();
   REQUIRE_MESSAGE(ref.code == 0, ref.output);
-  Result tp = Launch(run_on(tp_ranks, flags + " --init " + init + " --save " + got)).finish();
+  Result tp = Launch(run_on(tp_ranks, model + " " + flags + " --init " + init + " --save " + got)).finish();
   REQUIRE_MESSAGE(tp.code == 0, tp.output);
   CHECK(max_weight_difference(want, got) <= 1e-5);
 }
@@ -74,6 +75,11 @@ TEST_CASE("--tp 2 with --dp-replicate 2 and with --dp-shard 2 train as DDP on th
 TEST_CASE("--tp 2 with --pp 2 trains as the pipeline alone") {
   TempDir dir("loom_tp_pp");
   check_trains_alike(dir, 2, "--pp 2 --microbatches 2 --balance 5,5", 4, "--pp 2 --microbatches 2 --balance 5,5 --tp 2");
+}
+
+TEST_CASE("--model vit_tiny --tp 3 (attention by its 3 heads, the MLP by features) trains as one process") {
+  TempDir dir("loom_tp_vit");
+  check_trains_alike(dir, 1, "", 3, "--tp 3", "--model vit_tiny --lr 0.01");
 }
 
 TEST_CASE("--tp 2 checkpoints each rank's shards with their placements and resumes exactly") {

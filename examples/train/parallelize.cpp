@@ -6,7 +6,9 @@
 #include <cstdio>
 
 #include "core/factory.h"                            // defines: zeros (the balance's sample batch)
-#include "nn/resnet.h"                               // defines: ResNet::sequential
+#include "nn/models.h"                               // defines: sequential_view (the layers to cut or wrap)
+#include "nn/resnet.h"                               // defines: ResNet (--tp's plan)
+#include "nn/vision_transformer.h"                   // defines: VisionTransformer (--tp's plan)
 #include "parallel/data_parallel.h"                  // defines: DataParallel
 #include "parallel/ddp/distributed_data_parallel.h"  // defines: DistributedDataParallel
 #include "parallel/fsdp/fully_sharded_data_parallel.h"  // defines: FullyShardedDataParallel
@@ -41,12 +43,12 @@ static std::shared_ptr<nn::Module> apply_data_parallel(std::shared_ptr<nn::Modul
 }
 
 // A pass's worth of inputs to balance the layers with: a micro-batch (pipeline) or a batch of
-// at most 32. Zeros: the cost model reads only its shape, and timing does not depend on
-// the values.
-static Tensor balance_sample(const nn::ResNet& resnet, const TrainConfig& config, Device device) {
+// at most 32 CIFAR images. Zeros: the cost model reads only its shape, and timing does not
+// depend on the values.
+static Tensor balance_sample(const TrainConfig& config, Device device) {
   const int64_t per_pass = config.mode == "mp" ? std::min<int64_t>(config.batch_size, 32)
                                                : (config.batch_size + config.microbatches - 1) / config.microbatches;
-  return zeros({std::max<int64_t>(per_pass, 1), resnet.in_channels, 32, 32}, TensorOptions().device(device));
+  return zeros({std::max<int64_t>(per_pass, 1), 3, 32, 32}, TensorOptions().device(device));
 }
 
 // "pipeline balance: 4,3,4,3 (by cost)", once per run.
@@ -56,7 +58,7 @@ static void print_balance(const std::vector<int64_t>& balance, const TrainConfig
                  config.balance.empty() ? ("by " + config.balance_by).c_str() : "given");
 }
 
-// --mode mp | pipeline: the ResNet as a Sequential cut into `stages` stages on consecutive
+// --mode mp | pipeline: the model as a Sequential (sequential_view) cut into `stages` stages on consecutive
 // devices, balanced by --balance (Note [Stage balance]), sharing the model's layers, which
 // move to their devices. mp: layer-wise, one batch at a time; pipeline: --microbatches
 // micro-batches under --pipeline-schedule, with --pipeline-checkpoint's micro-batches
@@ -64,11 +66,9 @@ static void print_balance(const std::vector<int64_t>& balance, const TrainConfig
 static std::shared_ptr<parallel::ModelParallel> apply_model_parallel(nn::Module& model, int stages,
                                                                      const TrainConfig& config, Device device,
                                                                      nn::CrossEntropyLoss& criterion) {
-  auto* resnet = dynamic_cast<nn::ResNet*>(&model);
-  LOOM_CHECK(resnet != nullptr, "--mode mp needs a ResNet (its layers as a Sequential), got ", model.type_name());
   const int64_t count = stages;
   const std::vector<Device> devices = consecutive_devices(device, count);
-  auto layers = resnet->sequential();
+  auto layers = nn::sequential_view(model);  // the model's layers in order, to cut
   const int64_t model_chunks = count * config.virtual_stages;  // interleaved_1f1b: V per stage
   LOOM_CHECK(count >= 1 && model_chunks <= static_cast<int64_t>(layers->size()), "--mp-devices ", count,
              " x --virtual-stages ", config.virtual_stages, ": the model has ", layers->size(), " layers to cut into "
@@ -77,7 +77,7 @@ static std::shared_ptr<parallel::ModelParallel> apply_model_parallel(nn::Module&
   const int threads = omp_get_max_threads();
   if (config.mode == "pipeline") omp_set_num_threads(std::max(1, threads / static_cast<int>(count)));
   const std::vector<int64_t> balance = parallel::choose_balance(*layers, config.balance, config.balance_by,
-                                                                model_chunks, balance_sample(*resnet, config, device));
+                                                                model_chunks, balance_sample(config, device));
   omp_set_num_threads(threads);
   print_balance(balance, config);
   std::shared_ptr<parallel::ModelParallel> mp;
@@ -96,18 +96,16 @@ std::shared_ptr<parallel::pipeline::PipelineStage> apply_pipeline(nn::Module& mo
                                                                   std::shared_ptr<distributed::Communicator> pp_group,
                                                                   const TrainConfig& config, Device device,
                                                                   nn::CrossEntropyLoss& criterion) {
-  auto* resnet = dynamic_cast<nn::ResNet*>(&model);
-  LOOM_CHECK(resnet != nullptr, "--pp needs a ResNet (its layers as a Sequential), got ", model.type_name());
   // The balance is agreed over the world: under pp x dp the replicas of a stage must cut
   // alike too (Note [One balance for every rank]).
   auto world = distributed::default_group();
   auto stage = parallel::pipeline::apply_pipeline_processes(
-      resnet->sequential(), std::move(pp_group), device,
+      nn::sequential_view(model), std::move(pp_group), device,
       {.balance = config.balance, .balance_by = config.balance_by, .n_microbatches = config.microbatches,
        .schedule = config.pipeline_schedule, .virtual_stages = config.virtual_stages,
        .checkpoint = config.pipeline_checkpoint},
       [&criterion](const Tensor& out, const Tensor& target) { return criterion(out, target); },
-      balance_sample(*resnet, config, device), world);
+      balance_sample(config, device), world);
   if (world->rank() == 0) {  // once per run, not once per pipeline
     print_balance(stage->balance(), config);
     if (config.progress) std::fprintf(stderr, "pipeline of processes: %s\n", stage->extra_repr().c_str());
@@ -181,8 +179,7 @@ fsdp::FullyShardedDataParallel* ParallelModel::whole_model_fsdp() const {
 static void shard_pipeline_stage(ParallelModel& out, std::shared_ptr<parallel::pipeline::PipelineStage> stage,
                                  const distributed::ParallelDims& dims, const distributed::DeviceMesh& mesh,
                                  const TrainConfig& config) {
-  auto copy = std::dynamic_pointer_cast<nn::ResNet>(out.model->clone());
-  LOOM_CHECK(copy != nullptr, "--pp with --dp-shard needs a ResNet, got ", out.model->type_name());
+  auto copy = out.model->clone();
   fsdp::ShardingStrategy strategy = fsdp::parse_sharding_strategy(config.sharding_strategy);
   if (strategy == fsdp::ShardingStrategy::HYBRID_SHARD) strategy = fsdp::ShardingStrategy::FULL_SHARD;
   // As shard_stage's defaults (every block a unit), with --reshard-after-forward.
@@ -197,7 +194,7 @@ static void shard_pipeline_stage(ParallelModel& out, std::shared_ptr<parallel::p
     const int64_t c = parallel::pipeline::virtual_stage(stage->stage_index(), int64_t(v), stage->num_stages());
     if (shards[v]) out.sharded_parts.push_back({"virtual_stage" + std::to_string(c) + ".", shards[v]});
   }
-  auto layers = copy->sequential();
+  auto layers = nn::sequential_view(*copy);
   out.whole = copy;
   out.gather_weights = [stage, shards, layers] { parallel::pipeline::gather_stage_weights(*stage, shards, *layers); };
 }

@@ -77,7 +77,7 @@ Tensor DistributedDataParallel::forward(const Tensor& input) {
   // As PyTorch: buffers are broadcast if the previous forward was a synchronised training
   // one (so also by the first forward of an evaluation right after training).
   if (options_.broadcast_buffers && require_forward_param_sync_ && !buffers_.empty()) sync_buffers();
-  Tensor output = module_->forward(input);
+  Tensor output = (*module_)(input);  // module(x): its forward hooks run, as PyTorch's self.module(*inputs)
   const bool sync = GradMode::is_enabled() && require_backward_grad_sync_;
   if (sync) {
     reducer_->prepare_for_backward(options_.find_unused_parameters ? std::vector<Tensor>{output}

@@ -22,11 +22,12 @@
 //
 // Note [Why FSDP runs the stages itself]
 // PyTorch's FSDP replaces each unit by an FSDP module whose __call__ gathers before and
-// frees after. loom's modules have no forward hooks, and a parent calls its children
-// through typed members (ResNet calls fc->forward directly), so replacing a child in the
-// parent's registry would not intercept it. FSDP instead runs the model as its sequence
-// of stages (wrap_policy.h: stages_of), unit by unit: the model's modules, and so its
-// parameters, buffers and state_dict names, are unchanged.
+// frees after. A parent in loom calls its children through typed members (ResNet calls
+// (*fc)(x) on its own member), so replacing a child in the parent's registry would not
+// intercept it. FSDP instead runs the model as its sequence of stages (wrap_policy.h:
+// stages_of), unit by unit: the model's modules, and so its parameters, buffers and
+// state_dict names, are unchanged, and the units' own forward hooks (tensor parallelism's)
+// still run inside them.
 //
 // The FSDP module's parameters() are the shards (one per unit, "flat_param_<k>"), so
 // the optimizer is built over them; the wrapped module's parameters are empty between

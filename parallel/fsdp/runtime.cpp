@@ -268,7 +268,7 @@ Tensor Runtime::forward(const Tensor& input) {
     if (unit.flat) gather(u, +1);
     {
       trace::Span span("forward " + unit.name, "fsdp");
-      for (const auto& stage : unit.stages) x = stage->forward(x);
+      for (const auto& stage : unit.stages) x = (*stage)(x);  // module(x): a stage's hooks run
     }
     if (!unit.flat) continue;
     if (grad && x.requires_grad()) {

@@ -1,11 +1,11 @@
 // Which modules become FSDP units: an auto-wrap policy by module type, as PyTorch's
-// ModuleWrapPolicy({BasicBlock, Bottleneck}), and the pure function that cuts a model's
+// ModuleWrapPolicy({BasicBlock, Bottleneck, TransformerEncoderLayer}), and the pure function that cuts a model's
 // stages into units by it.
 //
 // loom runs an FSDP model as a sequence of stages (an nn::Sequential, or a model that
-// offers one, like ResNet::sequential()): loom's modules have no forward hooks, so FSDP
-// drives the forward itself, stage by stage, and so knows exactly when each unit starts
-// and ends (Note [Why FSDP runs the stages itself], fully_sharded_data_parallel.h).
+// offers one: ResNet::sequential(), VisionTransformer::sequential()): FSDP drives the
+// forward itself, stage by stage, and so knows exactly when each unit starts and ends
+// (Note [Why FSDP runs the stages itself], fully_sharded_data_parallel.h).
 //
 //   ResNet stages:  conv1 bn1 relu | block block ... block | avgpool flatten fc
 //   units:          ----stem----     one unit per block     ------head------
@@ -27,7 +27,7 @@ namespace loom::fsdp {
 
 struct ModuleWrapPolicy {
   // Module::type_name()s that become units: a ResNet's residual blocks (nn/resnet_blocks.h).
-  std::set<std::string> module_types = {"BasicBlock", "Bottleneck"};
+  std::set<std::string> module_types = {"BasicBlock", "Bottleneck", "TransformerEncoderLayer"};
 };
 
 // A unit: stages [begin, end) of the sequence, and a name for traces and messages.
