@@ -47,16 +47,21 @@ int main(int argc, char** argv) {
     Flags flags("train_cifar10", "Trains ResNet18 (CIFAR variant) on CIFAR-10, as examples/reference/train_ddp.py does with PyTorch.");
     std::string& data = flags.add<std::string>("data", "", "CIFAR-10 binary folder (else $LOOM_DATA, else data/, else ../shared/data/)");
     auto& model = flags.add<std::string>("model", c.model,
-        "resnet18 | resnet34 | resnet50 | resnet101 | resnet152 | wide_resnet50_2 | tiny (nn/models.h; CIFAR stem)");
+        "resnet18 | resnet34 | resnet50 | resnet101 | resnet152 | wide_resnet50_2 | tiny (nn/models.h; CIFAR stem) "
+        "| vit_tiny | vit_small");
     auto& epochs = flags.add<int64_t>("epochs", c.epochs, "passes over the training set");
     auto& max_steps = flags.add<int64_t>("max-steps", c.max_steps, "stop after this many optimizer steps (-1: no limit)");
     auto& batch_size = flags.add<int64_t>("batch-size", c.batch_size, "images per step (per process)");
     auto& lr = flags.add<double>("lr", c.lr, "learning rate");
     auto& momentum = flags.add<double>("momentum", c.momentum, "SGD momentum");
-    auto& weight_decay = flags.add<double>("weight-decay", c.weight_decay, "L2 penalty");
+    auto& weight_decay = flags.add<double>("weight-decay", c.weight_decay, "L2 penalty (AdamW: decoupled decay)");
     auto& nesterov = flags.add<bool>("nesterov", c.nesterov, "Nesterov momentum");
     auto& smoothing = flags.add<double>("label-smoothing", c.label_smoothing, "cross-entropy label smoothing");
-    auto& schedule = flags.add<std::string>("schedule", c.schedule, "LR schedule: none | cosine | onecycle");
+    auto& schedule = flags.add<std::string>("schedule", c.schedule,
+        "LR schedule: none | cosine | onecycle | warmup_cosine (linear warm-up, then cosine)");
+    auto& warmup_epochs = flags.add<double>("warmup-epochs", c.warmup_epochs, "warmup_cosine: epochs of warm-up");
+    auto& optimizer = flags.add<std::string>("optimizer", c.optimizer,
+        "sgd | adamw (AdamW: --weight-decay decoupled, none on biases, norms and embeddings)");
     auto& workers = flags.add<int64_t>("workers", c.workers, "DataLoader worker threads");
     auto& threads = flags.add<int64_t>("threads", c.threads, "compute threads (0: OpenMP's default)");
     auto& seed = flags.add<int64_t>("seed", static_cast<int64_t>(c.seed), "seed for init, shuffling, augmentation");
@@ -137,6 +142,8 @@ int main(int argc, char** argv) {
     c.nesterov = nesterov;
     c.label_smoothing = smoothing;
     c.schedule = schedule;
+    c.warmup_epochs = warmup_epochs;
+    c.optimizer = optimizer;
     c.workers = workers;
     c.threads = threads;
     c.seed = static_cast<uint64_t>(seed);

@@ -77,9 +77,16 @@ TEST_CASE("--tp 2 with --pp 2 trains as the pipeline alone") {
   check_trains_alike(dir, 2, "--pp 2 --microbatches 2 --balance 5,5", 4, "--pp 2 --microbatches 2 --balance 5,5 --tp 2");
 }
 
-TEST_CASE("--model vit_tiny --tp 3 (attention by its 3 heads, the MLP by features) trains as one process") {
+TEST_CASE("--model vit_tiny --tp 3 (attention by its 3 heads, the MLP by features) trains as one process, "
+          "with AdamW's weight-decay groups and the warm-up cosine schedule") {
   TempDir dir("loom_tp_vit");
-  check_trains_alike(dir, 1, "", 3, "--tp 3", "--model vit_tiny --lr 0.01");
+  const std::string recipe = "--model vit_tiny --optimizer adamw --lr 1e-3 --weight-decay 0.05 "
+                             "--schedule warmup_cosine --epochs 2 --warmup-epochs 1";
+  check_trains_alike(dir, 1, "", 3, "--tp 3", recipe);
+  // FSDP's flat shards mix parameters with and without weight decay: refused, saying why.
+  Result fsdp = Launch(run_on(2, recipe + " --dp-shard 2")).finish();
+  CHECK(fsdp.code != 0);
+  CHECK_MESSAGE(contains(fsdp.output, "use --weight-decay 0 with --dp-shard, or DDP"), fsdp.output);
 }
 
 TEST_CASE("--tp 2 checkpoints each rank's shards with their placements and resumes exactly") {

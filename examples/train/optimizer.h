@@ -1,4 +1,5 @@
-// The optimizer the loop steps: SGD over the model's parameters, or, with --mode ddp
+// The optimizer the loop steps: SGD (or, --optimizer adamw, AdamW with timm's weight-decay
+// groups) over the model's parameters, or, with --mode ddp
 // --zero-redundancy-optimizer, the same SGD inside ZeroRedundancyOptimizer over the
 // data-parallel group (ZeRO-1: each rank keeps the momentum of its partition only;
 // parallel/zero_redundancy_optimizer.h). Like parallelize(), decided once from the flags:
@@ -10,6 +11,7 @@
 
 #include "core/tensor.h"                 // defines: Tensor
 #include "examples/train/trainer.h"      // defines: TrainConfig
+#include "nn/module.h"                   // defines: Module
 #include "nn/optim/optimizer.h"          // defines: Optimizer
 #include "parallel/device_mesh.h"        // defines: DeviceMesh
 
@@ -19,8 +21,10 @@ class ZeroRedundancyOptimizer;
 
 namespace loom::examples {
 
+// `params`: what this rank steps (the model's, a wrapper's, a stage's). `model`: the plain
+// model, whose parameter names say which get no weight decay under --optimizer adamw.
 // `mesh` is null in one process. `lr` is --lr after --lr-scaling.
-std::unique_ptr<optim::Optimizer> build_optimizer(const std::vector<Tensor>& params,
+std::unique_ptr<optim::Optimizer> build_optimizer(const std::vector<Tensor>& params, const nn::Module& model,
                                                   const distributed::DeviceMesh* mesh, const TrainConfig& config,
                                                   double lr);
 

@@ -76,7 +76,16 @@ std::unique_ptr<optim::LRScheduler> make_scheduler(const TrainConfig& config, do
   if (config.schedule == "none") return nullptr;
   if (config.schedule == "cosine") return std::make_unique<optim::CosineAnnealingLR>(optimizer, total_steps);
   if (config.schedule == "onecycle") return std::make_unique<optim::OneCycleLR>(optimizer, lr, total_steps);
-  LOOM_FAIL("--schedule: expected none, cosine or onecycle, got '", config.schedule, "'");
+  if (config.schedule == "warmup_cosine") {  // a transformer's: from lr / warmup up to lr, then cosine to 0
+    const auto warmup = static_cast<int64_t>(config.warmup_epochs * static_cast<double>(steps_per_epoch));
+    LOOM_CHECK(warmup >= 1 && warmup < total_steps, "--schedule warmup_cosine: --warmup-epochs ", config.warmup_epochs,
+               " gives ", warmup, " warm-up steps of the run's ", total_steps, "; it needs at least 1 and fewer than all");
+    std::vector<std::shared_ptr<optim::LRScheduler>> parts = {
+        std::make_shared<optim::LinearLR>(optimizer, 1.0 / static_cast<double>(warmup), 1.0, warmup),
+        std::make_shared<optim::CosineAnnealingLR>(optimizer, total_steps - warmup)};
+    return std::make_unique<optim::SequentialLR>(optimizer, std::move(parts), std::vector<int64_t>{warmup});
+  }
+  LOOM_FAIL("--schedule: expected none, cosine, onecycle or warmup_cosine, got '", config.schedule, "'");
 }
 
 // The data: each rank its shard of every epoch (a DistributedSampler over the "batch"
@@ -301,7 +310,7 @@ class Trainer {
         // pipeline stages do not.
         lr_(config.lr_scaling == "linear" ? config.lr * dist_.dims().batch_size() : config.lr),
         // SGD over this rank's parameters, or inside ZeroRedundancyOptimizer (ZeRO-1).
-        optimizer_(build_optimizer(parallel_.module->parameters(), dist_.mesh(), config, lr_)),
+        optimizer_(build_optimizer(parallel_.module->parameters(), *parallel_.model, dist_.mesh(), config, lr_)),
         scheduler_(make_scheduler(config, lr_, *optimizer_, data_.steps_per_epoch)),
         amp_(config.amp, device_),
         checkpointer_(config, dist_, parallel_, *optimizer_, scheduler_.get(), &amp_.scaler()) {

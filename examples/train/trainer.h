@@ -30,7 +30,9 @@ struct TrainConfig {
   double weight_decay = 5e-4;
   bool nesterov = false;
   double label_smoothing = 0.0;
-  std::string schedule = "none";  // none | cosine | onecycle (stepped every optimizer step)
+  std::string schedule = "none";  // none | cosine | onecycle | warmup_cosine (stepped every optimizer step)
+  double warmup_epochs = 1;       // warmup_cosine: epochs of linear warm-up before the cosine
+  std::string optimizer = "sgd";  // sgd | adamw (weight decay decoupled; none on biases, norms, embeddings)
   int64_t workers = 2;
   int64_t threads = 0;  // OpenMP threads for compute; 0 = the runtime's default
   uint64_t seed = 0;
