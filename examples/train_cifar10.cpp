@@ -60,6 +60,8 @@ int main(int argc, char** argv) {
     auto& schedule = flags.add<std::string>("schedule", c.schedule,
         "LR schedule: none | cosine | onecycle | warmup_cosine (linear warm-up, then cosine)");
     auto& warmup_epochs = flags.add<double>("warmup-epochs", c.warmup_epochs, "warmup_cosine: epochs of warm-up");
+    auto& clip_grad_norm = flags.add<double>("clip-grad-norm", c.clip_grad_norm,
+        "clip the gradients' 2-norm (over the whole model, however it is cut) to this before each step; 0: no");
     auto& optimizer = flags.add<std::string>("optimizer", c.optimizer,
         "sgd | adamw (AdamW: --weight-decay decoupled, none on biases, norms and embeddings)");
     auto& workers = flags.add<int64_t>("workers", c.workers, "DataLoader worker threads");
@@ -143,6 +145,7 @@ int main(int argc, char** argv) {
     c.label_smoothing = smoothing;
     c.schedule = schedule;
     c.warmup_epochs = warmup_epochs;
+    c.clip_grad_norm = clip_grad_norm;
     c.optimizer = optimizer;
     c.workers = workers;
     c.threads = threads;

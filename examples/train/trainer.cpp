@@ -24,6 +24,7 @@
 #include "examples/train/mixed_precision.h" // defines: MixedPrecision, what --amp changes
 #include "examples/train/optimizer.h"       // defines: build_optimizer (--zero-redundancy-optimizer)
 #include "examples/train/parallelize.h"     // defines: parallelize, one apply_* per parallelism
+#include "examples/train/grad_clipping.h"   // defines: clip_grad_norm (--clip-grad-norm)
 #include "examples/train/progress.h"        // defines: ProgressBar, RunningMetrics, RunPlan
 #include "nn/loss.h"                        // defines: CrossEntropyLoss
 #include "nn/model_state.h"                 // defines: model_state_bytes (parameters + gradients + optimizer state)
@@ -242,7 +243,8 @@ struct StepOutput {
 // a pipeline the schedule runs forward and backward of every micro-batch in one call
 // (Note [Stages wait only for what they need]), as torchtitan's train_step.
 StepOutput train_step(ParallelModel& parallel, nn::CrossEntropyLoss& criterion, optim::Optimizer& optimizer,
-                      MixedPrecision& amp, const Tensor& images, Tensor labels) {
+                      MixedPrecision& amp, const Tensor& images, Tensor labels,
+                      const std::function<void()>& before_step = {}) {
   StepOutput out;
   if (parallel.pipeline_step) {
     trace::Span span("pipeline forward and backward", "train");
@@ -262,6 +264,7 @@ StepOutput train_step(ParallelModel& parallel, nn::CrossEntropyLoss& criterion, 
     trace::Span span("backward", "train");  // ddp: returns with averaged gradients
     amp.backward(out.loss);  // loss.backward(), scaled under --amp fp16
   }
+  if (before_step) before_step();  // --clip-grad-norm
   trace::Span span("optimizer step", "train");
   amp.step(optimizer);  // optimizer.step(); --amp fp16 skips inf/NaN steps
   return out;
@@ -356,9 +359,12 @@ class Trainer {
       trace::Span step_span("step " + std::to_string(position_.global_step + 1), "train");
       const distributed::Traffic comm_before = distributed::process_traffic();
       // On a GPU: queued copies from pinned memory; the host runs ahead to the forward.
+      std::function<void()> clip;  // --clip-grad-norm: over the whole model, however it is cut
+      if (config_.clip_grad_norm > 0)
+        clip = [this] { clip_grad_norm(parallel_, *optimizer_, dist_.dims(), dist_.mesh(), amp_, config_.clip_grad_norm); };
       const StepOutput step = train_step(parallel_, criterion_, *optimizer_, amp_,
                                          to_training_device(batch.data, device(), input_format_),
-                                         to_training_device(batch.target, device()));
+                                         to_training_device(batch.target, device()), clip);
       result_.comm += distributed::process_traffic() - comm_before;  // the step's own collectives
       ++result_.comm_steps;
       if (scheduler_) scheduler_->step();

@@ -33,6 +33,7 @@ struct TrainConfig {
   std::string schedule = "none";  // none | cosine | onecycle | warmup_cosine (stepped every optimizer step)
   double warmup_epochs = 1;       // warmup_cosine: epochs of linear warm-up before the cosine
   std::string optimizer = "sgd";  // sgd | adamw (weight decay decoupled; none on biases, norms, embeddings)
+  double clip_grad_norm = 0;      // > 0: clip the whole model's gradient 2-norm to it before each step
   int64_t workers = 2;
   int64_t threads = 0;  // OpenMP threads for compute; 0 = the runtime's default
   uint64_t seed = 0;
