@@ -60,6 +60,12 @@ struct Launch {
 
 inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
+// `command` as `ranks` workers of one loomrun on this machine (the LOOMRUN environment
+// variable names the launcher): "loomrun --standalone --nproc_per_node N command".
+inline std::string under_loomrun(int ranks, const std::string& command) {
+  return path_from_env("LOOMRUN") + " --standalone --nproc_per_node " + std::to_string(ranks) + " " + command;
+}
+
 // A fresh directory under /tmp, removed with everything in it at scope exit.
 // A file's bytes (the saved weights two runs must agree on to the bit); "" if it is missing.
 inline std::string read_file(const std::filesystem::path& path) {

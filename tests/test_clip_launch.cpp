@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "process_launch.h"  // defines: Launch, Result, TempDir, path_from_env, contains
+#include "process_launch.h"  // defines: Launch, Result, TempDir, path_from_env, contains, under_loomrun
 #include "saved_weights.h"   // defines: max_weight_difference
 
 using namespace loom;
@@ -21,8 +21,7 @@ const std::string kCommon = " --model tiny --synthetic --max-steps 3 --eval-limi
 
 std::string train(int ranks, const std::string& flags) {
   const std::string program = path_from_env("TRAIN_CIFAR10") + kCommon + " " + flags;
-  return ranks == 1 ? program
-                    : path_from_env("LOOMRUN") + " --standalone --nproc_per_node " + std::to_string(ranks) + " " + program;
+  return ranks == 1 ? program : under_loomrun(ranks, program);
 }
 
 std::string saved(const TempDir& dir, int ranks, const std::string& flags, const std::string& name) {

@@ -9,7 +9,7 @@
 
 #include <string>
 
-#include "process_launch.h"   // defines: Launch, Result, TempDir, path_from_env, contains, read_file
+#include "process_launch.h"   // defines: Launch, Result, TempDir, path_from_env, contains, read_file, under_loomrun
 #include "saved_weights.h"    // defines: check_same_weights, progress_line
 
 using namespace loom;
@@ -35,18 +35,17 @@ double model_state_mib(const std::string& out, int rank) {
 // from the same --init: the same progress line and weights, bit for bit. Returns the
 // pipeline run's output.
 std::string check_pipeline_trains_alike(const TempDir& dir, const std::string& flags, int ranks) {
-  const std::string loomrun = path_from_env("LOOMRUN"), train = path_from_env("TRAIN_CIFAR10");
+  const std::string train = path_from_env("TRAIN_CIFAR10");
   const std::string init = (dir.path / "init.safetensors").string();
   if (read_file(init).empty()) {
     Result made = Launch(train + kCommon + " --max-steps 0 --save " + init).finish();
     REQUIRE_MESSAGE(made.code == 0, made.output);
   }
   const std::string want = (dir.path / "flat.safetensors").string(), got = (dir.path / "pp.safetensors").string();
-  Result flat = Launch(loomrun + " --standalone --nproc_per_node " + std::to_string(ranks) + " " + train + kCommon +
-                       flags + " --init " + init + " --save " + want).finish();
+  Result flat = Launch(under_loomrun(ranks, train + kCommon + flags + " --init " + init + " --save " + want)).finish();
   REQUIRE_MESSAGE(flat.code == 0, flat.output);
-  Result pp = Launch(loomrun + " --standalone --nproc_per_node " + std::to_string(2 * ranks) + " " + train + kCommon +
-                     flags + " --pp 2 --microbatches 1 --balance 5,5 --init " + init + " --save " + got).finish();
+  Result pp = Launch(under_loomrun(2 * ranks, train + kCommon + flags + " --pp 2 --microbatches 1 --balance 5,5 --init " +
+                                                 init + " --save " + got)).finish();
   REQUIRE_MESSAGE(pp.code == 0, pp.output);
   // The same losses, accuracies and evaluation (rank 0's buffers on every replica).
   CHECK(progress_line(flat.output) == progress_line(pp.output));
@@ -120,8 +119,7 @@ TEST_CASE("--pp 2 --checkpoint-dir, with --dp-replicate 2 or --dp-shard 2: 2 ste
 TEST_CASE("flags a world cannot run are refused before training, each error naming what it should") {
   // `flags` on `ranks` processes fails, saying `message`.
   auto refused = [](int ranks, const std::string& flags, const std::string& message) {
-    Result r = Launch(path_from_env("LOOMRUN") + " --standalone --nproc_per_node " + std::to_string(ranks) + " " +
-                      path_from_env("TRAIN_CIFAR10") + kCommon + flags).finish();
+    Result r = Launch(under_loomrun(ranks, path_from_env("TRAIN_CIFAR10") + kCommon + flags)).finish();
     CHECK_MESSAGE(r.code != 0, flags);
     CHECK_MESSAGE(contains(r.output, message), r.output);
   };

@@ -10,7 +10,7 @@
 
 #include <string>
 
-#include "process_launch.h"  // defines: Launch, Result, TempDir, path_from_env, contains
+#include "process_launch.h"  // defines: Launch, Result, TempDir, path_from_env, contains, under_loomrun
 #include "saved_weights.h"   // defines: max_weight_difference, check_same_weights, progress_line
 
 using namespace loom;
@@ -22,8 +22,7 @@ const std::string kCommon = " --model tiny --synthetic --max-steps 2 --batch-siz
                             "--workers 0 --quiet";
 
 std::string run_on(int ranks, const std::string& flags) {
-  return path_from_env("LOOMRUN") + " --standalone --nproc_per_node " + std::to_string(ranks) + " " +
-         path_from_env("TRAIN_CIFAR10") + kCommon + " " + flags;
+  return under_loomrun(ranks, path_from_env("TRAIN_CIFAR10") + kCommon + " " + flags);
 }
 
 // The model's weights (--model in `flags`), that both runs of a comparison start from.
