@@ -156,3 +156,17 @@ TEST_CASE("LOOM_CPU_ISA names what it takes") {
   CHECK_THROWS_WITH_AS(conv2d(zeros({1, 16, 4, 4}), zeros({16, 16, 3, 3}), Tensor(), {1}, {1}),
                        doctest::Contains("LOOM_CPU_ISA: expected 'avx2' or 'native', got 'avx1024'"), Error);
 }
+
+// The weight gradient sums blocks of tiles per thread (Note [Winograd blocking]); which
+// thread sums which block is fixed, so the same inputs give the same bits every time.
+TEST_CASE("loom's Winograd weight gradient is the same bits from run to run") {
+  EnvGuard isa("LOOM_CPU_ISA", "avx2");
+  Tensor x = randn({8, 32, 16, 16}), w0 = randn({32, 32, 3, 3}), grad = randn({8, 32, 16, 16});
+  auto weight_grad = [&] {
+    Tensor w = w0.detach().requires_grad_(true);
+    conv2d(x, w, Tensor(), {1}, {1}).backward(grad);
+    return w.grad().tolist<float>();
+  };
+  const std::vector<float> first = weight_grad();
+  for (int i = 0; i < 3; ++i) CHECK(weight_grad() == first);
+}

@@ -187,13 +187,15 @@ void transform_filters(const Conv2dGeometry& g, const float* weight, bool flip, 
         for (int e = 0; e < 9; ++e) d[e * kLanes + l] = 0.f;
         continue;
       }
-      const int64_t r = (f + l) / cols, s = (f + l) % cols;
-      const float* src = weight + (flip ? s * g.c + r : r * g.c + s) * 9;
-      for (int e = 0; e < 9; ++e) d[e * kLanes + l] = src[flip ? 8 - e : e];
+      if (!flip) {  // f = o * C + c: the filters lie in this order already
+        for (int e = 0; e < 9; ++e) d[e * kLanes + l] = weight[(f + l) * 9 + e];
+        continue;
+      }
+      const int64_t c = (f + l) / cols, o = (f + l) % cols;
+      for (int e = 0; e < 9; ++e) d[e * kLanes + l] = weight[(o * g.c + c) * 9 + 8 - e];
     }
     transform_tile<A, 3>(Matrices<M>::G, d, out);
-    for (int p = 0; p < A * A; ++p)
-      for (int l = 0; l < lanes; ++l) u[p * total + f + l] = out[p * kLanes + l];
+    for (int p = 0; p < A * A; ++p) std::memcpy(u + p * total + f, out + p * kLanes, sizeof(float) * lanes);
   }
 }
 
@@ -208,8 +210,10 @@ void inverse_transform_filters(const Conv2dGeometry& g, const float* du, float* 
     alignas(32) float d[A * A * kLanes];
     alignas(32) float out[9 * kLanes];
     const int64_t lanes = std::min<int64_t>(kLanes, total - f);
-    for (int p = 0; p < A * A; ++p)
-      for (int l = 0; l < kLanes; ++l) d[p * kLanes + l] = l < lanes ? du[p * total + f + l] : 0.f;
+    for (int p = 0; p < A * A; ++p) {
+      std::memcpy(d + p * kLanes, du + p * total + f, sizeof(float) * lanes);
+      std::fill(d + p * kLanes + lanes, d + (p + 1) * kLanes, 0.f);
+    }
     transform_tile<3, A>(kGT.m, d, out);
     for (int l = 0; l < lanes; ++l)
       for (int e = 0; e < 9; ++e) grad_weight[(f + l) * 9 + e] = out[e * kLanes + l];
@@ -325,7 +329,9 @@ void backward_weights_with(const Conv2dGeometry& g, const float* input, const fl
     float* du = dm + P * g.o * block;
     std::fill(du, du + filters, 0.f);
     std::vector<TileRef> tiles(block);
-#pragma omp for schedule(dynamic)
+    // static: which blocks each thread sums, and so the rounding of the sums, does not
+    // change from run to run.
+#pragma omp for schedule(static)
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t first = b * block, count = std::min(block, tiling.total - first), padded = round_up(count, kLanes);
       for (int64_t t = 0; t < count; ++t) tiles[t] = tiling.at(first + t);
