@@ -1,4 +1,4 @@
-// ddp_minimal: PyTorch's train_ddp.py in loom, line for line (each block: the Python it mirrors).
+// ddp_minimal: PyTorch's examples/reference/train_ddp.py in loom, line for line (each block: the Python it mirrors).
 //   build/parallel/loomrun --standalone --nproc_per_node 2 build/examples/ddp_minimal [--steps N --synthetic]
 #include <cstdio>
 #include <cstdlib>  // defines: getenv, atoi

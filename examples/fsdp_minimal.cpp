@@ -1,5 +1,5 @@
 // fsdp_minimal: ddp_minimal with FullyShardedDataParallel in place of DDP, as PyTorch's FSDP
-// tutorial changes train_ddp.py: each rank keeps 1/N of the parameters, gradients and
+// tutorial changes examples/reference/train_ddp.py: each rank keeps 1/N of the parameters, gradients and
 // optimizer state (docs/fsdp.md, docs/sharding.md). What differs from ddp_minimal is marked.
 //   build/parallel/loomrun --standalone --nproc_per_node 2 build/examples/fsdp_minimal [--steps N --synthetic]
 #include <cstdio>

@@ -40,7 +40,7 @@ namespace {
 namespace T = data::transforms;
 using Clock = std::chrono::steady_clock;
 
-// The seed's normalisation constants (train_ddp.py), for training and test alike.
+// The normalisation constants of examples/reference/train_ddp.py, for training and test alike.
 const std::vector<double> kMean = {0.4914, 0.4822, 0.4465};
 const std::vector<double> kStd = {0.2023, 0.1994, 0.2010};
 
