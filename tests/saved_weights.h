@@ -32,8 +32,9 @@ inline double max_weight_difference(const std::string& want, const std::string& 
   auto a = safetensors::load_file(want), b = safetensors::load_file(got);
   REQUIRE(a.size() == b.size());
   double most = 0;
-  for (const auto& [key, tensor] : a) {
-    const std::string& name = key;  // See Note [doctest messages name no structured binding]
+  for (const auto& item : a) {
+    const std::string& name = item.first;  // See Note [doctest messages name no structured binding]
+    const Tensor& tensor = item.second;
     const Tensor* other = b.find(name);
     REQUIRE_MESSAGE(other != nullptr, "missing ", name);
     REQUIRE_MESSAGE(other->shape() == tensor.shape(), name, ": shape ", other->shape(), ", expected ", tensor.shape());
