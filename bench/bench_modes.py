@@ -137,7 +137,8 @@ def paired_ratios(rows):
 
 
 def results_document(rows, header, started):
-    return results_file.document(f"Every mode side by side ({header})", "bench_modes.py", COLUMNS, rows,
+    what = "Every mode side by side" if len(rows) > 2 else " and ".join(r["mode"] for r in rows) + " side by side"
+    return results_file.document(f"{what} ({header})", "bench_modes.py", COLUMNS, rows,
                                  paired_ratios(rows), started)
 
 
