@@ -11,6 +11,7 @@
 
 #include "autograd/ops.h"
 #include "gradcheck.h"
+#include "tensor_compare.h"  // defines: testing::relative_error
 
 using namespace loom;
 using loom::testing::gradcheck;
@@ -79,17 +80,7 @@ Tensor run(const Config& cfg, const Tensor& input, const Tensor& weight, const T
 }
 
 // max |a - b| / (1 + max |b|): a float32 result against a float64 one of the same sums.
-double relative_error(const Tensor& a, const Tensor& b) {
-  auto x = a.to(kFloat64).contiguous().tolist<double>();
-  auto y = b.to(kFloat64).contiguous().tolist<double>();
-  REQUIRE(x.size() == y.size());
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    diff = std::max(diff, std::abs(x[i] - y[i]));
-    scale = std::max(scale, std::abs(y[i]));
-  }
-  return diff / (1 + scale);
-}
+double relative_error(const Tensor& a, const Tensor& b) { return loom::testing::relative_error(a, b, 1.0); }
 
 std::string error_of(const std::function<void()>& f) {
   try {

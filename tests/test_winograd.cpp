@@ -15,9 +15,11 @@
 
 #include "autograd/ops.h"  // defines: conv2d, relu, randn
 #include "gradcheck.h"     // defines: testing::leaf
+#include "tensor_compare.h"  // defines: testing::relative_error
 
 using namespace loom;
 using loom::testing::leaf;
+using loom::testing::relative_error;
 
 namespace {
 
@@ -28,18 +30,6 @@ struct EnvGuard {
   ~EnvGuard() { unsetenv(name); }
 };
 
-// max |a - b| / max |b|: a float32 result against a float64 one of the same sums.
-double relative_error(const Tensor& a, const Tensor& b) {
-  auto x = a.to(kFloat64).contiguous().tolist<double>();
-  auto y = b.to(kFloat64).contiguous().tolist<double>();
-  REQUIRE(x.size() == y.size());
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    diff = std::max(diff, std::abs(x[i] - y[i]));
-    scale = std::max(scale, std::abs(y[i]));
-  }
-  return diff / scale;
-}
 
 struct Shape4 {
   const char* name;
