@@ -235,7 +235,9 @@ def analyse(events, step):
             label = f"{files[pid]}: {track}" if len(next(g for g in groups if pid in g["pids"])["pids"]) == 1 \
                 else f"{files[pid]} rank {pid % 1000}: {track}"
         elif several_pids:
-            label = f"rank {pid}: {track}" if not track.startswith("comm") else track
+            # A comm track is named by its communicator's rank in its group (a pp x dp stage's
+            # replicas are ranks 0 and 1 of theirs); the row says the process's rank.
+            label = f"rank {pid}: {track}" if not track.startswith("comm") else re.sub(r"\(rank \d+", f"(rank {pid}", track)
         stages = {m.group(3) for e in row for m in [ACTION.match(e["name"])] if m}
         if len(stages) == 1 and "stage" not in track:  # the trainer's thread runs stage 0
             label += f" (stage {stages.pop()})"
