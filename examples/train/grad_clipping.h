@@ -3,7 +3,8 @@
 // nn/optim/clip_grad.h).
 //
 //   loss.backward();
-//   clip_grad_norm(parallel, optimizer, dims, mesh, amp, /*max_norm=*/1.0);   // every rank
+//   GradClipper clipper(parallel, optimizer, dims, mesh, /*max_norm=*/1.0);  // once
+//   clipper.clip(amp);                                                        // every step, every rank
 //   optimizer.step();
 //
 // Note [Whose gradients a rank adds to the norm]
@@ -19,6 +20,9 @@
 // shard, so that one composition is refused.
 #pragma once
 
+#include <memory>
+#include <vector>
+
 #include "examples/train/mixed_precision.h"  // defines: MixedPrecision
 #include "examples/train/parallelize.h"      // defines: ParallelModel
 #include "nn/optim/optimizer.h"              // defines: Optimizer
@@ -28,10 +32,23 @@
 namespace loom::examples {
 
 // Clips the gradients of the parameters `optimizer` steps to a whole-model 2-norm of at
-// most `max_norm` and returns that norm before clipping. A collective over the mesh's pp,
-// dp_shard and tp groups (those enabled); `mesh` is null in one process.
-double clip_grad_norm(const ParallelModel& parallel, optim::Optimizer& optimizer,
-                      const distributed::ParallelDims& dims, const distributed::DeviceMesh* mesh,
-                      MixedPrecision& amp, double max_norm);
+// most `max_norm`. What a rank adds to the norm and the groups the sum runs over are fixed
+// by the cut, so the constructor works them out once (and refuses tp x dp_shard); clip() is
+// then a collective over the mesh's pp, dp_shard and tp groups (those enabled) every step.
+// `mesh` is null in one process.
+class GradClipper {
+ public:
+  GradClipper(const ParallelModel& parallel, optim::Optimizer& optimizer, const distributed::ParallelDims& dims,
+              const distributed::DeviceMesh* mesh, double max_norm);
+  // Returns the norm before clipping.
+  double clip(MixedPrecision& amp);
+
+ private:
+  optim::Optimizer& optimizer_;
+  double max_norm_;
+  std::vector<Tensor> params_;    // what the optimizer steps: scaled
+  std::vector<Tensor> counted_;   // of those, what this rank adds to the norm
+  std::vector<std::shared_ptr<distributed::Communicator>> sum_over_;  // the groups that hold different parts
+};
 
 }  // namespace loom::examples

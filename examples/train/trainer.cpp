@@ -3,6 +3,7 @@
 #include <omp.h>  // defines: omp_set_num_threads, for --threads
 
 #include <algorithm>
+#include <functional>  // defines: std::function (the step's clipping)
 #include <chrono>
 #include <cstdio>
 
@@ -24,7 +25,7 @@
 #include "examples/train/mixed_precision.h" // defines: MixedPrecision, what --amp changes
 #include "examples/train/optimizer.h"       // defines: build_optimizer (--zero-redundancy-optimizer)
 #include "examples/train/parallelize.h"     // defines: parallelize, one apply_* per parallelism
-#include "examples/train/grad_clipping.h"   // defines: clip_grad_norm (--clip-grad-norm)
+#include "examples/train/grad_clipping.h"   // defines: GradClipper (--clip-grad-norm)
 #include "examples/train/progress.h"        // defines: ProgressBar, RunningMetrics, RunPlan
 #include "nn/loss.h"                        // defines: CrossEntropyLoss
 #include "nn/model_state.h"                 // defines: model_state_bytes (parameters + gradients + optimizer state)
@@ -320,6 +321,10 @@ class Trainer {
     if (config.amp == "bf16" && device().type == DeviceType::CPU && dist_.is_main())
       std::printf("--amp bf16 on the CPU: %s; %s activations (--memory-format)\n", cpu::bf16_path_description(),
                   input_format_ == MemoryFormat::ChannelsLast ? "channels-last" : "NCHW");
+    if (config.clip_grad_norm > 0) {  // over the whole model, however it is cut
+      clipper_.emplace(parallel_, *optimizer_, dist_.dims(), dist_.mesh(), config.clip_grad_norm);
+      clip_ = [this] { clipper_->clip(amp_); };
+    }
     position_ = checkpointer_.resume();  // --resume, or a restart: Note [Resuming after a restart]
   }
 
@@ -359,12 +364,9 @@ class Trainer {
       trace::Span step_span("step " + std::to_string(position_.global_step + 1), "train");
       const distributed::Traffic comm_before = distributed::process_traffic();
       // On a GPU: queued copies from pinned memory; the host runs ahead to the forward.
-      std::function<void()> clip;  // --clip-grad-norm: over the whole model, however it is cut
-      if (config_.clip_grad_norm > 0)
-        clip = [this] { clip_grad_norm(parallel_, *optimizer_, dist_.dims(), dist_.mesh(), amp_, config_.clip_grad_norm); };
       const StepOutput step = train_step(parallel_, criterion_, *optimizer_, amp_,
                                          to_training_device(batch.data, device(), input_format_),
-                                         to_training_device(batch.target, device()), clip);
+                                         to_training_device(batch.target, device()), clip_);
       result_.comm += distributed::process_traffic() - comm_before;  // the step's own collectives
       ++result_.comm_steps;
       if (scheduler_) scheduler_->step();
@@ -439,6 +441,8 @@ class Trainer {
   std::unique_ptr<optim::LRScheduler> scheduler_;
   MixedPrecision amp_;
   Checkpointer checkpointer_;
+  std::optional<GradClipper> clipper_;  // --clip-grad-norm
+  std::function<void()> clip_;          // clipper_->clip(amp_) before each optimizer step; empty without it
   TrainingPosition position_;
   TrainResult result_;
   StepTimes times_;
