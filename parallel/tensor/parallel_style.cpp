@@ -76,11 +76,6 @@ void shard_in_place(const Tensor& tensor, int64_t dim, const std::string& name,
 // The layout a hook sees, with a negative Shard dim resolved against the tensor it moves.
 Placement resolved(const Placement& p, const Tensor& t) { return normalized(p, t.dim()); }
 
-Tensor bias_of(nn::Module& module) {
-  if (auto* linear = dynamic_cast<nn::Linear*>(&module)) return linear->bias;
-  return dynamic_cast<nn::Conv2d&>(module).bias;
-}
-
 // The bias added to a row-parallel layer's reduced output, broadcast over its feature dim.
 Tensor add_bias(const Tensor& y, const Tensor& bias, int64_t feature_dim) {
   if (!bias.defined()) return y;
@@ -156,7 +151,7 @@ void RowwiseParallel::apply(nn::Module& module, const std::string& name, const s
   });
   module.register_forward_hook([group, out, feature_dim](nn::Module& m, const Tensor&, const Tensor& partial) {
     const Placement to = resolved(out, partial);
-    const Tensor bias = bias_of(m);
+    const Tensor bias = split_layer(m, "", "RowwiseParallel").bias;  // the module's own, clones' too
     LOOM_CHECK(!(to.is_shard() && to.dim == resolved(Shard(feature_dim), partial).dim && bias.defined()),
                "RowwiseParallel: output_layouts ", to.str(), " cuts the features, and the whole bias cannot be added "
                "to a slice of them; use Replicate() or shard another dim");
