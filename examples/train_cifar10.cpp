@@ -111,7 +111,7 @@ int main(int argc, char** argv) {
                                             "stage (DistributedDataParallel; 0: --mode's preset)");
     auto& dp_shard = flags.add<int64_t>("dp-shard", c.dp_shard, "degree: shards of the model (FullyShardedDataParallel; "
                                         "-1: what the world leaves; 0: --mode's preset)");
-    auto& tp = flags.add<int64_t>("tp", c.tp, "degree: tensor-parallel ranks");
+    auto& tp = flags.add<int64_t>("tp", c.tp, "degree: tensor-parallel ranks, each block's layers split over them (docs/tensor_parallel.md)");
     auto& pipeline_checkpoint = flags.add<std::string>("pipeline-checkpoint", c.pipeline_checkpoint,
                                                        "pipeline: never | except_last | always (recompute each "
                                                        "micro-batch's activations in its backward: less memory)");
