@@ -11,8 +11,8 @@ A results block in a page is the rendered table between two markers, which name 
     ...                                  (written by this script: never edit by hand)
     <!-- end results -->
 
-A results file (bench_modes.py --out writes one; the others were transcribed from their
-benchmark's printed table, with the same fields) holds:
+A results file (the Python benchmarks' --out writes one through bench/results_file.py; the
+others were transcribed from their benchmark's printed table, with the same fields) holds:
 
     {"title": ..., "command": the command that remakes it, "machine": {"cpu": ..., "cores": N},
      "commit": ..., "date": ..., "conditions": optional free text (load, what else ran),

@@ -1,0 +1,90 @@
+"""What each rank keeps under DDP, ZeRO-1 and FSDP's strategies, measured against the
+formulas of docs/sharding.md: ResNet18 (CIFAR) trained two steps with SGD and momentum on
+N = 2, 3 and 4 processes (loomrun), each rank's model state (parameters, gradients, momenta:
+nn::model_state_bytes) and allocator peak as rank 0 prints them.
+
+    python3 bench/sharding_memory.py --table zero1 --out bench/results/sharding_zero1.json
+    python3 bench/sharding_memory.py --table fsdp --out bench/results/sharding_fsdp.json
+
+Memory does not depend on timing: two steps on a busy machine measure it exactly.
+"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import results_file  # noqa: E402
+import trainer_runs  # noqa: E402
+
+PARAMETERS = 11_173_962  # Ψ, ResNet18 (CIFAR stem, 10 classes)
+MIB = 2**20
+
+
+def zero1_row(args, n):
+    common = ["--mode", "ddp", "--max-steps", str(args.steps), "--batch-size", str(args.batch_size)]
+    ddp = trainer_runs.train(args.build, n, common)
+    zero = trainer_runs.train(args.build, n, common + ["--zero-redundancy-optimizer"])
+    return {"n": n, "ddp_formula": 12 * PARAMETERS / MIB, "ddp_state": trainer_runs.per_rank(ddp["state_mib"]),
+            "ddp_peak": trainer_runs.per_rank(ddp["peak_mib"]),
+            "zero_formula": (8 * PARAMETERS + 4 * PARAMETERS / n) / MIB, "zero_state": zero["state_mib"],
+            "zero_peak": zero["peak_mib"]}
+
+
+def fsdp_row(args, n):
+    common = ["--max-steps", str(args.steps), "--batch-size", str(args.batch_size)]
+    ddp = trainer_runs.train(args.build, n, common + ["--mode", "ddp"])
+    state = {s: trainer_runs.train(args.build, n, common + ["--mode", "fsdp", "--sharding-strategy", s])["state_mib"]
+             for s in ("full_shard", "shard_grad_op", "no_shard")}
+    return {"n": n, "ddp_state": trainer_runs.per_rank(ddp["state_mib"]), "full_formula": 12 * PARAMETERS / n / MIB,
+            **{s: trainer_runs.per_rank(v) for s, v in state.items()},
+            "full_over_ddp": max(state["full_shard"]) / max(ddp["state_mib"])}
+
+
+TABLES = {
+    "zero1": (zero1_row, 4,
+              "DDP and ZeRO-1 on ResNet18 (CIFAR), SGD with momentum, float32, batch {batch} per rank, {steps} steps: "
+              "model state and peak per rank in MiB (one figure where every rank has the same, else each rank's)",
+              [{"key": "n", "title": "N"},
+               {"key": "ddp_formula", "title": "DDP formula 12Ψ", "format": ".1f"},
+               {"key": "ddp_state", "title": "DDP measured", "format": ".1f"},
+               {"key": "ddp_peak", "title": "DDP peak", "format": ".1f"},
+               {"key": "zero_formula", "title": "ZeRO-1 formula 8Ψ + 4Ψ/N", "format": ".1f"},
+               {"key": "zero_state", "title": "ZeRO-1 measured (each rank)", "format": ".1f"},
+               {"key": "zero_peak", "title": "ZeRO-1 peak (each rank)", "format": ".1f"}]),
+    "fsdp": (fsdp_row, 8,
+             "FSDP's strategies on ResNet18 (CIFAR), SGD with momentum, float32, batch {batch} per rank, {steps} steps: "
+             "model state per rank at the end of a step in MiB (one figure where every rank has the same, else each "
+             "rank's)",
+             [{"key": "n", "title": "N"},
+              {"key": "ddp_state", "title": "DDP", "format": ".1f"},
+              {"key": "full_formula", "title": "`FULL_SHARD` formula 12Ψ/N", "format": ".1f"},
+              {"key": "full_shard", "title": "`FULL_SHARD` measured", "format": ".1f"},
+              {"key": "shard_grad_op", "title": "`SHARD_GRAD_OP` measured", "format": ".1f"},
+              {"key": "no_shard", "title": "`NO_SHARD` measured", "format": ".1f"},
+              {"key": "full_over_ddp", "title": "`FULL_SHARD` / DDP", "format": ".2f"}]),
+}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--table", choices=sorted(TABLES), required=True)
+    parser.add_argument("--degrees", default="2,3,4", help="the numbers of ranks N")
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, help="per rank (default: 4 for zero1, 8 for fsdp)")
+    parser.add_argument("--build", default=os.path.join(results_file.ROOT, "build"))
+    parser.add_argument("--out", help="write the results file (bench/report.py renders it into docs/)")
+    args = parser.parse_args()
+    row_of, batch, title, columns = TABLES[args.table]
+    args.batch_size = args.batch_size or batch
+    started = results_file.now()
+    rows = []
+    for n in map(int, args.degrees.split(",")):
+        rows.append(row_of(args, n))
+        print(" ".join(f"{k}={v}" for k, v in rows[-1].items()), flush=True)
+    if args.out:
+        title = title.format(batch=args.batch_size, steps=args.steps)
+        results_file.write(args.out, results_file.document(title, "sharding_memory.py", columns, rows, [], started))
+
+
+if __name__ == "__main__":
+    main()
