@@ -11,7 +11,8 @@ global batch, on --devices devices (CPU virtual devices cpu:0, cpu:1, ... here) 
 or --devices processes of one thread (ddp, with the batch split between them). Runs are
 interleaved --repeat times; the table gives img/s (global batch / median step; median
 over repeats) and each mode against loom single, loom's peak tensor memory (the
-allocator's, in the process or rank 0; the pipeline's checkpointing rows trade speed for
+allocator's high-water mark on the process's first device, cpu:0, or on rank 0: train_cifar10's
+peak_memory_mib; the pipeline's checkpointing rows trade speed for
 it), rank 0's model state (parameters + gradients + optimizer state, model_state_mib: what
 ZeRO-1 shards; docs/sharding.md), rank 0's bytes moved by collectives per step (every kind,
 comm_mib_per_step; docs/communication.md), and the PyTorch rows against their loom counterparts (median of per-repeat ratios: configurations of one repeat run minutes apart
@@ -164,16 +165,16 @@ def draw_chart(path, document):
     tp.set_xlim(0, 1.3 * max(max(r["img_per_s"], r["torch_img_per_s"] or 0) for r in loom_rows))
     tp.set_yticks(y)
     tp.set_yticklabels(names, fontsize=8)
-    tp.set_xlabel("img/s (x: against loom single)")
+    tp.set_xlabel("img/s, median of the repeats (in brackets: against loom single)")
     tp.set_title("throughput", fontsize=9)
     tp.legend(fontsize=7, loc="best")
     mem.barh([v + h / 2 for v in y], [r["peak_mib"] or 0 for r in loom_rows], h, color="#F5A623",
-             label="peak tensor memory (process / rank 0)")
+             label="peak tensor memory (cpu:0 / rank 0)")
     state = [(v, r["model_state_mib"]) for v, r in zip(y, loom_rows) if r["model_state_mib"]]
     if state:
         mem.barh([v - h / 2 for v, _ in state], [m for _, m in state], h, color="#2CA02C",
-                 label="model state per device")
-    mem.set_xlabel("MiB")
+                 label="model state (cpu:0's process / rank 0)")
+    mem.set_xlabel("MiB (2^20 bytes)")
     mem.set_title("memory", fontsize=9)
     mem.set_xlim(0, 1.3 * max(max(r["peak_mib"] or 0, r["model_state_mib"] or 0) for r in loom_rows))
     mem.legend(fontsize=7, loc="best")
