@@ -97,14 +97,12 @@ void check_gradient(const Node& node, uint32_t slot, const Tensor& grad, const c
              " that is ", meta.dtype, " on ", meta.device);
 }
 
-}  // namespace
-
-void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph) {
+// Runs the graph from `roots` back to the leaves; the caller owns the final callbacks.
+void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph) {
   LOOM_CHECK(roots.size() == grads.size(), "backward: got ", roots.size(), " roots but ", grads.size(),
              " gradients");
   NoGradGuard no_grad;  // backward formulas are not themselves recorded (no create_graph)
   autocast::DisableGuard no_autocast;  // See Note [No autocast in backward]
-  FinalCallbacksScope final_callbacks;
 
   std::vector<Edge> root_edges;
   std::vector<Tensor> root_grads;
@@ -197,7 +195,21 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     }
     keep_alive.erase(node);
   }
+}
+
+}  // namespace
+
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph) {
+  FinalCallbacksScope final_callbacks;
+  run_backward(roots, grads, retain_graph);
   final_callbacks.run_all();
+}
+
+void backward_within(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads) {
+  LOOM_CHECK(t_final_callbacks != nullptr, "backward_within: no backward() is running on this thread; it runs a "
+             "backward inside a running one (from a node's apply, as activation checkpointing's recomputation "
+             "does). Call backward() instead");
+  run_backward(roots, grads, /*retain_graph=*/false);
 }
 
 void queue_callback(std::function<void()> callback) {

@@ -25,6 +25,18 @@ namespace loom::autograd {
 // grads[i] may be undefined for a one-element root (then 1 is used).
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph = false);
 
+// Note [A backward inside a backward]
+// Activation checkpointing (torch.utils.checkpoint's reentrant form, nn/checkpoint.h)
+// runs a segment's forward again from inside the outer backward, when its node is
+// reached, and back-propagates through the recomputed graph there. That inner backward
+// must not own its final callbacks: a gradient hook inside it (the DDP reducer's, FSDP's
+// on a parameter's gradient) queues the "all gradients are in" callback of the *whole*
+// backward, and running it when the segment ends would wait for buckets whose gradients
+// the outer backward has not computed yet. backward_within(roots, grads) is backward()
+// without a callback scope of its own: what its hooks queue runs when the outer backward
+// ends. Outside a backward it is an error.
+void backward_within(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads);
+
 // Note [Final callbacks]
 // queue_callback(fn), called from inside a backward() (from a hook), runs fn once that
 // backward has computed every gradient, just before it returns on the same thread; an

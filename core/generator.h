@@ -30,9 +30,37 @@ class Generator {
   uint64_t offset_ = 0;
 };
 
-// The process-wide default generator, as torch.manual_seed seeds.
+// The process-wide default generator, as torch.manual_seed seeds; on a thread inside a
+// ReplayRandomScope, that scope's generator instead.
 Generator& default_generator();
 void manual_seed(uint64_t seed);
+
+// Note [A recomputation draws its random numbers again]
+// Activation checkpointing (nn/checkpoint.h) runs a segment's forward twice: once without
+// a graph, and again in backward to build one. A Dropout in the segment must draw the
+// same mask both times, or the gradients are of another forward. Counter-based
+// randomness makes that cheap: the checkpoint notes the default generator's seed and
+// offset before the first forward, and runs the recomputation inside a
+// ReplayRandomScope at that position, which this thread's default_generator() then
+// returns (other threads keep drawing from the real one, undisturbed). The checkpoint
+// runs the first forward in such a scope too, counting what the segment draws, and then
+// reserves that many numbers from the real generator: they are the ones the segment drew
+// unless another thread drew in between (DP replica threads share the default
+// generator), which is an error rather than two overlapping masks. The recomputation
+// must draw exactly as many again. torch.utils.checkpoint's preserve_rng_state=True does
+// the same by saving and restoring the generator's state.
+class ReplayRandomScope {
+ public:
+  ReplayRandomScope(uint64_t seed, uint64_t offset);
+  ~ReplayRandomScope();
+  ReplayRandomScope(const ReplayRandomScope&) = delete;
+  ReplayRandomScope& operator=(const ReplayRandomScope&) = delete;
+  uint64_t offset() const { return generator_.offset(); }
+
+ private:
+  Generator generator_;
+  Generator* outer_;
+};
 
 // The stateless mixing functions kernels use; see Note [Counter-based randomness].
 // 64 random bits for counter `i` under `seed` (splitmix64 of a key).

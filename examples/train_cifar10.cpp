@@ -115,6 +115,12 @@ int main(int argc, char** argv) {
     auto& pipeline_checkpoint = flags.add<std::string>("pipeline-checkpoint", c.pipeline_checkpoint,
                                                        "pipeline: never | except_last | always (recompute each "
                                                        "micro-batch's activations in its backward: less memory)");
+    auto& activation_checkpoint = flags.add<std::string>(
+        "activation-checkpoint", c.activation_checkpoint,
+        "none | full | selective: keep only each residual block's (encoder layer's) input and recompute its "
+        "activations in backward, for every block or every --selective-ac-option-th (docs/memory.md)");
+    auto& selective_ac_option = flags.add<int64_t>("selective-ac-option", c.selective_ac_option,
+                                                   "--activation-checkpoint selective: checkpoint every N-th block");
     auto& dp_devices = flags.add<int64_t>("dp-devices", c.dp_devices, "dp: devices (0: every GPU with --device cuda, "
                                           "2 on cpu: cpu:0 and cpu:1)");
     auto& backend = flags.add<std::string>("backend", "", "ddp: gloo | nccl (default: nccl on cuda, gloo on cpu)");
@@ -181,6 +187,8 @@ int main(int argc, char** argv) {
     c.dp_shard = dp_shard;
     c.tp = tp;
     c.pipeline_checkpoint = pipeline_checkpoint;
+    c.activation_checkpoint = activation_checkpoint;
+    c.selective_ac_option = selective_ac_option;
     c.backend = backend;
     c.sync_bn = sync_bn;
     c.lr_scaling = lr_scaling;

@@ -7,6 +7,7 @@
 #include "autograd/node.h"
 #include "autograd/ops.h"
 #include "core/copy.h"
+#include "nn/checkpoint.h"  // defines: checkpoint (a module marked for activation checkpointing)
 
 namespace loom::nn {
 namespace {
@@ -53,20 +54,27 @@ Tensor Module::forward(const Tensor&) {
 static thread_local const Module* calling_through_hooks = nullptr;
 
 Tensor Module::operator()(const Tensor& input) {
-  if (!has_forward_hooks()) return forward(input);
+  if (!has_forward_hooks() && !activation_checkpointing_) return forward(input);
   Tensor x = input;
   for (const auto& hook : forward_pre_hooks_) x = hook(*this, x);
+  Tensor y = activation_checkpointing_
+                 ? checkpoint([this](const Tensor& in) { return call_forward(in); }, x, this)  // Note [Activation checkpointing]
+                 : call_forward(x);
+  for (const auto& hook : forward_hooks_) y = hook(*this, x, y);
+  return y;
+}
+
+Tensor Module::call_forward(const Tensor& input) {
   const Module* outer = calling_through_hooks;
   calling_through_hooks = this;
   Tensor y;
   try {
-    y = forward(x);
+    y = forward(input);
   } catch (...) {
     calling_through_hooks = outer;
     throw;
   }
   calling_through_hooks = outer;
-  for (const auto& hook : forward_hooks_) y = hook(*this, x, y);
   return y;
 }
 
@@ -256,6 +264,7 @@ void Module::copy_state_from(const Module& source, const std::optional<Device>& 
     if (src.defined()) set_data(buffers_[name], fresh_copy(src, device.value_or(src.device())));
   }
   training_ = source.training_;
+  activation_checkpointing_ = source.activation_checkpointing_;
   for (const auto& [name, child] : source.children_) children_[name]->copy_state_from(*child, device);
 }
 

@@ -76,6 +76,10 @@ class Module : public std::enable_shared_from_this<Module> {
   void register_forward_pre_hook(ForwardPreHook hook);
   void register_forward_hook(ForwardHook hook);
   bool has_forward_hooks() const { return !forward_pre_hooks_.empty() || !forward_hooks_.empty(); }
+  // module(x) runs forward under nn::checkpoint (its hooks outside): Note [Activation
+  // checkpointing], nn/checkpoint.h; set by nn::apply_activation_checkpointing.
+  void set_activation_checkpointing(bool on) { activation_checkpointing_ = on; }
+  bool activation_checkpointing() const { return activation_checkpointing_; }
   const std::string& type_name() const { return type_name_; }
 
   // ---- registration: names must be non-empty, contain no '.', and be unique across the
@@ -172,6 +176,8 @@ class Module : public std::enable_shared_from_this<Module> {
   std::string type_name_;
   std::vector<ForwardPreHook> forward_pre_hooks_;
   std::vector<ForwardHook> forward_hooks_;
+  bool activation_checkpointing_ = false;
+  Tensor call_forward(const Tensor& input);  // forward(input), known to come through module(x)
 };
 
 // Note [Forward hooks run in module(x)]

@@ -18,6 +18,8 @@
 //   models.h         make_model(name): the models by name (train_cifar10 --model)
 //   json.h           the JSON subset safetensors needs
 //   safetensors.h    save_file / load_file, nn::save / nn::load
+//   checkpoint.h     checkpoint(fn, x), apply_activation_checkpointing: activation
+//                    checkpointing (torch.utils.checkpoint)
 //   model_state.h    model_state_bytes: parameters + gradients + optimizer state, resident
 //   optim/optimizer.h     Optimizer, ParamGroup
 //   optim/grad_scaler.h   GradScaler: dynamic loss scaling for float16 autocast
@@ -32,6 +34,7 @@
 #include "autograd/ops.h"        // the differentiable functions layers are built from
 #include "nn/activation.h"
 #include "nn/batchnorm.h"
+#include "nn/checkpoint.h"
 #include "nn/container.h"
 #include "nn/conv.h"
 #include "nn/embedding.h"

@@ -4,8 +4,10 @@
 
 #include <algorithm>  // defines: std::max, std::min
 #include <cstdio>
+#include <set>        // defines: std::set (the block types --activation-checkpoint marks)
 
 #include "core/factory.h"                            // defines: zeros (the balance's sample batch)
+#include "nn/checkpoint.h"                           // defines: apply_activation_checkpointing (--activation-checkpoint)
 #include "nn/models.h"                               // defines: sequential_view (the layers to cut or wrap)
 #include "nn/resnet.h"                               // defines: ResNet (--tp's plan)
 #include "nn/vision_transformer.h"                   // defines: VisionTransformer (--tp's plan)
@@ -113,6 +115,20 @@ std::shared_ptr<parallel::pipeline::PipelineStage> apply_pipeline(nn::Module& mo
   return stage;
 }
 
+std::vector<std::string> apply_ac(nn::Module& model, const TrainConfig& config) {
+  if (config.activation_checkpoint == "none") return {};
+  const std::set<std::string> blocks = fsdp::ModuleWrapPolicy{}.module_types;
+  const int64_t every = config.activation_checkpoint == "selective" ? config.selective_ac_option : 1;
+  int64_t seen = 0;
+  std::vector<std::string> marked = nn::apply_activation_checkpointing(
+      model, [&](const std::string&, nn::Module& m) { return blocks.count(m.type_name()) && seen++ % every == 0; });
+  LOOM_CHECK(!marked.empty(), "--activation-checkpoint ", config.activation_checkpoint, " checkpoints residual blocks "
+             "and encoder layers, and the ", model.type_name(), " has none");
+  if (config.progress && distributed::is_main_process())
+    std::fprintf(stderr, "activation checkpointing: %zu blocks recompute their activations in backward\n", marked.size());
+  return marked;
+}
+
 distributed::StatePlacements apply_tp(nn::Module& model, std::shared_ptr<distributed::Communicator> tp_group,
                                       const TrainConfig& config) {
   const int tp = tp_group->size();
@@ -203,6 +219,7 @@ ParallelModel parallelize(std::shared_ptr<nn::Module> model, const distributed::
                           const distributed::DeviceMesh* mesh, const TrainConfig& config, Device device,
                           nn::CrossEntropyLoss& criterion) {
   ParallelModel out{.model = model, .module = model, .whole = model};
+  apply_ac(*model, config);  // first: marks in place, which every cut and wrapper below keeps
   if (dims.dp_devices_enabled()) {  // in one process, over several devices
     out.module = apply_data_parallel(model, dims.dp_devices, config, device);
     return out;

@@ -1,6 +1,8 @@
 // parallelize: one function per parallelism, each over a plain model, as torchtitan's
 // parallelize.py, applied in its order and chosen by ParallelDims' predicates alone:
 //
+//   ac        mark blocks for activation checkpointing, in place (apply_ac): every cut
+//             and wrapper below runs the same modules, so they keep the marks
 //   pp        split the model into pipeline stages first, one per process (apply_pipeline)
 //   tp        split each block's layers over the mesh's "tp" ranks (apply_tp)
 //   ...       then, on each part (the stage's virtual stages, or the whole model):
@@ -80,6 +82,12 @@ std::shared_ptr<parallel::pipeline::PipelineStage> apply_pipeline(nn::Module& mo
                                                                   std::shared_ptr<distributed::Communicator> pp_group,
                                                                   const TrainConfig& config, Device device,
                                                                   nn::CrossEntropyLoss& criterion);
+
+// ac: --activation-checkpoint full marks every block (the types FSDP makes units of:
+// residual blocks, encoder layers), selective every --selective-ac-option-th, for
+// nn::checkpoint (Note [Activation checkpointing], nn/checkpoint.h); none marks nothing.
+// Returns the names marked.
+std::vector<std::string> apply_ac(nn::Module& model, const TrainConfig& config);
 
 // tp: the model's plan over `tp_group`, in place (a ResNet's: conv1 column-parallel, bn1 on
 // its channels, conv2 row-parallel, in every block; a ViT's: attention by heads, the MLP by

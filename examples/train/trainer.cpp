@@ -229,6 +229,11 @@ void check_flags(const TrainConfig& c) {
              "--reshard-after-forward: expected default, always or never, got '", c.reshard_after_forward, "'");
   LOOM_CHECK(c.lr_scaling == "none" || c.lr_scaling == "linear", "--lr-scaling: expected none or linear, got '",
              c.lr_scaling, "'");
+  LOOM_CHECK(c.activation_checkpoint == "none" || c.activation_checkpoint == "full" ||
+                 c.activation_checkpoint == "selective",
+             "--activation-checkpoint: expected none, full or selective, got '", c.activation_checkpoint, "'");
+  LOOM_CHECK(c.selective_ac_option >= 1, "--selective-ac-option: expected N >= 1 (checkpoint every N-th block), got ",
+             c.selective_ac_option);
   LOOM_CHECK(c.pipeline_checkpoint == "never" || c.mode == "pipeline" || c.pp > 1, "--pipeline-checkpoint ",
              c.pipeline_checkpoint, " recomputes a pipeline's micro-batches: it needs --mode pipeline or --pp, got --mode ",
              c.mode);

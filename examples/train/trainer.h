@@ -77,6 +77,10 @@ struct TrainConfig {
   int64_t dp_shard = 0;              // shards (FullyShardedDataParallel); -1: what the world leaves
   int64_t tp = 1;                    // tensor-parallel ranks
   std::string pipeline_checkpoint = "never";  // pipeline: never | except_last | always (recompute activations)
+  // none | full | selective: recompute each block's activations in its backward (every
+  // block, or every selective_ac_option-th): apply_ac, examples/train/parallelize.h.
+  std::string activation_checkpoint = "none";
+  int64_t selective_ac_option = 2;
   std::string backend;               // ddp: gloo | nccl; "" = nccl on CUDA, gloo on CPU
   bool sync_bn = false;              // ddp: BatchNorm2d statistics over every rank
   std::string lr_scaling = "none";   // none | linear (lr x world size: the global batch grew)

@@ -7,30 +7,12 @@
 #include "core/error.h"          // defines: LOOM_CHECK
 #include "core/generator.h"      // defines: default_generator (what a recomputation cannot draw again)
 #include "nn/activation.h"       // defines: nn::Dropout
+#include "nn/checkpoint.h"       // defines: nn::RestoreBuffers
 #include "core/trace.h"          // defines: trace::Span (a recomputation inside its backward's span)
 
 namespace loom::parallel::pipeline {
 
 namespace {
-
-// Puts a module's buffers (BatchNorm's running statistics) back as they were when it was
-// made, however its scope ends (a recomputation that throws included): see Note
-// [Checkpointed micro-batches are recomputed exactly] (pipeline.h).
-class RestoreBuffers {
- public:
-  explicit RestoreBuffers(const nn::Module& module) : buffers_(module.named_buffers().values()) {
-    for (const Tensor& b : buffers_) copies_.push_back(b.clone());
-  }
-  ~RestoreBuffers() {
-    NoGradGuard no_grad;
-    for (size_t i = 0; i < buffers_.size(); ++i) buffers_[i].copy_(copies_[i]);
-  }
-  RestoreBuffers(const RestoreBuffers&) = delete;
-  RestoreBuffers& operator=(const RestoreBuffers&) = delete;
-
- private:
-  std::vector<Tensor> buffers_, copies_;
-};
 
 // The first Dropout of `module` that would draw a mask (p > 0, training), named and
 // printed ("'1': Dropout(p=0.5)"), or "".
@@ -145,7 +127,7 @@ Tensor MicrobatchRunner::backward(int64_t c, int64_t m, const Tensor& from_next)
   Tensor& out = outputs_[size_t(c)][size_t(m)];
   if (checkpointed(m)) {
     trace::Span span("recompute", "pipeline");  // inside its backward's span: the price of checkpointing, drawn
-    RestoreBuffers undo(*virtual_stages_[size_t(c)].module);  // the recomputation's update of the running statistics
+    nn::RestoreBuffers undo(*virtual_stages_[size_t(c)].module);  // the recomputation's update of the running statistics
     out = run(c, m, in);
   }
   if (c + 1 == static_cast<int64_t>(virtual_stages_.size())) {
