@@ -20,6 +20,7 @@ const std::vector<std::pair<std::string, Builder>>& registry() {
       {"resnet101", [](const ModelArgs& a) { return resnet101(a.num_classes, a.stem); }},
       {"resnet152", [](const ModelArgs& a) { return resnet152(a.num_classes, a.stem); }},
       {"wide_resnet50_2", [](const ModelArgs& a) { return wide_resnet50_2(a.num_classes, a.stem); }},
+      {"wide_resnet101_2", [](const ModelArgs& a) { return wide_resnet101_2(a.num_classes, a.stem); }},
       // The narrow one-block-per-stage ResNet that tests and demos train in seconds; "tiny"
       // is the short name the trainer's tests use.
       {"resnet_tiny", [](const ModelArgs& a) { return resnet_tiny(a.num_classes); }},

@@ -13,7 +13,7 @@
 //   transformer.h    TransformerEncoderLayer
 //   vision_transformer.h  VisionTransformer, vit_tiny, vit_small (CIFAR, 4x4 patches)
 //   init.h           nn::init (kaiming_uniform_, ...)
-//   resnet.h         ResNet, resnet18/34/50/101/152, wide_resnet50_2, resnet_tiny (tests)
+//   resnet.h         ResNet, resnet18/34/50/101/152, wide_resnet50_2/101_2, resnet_tiny (tests)
 //   resnet_blocks.h  BasicBlock, Bottleneck
 //   models.h         make_model(name): the models by name (train_cifar10 --model)
 //   json.h           the JSON subset safetensors needs

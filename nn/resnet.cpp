@@ -118,6 +118,9 @@ std::shared_ptr<ResNet> resnet152(int64_t num_classes, ResNetStem stem) {
 std::shared_ptr<ResNet> wide_resnet50_2(int64_t num_classes, ResNetStem stem) {
   return make_resnet({3, 4, 6, 3}, ResNetBlock::bottleneck, num_classes, stem, /*width_per_group=*/128);
 }
+std::shared_ptr<ResNet> wide_resnet101_2(int64_t num_classes, ResNetStem stem) {
+  return make_resnet({3, 4, 23, 3}, ResNetBlock::bottleneck, num_classes, stem, /*width_per_group=*/128);
+}
 
 std::shared_ptr<ResNet> resnet_tiny(int64_t num_classes, int64_t width) {
   return std::make_shared<ResNet>(std::vector<int64_t>{1, 1, 1, 1},

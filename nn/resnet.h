@@ -11,6 +11,7 @@
 //   resnet101         Bottleneck  3  4 23  3         64                44,549,160
 //   resnet152         Bottleneck  3  8 36  3         64                60,192,808
 //   wide_resnet50_2   Bottleneck  3  4  6  3         128               68,883,240
+//   wide_resnet101_2  Bottleneck  3  4 23  3         128               126,886,696
 //
 // Note [ResNet stems]: the default stem is the CIFAR one, a 3x3 conv with stride 1 and no
 // max-pool, so that 32x32 images are not shrunk to 8x8 before the first block; stages then
@@ -90,6 +91,7 @@ std::shared_ptr<ResNet> resnet50(int64_t num_classes = 10, ResNetStem stem = Res
 std::shared_ptr<ResNet> resnet101(int64_t num_classes = 10, ResNetStem stem = ResNetStem::cifar);
 std::shared_ptr<ResNet> resnet152(int64_t num_classes = 10, ResNetStem stem = ResNetStem::cifar);
 std::shared_ptr<ResNet> wide_resnet50_2(int64_t num_classes = 10, ResNetStem stem = ResNetStem::cifar);
+std::shared_ptr<ResNet> wide_resnet101_2(int64_t num_classes = 10, ResNetStem stem = ResNetStem::cifar);
 
 // A small, fast model for tests and examples that must run in seconds on a CPU: the same
 // architecture and names as resnet18 with one block per stage and widths

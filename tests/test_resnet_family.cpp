@@ -38,6 +38,7 @@ const std::vector<Family>& family() {
       {"resnet18", nn::resnet18, 11'689'512, 62},      {"resnet34", nn::resnet34, 21'797'672, 110},
       {"resnet50", nn::resnet50, 25'557'032, 161},     {"resnet101", nn::resnet101, 44'549'160, 314},
       {"resnet152", nn::resnet152, 60'192'808, 467},   {"wide_resnet50_2", nn::wide_resnet50_2, 68'883'240, 161},
+      {"wide_resnet101_2", nn::wide_resnet101_2, 126'886'696, 314},
   };
   return models;
 }
@@ -221,7 +222,8 @@ TEST_CASE("make_model: every family member by its torchvision name; an unknown n
   for (const Family& f : family()) CHECK(nn::make_model(f.name) != nullptr);
   CHECK_THROWS_WITH_AS(nn::make_model("resnet51"),
                        doctest::Contains("unknown model 'resnet51': expected one of resnet18, resnet34, resnet50, "
-                                         "resnet101, resnet152, wide_resnet50_2, resnet_tiny, tiny"),
+                                         "resnet101, resnet152, wide_resnet50_2, wide_resnet101_2, resnet_tiny, "
+                                         "tiny"),
                        Error);
   CHECK_THROWS_WITH_AS(nn::make_model("resnet18", {.num_classes = 0}), doctest::Contains("num_classes must be positive"),
                        Error);
