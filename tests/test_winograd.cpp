@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "autograd/ops.h"  // defines: conv2d, relu, randn
+#include "core/cpu/winograd_conv2d.h"  // defines: winograd_tile, Conv2dGeometry (which tile a shape gets)
 #include "gradcheck.h"     // defines: testing::leaf
 #include "tensor_compare.h"  // defines: testing::relative_error
 
@@ -35,6 +36,7 @@ struct Shape4 {
   const char* name;
   Shape input, weight;
   bool bias;
+  int tile;  // the tile side winograd_tile picks for it (Note [Winograd tile size])
 };
 
 // Every tile case: F(4x4) with whole tiles, with partial tiles at the right and bottom
@@ -42,12 +44,14 @@ struct Shape4 {
 // ways of splitting the work (Note [Winograd blocking]): blocks of tiles (many tiles, few
 // channels) and the whole batch at once (the rest, with more than one thread).
 const std::vector<Shape4> kShapes = {
-    {"16->32 on 8x8 (F(4x4), whole tiles)", {3, 16, 8, 8}, {32, 16, 3, 3}, false},
-    {"32->16 on 7x10, bias (F(4x4), edge tiles)", {2, 32, 7, 10}, {16, 32, 3, 3}, true},
-    {"64->64 on 4x4 (F(4x4), one tile)", {4, 64, 4, 4}, {64, 64, 3, 3}, false},
-    {"24->40 on 3x3, bias (F(2x2))", {5, 24, 3, 3}, {40, 24, 3, 3}, true},
-    {"64->64 on 16x16", {4, 64, 16, 16}, {64, 64, 3, 3}, false},
-    {"16->16 on 20x18, bias (blocks of tiles)", {2, 16, 20, 18}, {16, 16, 3, 3}, true},
+    {"16->32 on 8x8 (F(4x4), whole tiles)", {3, 16, 8, 8}, {32, 16, 3, 3}, false, 4},
+    {"32->16 on 7x10, bias (F(4x4), edge tiles)", {2, 32, 7, 10}, {16, 32, 3, 3}, true, 4},
+    {"64->64 on 4x4 (F(4x4), one tile)", {4, 64, 4, 4}, {64, 64, 3, 3}, false, 4},
+    {"24->40 on 3x3, bias (F(4x4), one partial tile)", {5, 24, 3, 3}, {40, 24, 3, 3}, true, 4},
+    {"24->40 on 2x6, bias (F(2x2), whole tiles)", {5, 24, 2, 6}, {40, 24, 3, 3}, true, 2},
+    {"8->16 on 2x3 (F(2x2), an edge tile)", {3, 8, 2, 3}, {16, 8, 3, 3}, false, 2},
+    {"64->64 on 16x16", {4, 64, 16, 16}, {64, 64, 3, 3}, false, 4},
+    {"16->16 on 20x18, bias (blocks of tiles)", {2, 16, 20, 18}, {16, 16, 3, 3}, true, 4},
 };
 
 struct Results {
@@ -70,6 +74,7 @@ TEST_CASE("loom's Winograd against the direct algorithm and float64, forward and
   for (const Shape4& s : kShapes) {
     const std::string shape = s.name;
     CAPTURE(shape);
+    CHECK(cpu::winograd_tile(cpu::Conv2dGeometry(s.input, s.weight, {.padding = {1, 1}})) == s.tile);  // both tiles tested
     Tensor x = leaf(s.input, 7), w = leaf(s.weight, 8, 1.0 / std::sqrt(9.0 * s.weight[1]));
     Tensor b = s.bias ? leaf({s.weight[0]}, 9) : Tensor();
     Tensor grad = randn({s.input[0], s.weight[0], s.input[2], s.input[3]}, TensorOptions(kFloat64));
