@@ -1,9 +1,11 @@
 """What each rank keeps under DDP, ZeRO-1 and FSDP's strategies, measured against the
-formulas of docs/sharding.md: ResNet18 (CIFAR) trained two steps with SGD and momentum on
+formulas of docs/sharding.md: ResNet18 (CIFAR) trained two steps with SGD and momentum (and
+ViT-tiny with AdamW) on
 N = 2, 3 and 4 processes (loomrun), each rank's model state (parameters, gradients, momenta:
 nn::model_state_bytes) and allocator peak as rank 0 prints them.
 
     python3 bench/sharding_memory.py --table zero1 --out bench/results/sharding_zero1.json
+    python3 bench/sharding_memory.py --table zero1_adamw --out bench/results/sharding_zero1_adamw.json
     python3 bench/sharding_memory.py --table fsdp --out bench/results/sharding_fsdp.json
 
 Memory does not depend on timing: two steps on a busy machine measure it exactly.
@@ -17,6 +19,7 @@ import results_file  # noqa: E402
 import trainer_runs  # noqa: E402
 
 PARAMETERS = 11_173_962  # Ψ, ResNet18 (CIFAR stem, 10 classes)
+VIT_TINY_PARAMETERS = 5_362_762  # Ψ, vit_tiny (patch 4, 10 classes)
 MIB = 2**20
 
 
@@ -27,6 +30,20 @@ def zero1_row(args, n):
     return {"n": n, "ddp_formula": 12 * PARAMETERS / MIB, "ddp_state": trainer_runs.per_rank(ddp["state_mib"]),
             "ddp_peak": trainer_runs.per_rank(ddp["peak_mib"]),
             "zero_formula": (8 * PARAMETERS + 4 * PARAMETERS / n) / MIB, "zero_state": zero["state_mib"],
+            "zero_peak": zero["peak_mib"]}
+
+
+def zero1_adamw_row(args, n):
+    """AdamW keeps two moments per parameter: 16 bytes a parameter under DDP, 8Ψ + 8Ψ/N
+    under ZeRO-1 (weight decay 0: ZeRO-1 takes one parameter group)."""
+    common = ["--mode", "ddp", "--model", "vit_tiny", "--optimizer", "adamw", "--weight-decay", "0", "--max-steps",
+              str(args.steps), "--batch-size", str(args.batch_size)]
+    ddp = trainer_runs.train(args.build, n, common)
+    zero = trainer_runs.train(args.build, n, common + ["--zero-redundancy-optimizer"])
+    psi = VIT_TINY_PARAMETERS
+    return {"n": n, "ddp_formula": 16 * psi / MIB, "ddp_state": trainer_runs.per_rank(ddp["state_mib"]),
+            "ddp_peak": trainer_runs.per_rank(ddp["peak_mib"]),
+            "zero_formula": (8 * psi + 8 * psi / n) / MIB, "zero_state": zero["state_mib"],
             "zero_peak": zero["peak_mib"]}
 
 
@@ -51,6 +68,17 @@ TABLES = {
                {"key": "zero_formula", "title": "ZeRO-1 formula 8Ψ + 4Ψ/N", "format": ".1f"},
                {"key": "zero_state", "title": "ZeRO-1 measured (each rank)", "format": ".1f"},
                {"key": "zero_peak", "title": "ZeRO-1 peak (each rank)", "format": ".1f"}]),
+    "zero1_adamw": (zero1_adamw_row, 4,
+                    "DDP and ZeRO-1 on ViT-tiny with AdamW (weight decay 0), float32, batch {batch} per rank, "
+                    "{steps} steps: model state and peak per rank in MiB (one figure where every rank has the same, "
+                    "else each rank's)",
+                    [{"key": "n", "title": "N"},
+                     {"key": "ddp_formula", "title": "DDP formula 16Ψ", "format": ".1f"},
+                     {"key": "ddp_state", "title": "DDP measured", "format": ".1f"},
+                     {"key": "ddp_peak", "title": "DDP peak", "format": ".1f"},
+                     {"key": "zero_formula", "title": "ZeRO-1 formula 8Ψ + 8Ψ/N", "format": ".1f"},
+                     {"key": "zero_state", "title": "ZeRO-1 measured (each rank)", "format": ".1f"},
+                     {"key": "zero_peak", "title": "ZeRO-1 peak (each rank)", "format": ".1f"}]),
     "fsdp": (fsdp_row, 8,
              "FSDP's strategies on ResNet18 (CIFAR), SGD with momentum, float32, batch {batch} per rank, {steps} steps: "
              "model state per rank at the end of a step in MiB (one figure where every rank has the same, else each "
