@@ -88,6 +88,7 @@ class CachingCpuAllocator final : public Allocator {
     std::lock_guard<std::mutex> lock(mutex_);
     AllocatorStats& stats = state(device.index).stats;
     stats.peak_allocated_bytes = stats.allocated_bytes;
+    stats.external_bytes_at_peak = stats.external_bytes;
     stats.peak_reserved_bytes = stats.reserved_bytes;
   }
 
@@ -112,6 +113,7 @@ class CachingCpuAllocator final : public Allocator {
     const auto size = static_cast<size_t>(bytes);
     check_budget(device, size, size);
     DeviceState& d = state(device.index);
+    d.stats.external_bytes += bytes;  // before note_allocated, which may record it at a new peak
     note_reserved(d, bytes);
     note_allocated(d, size);
   }
@@ -121,6 +123,7 @@ class CachingCpuAllocator final : public Allocator {
     DeviceState& d = state(device.index);
     d.stats.allocated_bytes -= bytes;
     d.stats.reserved_bytes -= bytes;
+    d.stats.external_bytes -= bytes;
   }
 
  private:
@@ -187,7 +190,10 @@ class CachingCpuAllocator final : public Allocator {
   }
   static void note_allocated(DeviceState& d, size_t size) {
     d.stats.allocated_bytes += static_cast<int64_t>(size);
-    d.stats.peak_allocated_bytes = std::max(d.stats.peak_allocated_bytes, d.stats.allocated_bytes);
+    if (d.stats.allocated_bytes > d.stats.peak_allocated_bytes) {
+      d.stats.peak_allocated_bytes = d.stats.allocated_bytes;
+      d.stats.external_bytes_at_peak = d.stats.external_bytes;
+    }
   }
 
   mutable std::mutex mutex_;

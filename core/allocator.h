@@ -43,6 +43,11 @@ struct AllocatorStats {
   int64_t system_allocations = 0;    // calls that went to the system (cache misses)
   int64_t num_alloc_retries = 0;     // allocations that freed the cache and tried again
   int64_t num_ooms = 0;              // OutOfMemoryErrors raised
+  // Of allocated_bytes, what reserve_external counts (shared-memory blocks: DDP's buckets,
+  // FSDP's shards and gathered units), now and when the peak was reached: what a
+  // memory estimate calls communication buffers and gathered units.
+  int64_t external_bytes = 0;
+  int64_t external_bytes_at_peak = 0;
 };
 
 class Allocator {

@@ -15,17 +15,34 @@
 // CPU implementation must have a CUDA one in a CUDA build).
 #pragma once
 
+#include <type_traits>  // defines: std::is_void_v (a no-op kernel's return)
 #include <vector>
 
 #include "core/device.h"
 #include "core/error.h"
+#include "core/shape_only.h"  // defines: shape_only (Note [Shape-only runs])
 
 namespace loom {
+
+namespace detail {
+// A kernel of type Fn that does nothing: what shape-only runs call (Note [Shape-only runs]).
+template <typename Fn>
+struct NoOpKernel;
+template <typename R, typename... Args>
+struct NoOpKernel<R (*)(Args...)> {
+  static R run(Args...) {
+    if constexpr (!std::is_void_v<R>) return R{};
+  }
+};
+}  // namespace detail
 
 template <typename Fn>
 struct DispatchStub {
   const char* name;
   Fn table[kNumDeviceTypes] = {};
+  // A kernel that moves bytes and computes nothing (copy, fill): it runs in shape-only runs
+  // too, so that the small tensors that carry metadata keep their values (Note [Shape-only runs]).
+  bool moves_bytes_only = false;
 
   explicit constexpr DispatchStub(const char* op_name) : name(op_name) {}
 
@@ -35,6 +52,7 @@ struct DispatchStub {
                device.is_cuda() ? ": either this loom was built without CUDA (configure with -Dcuda=enabled) "
                                   "or the CUDA backend does not implement this op yet; run it on the CPU"
                                 : ": no backend registered it");
+    if (shape_only() && !moves_bytes_only) [[unlikely]] return &detail::NoOpKernel<Fn>::run;  // Note [Shape-only runs]
     return fn;
   }
   void set(DeviceType type, Fn fn) { table[static_cast<int>(type)] = fn; }

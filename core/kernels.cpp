@@ -11,6 +11,8 @@ LOOM_DEFINE_KERNEL(where_kernel);
 LOOM_DEFINE_KERNEL(threshold_backward_kernel);
 LOOM_DEFINE_KERNEL(fill_kernel);
 LOOM_DEFINE_KERNEL(copy_kernel);
+// They move bytes and compute nothing: shape-only runs keep them (Note [Shape-only runs]).
+[[maybe_unused]] static const bool byte_movers = fill_kernel.moves_bytes_only = copy_kernel.moves_bytes_only = true;
 LOOM_DEFINE_KERNEL(uniform_kernel);
 LOOM_DEFINE_KERNEL(normal_kernel);
 LOOM_DEFINE_KERNEL(randint_kernel);

@@ -90,6 +90,9 @@ int main(int argc, char** argv) {
     auto& eval_limit = flags.add<int64_t>("eval-limit", -1, "evaluate on at most N test images (-1: all)");
     auto& metrics_json = flags.add<std::string>("metrics-json", "", "write final metrics as JSON");
     auto& quiet = flags.add<bool>("quiet", false, "no progress bar");
+    auto& estimate_memory = flags.add<bool>(
+        "estimate-memory", false, "print each rank's predicted peak memory for these flags (shape-only steps: "
+        "allocations without arithmetic) and exit without training (docs/memory.md)");
     auto& mode = flags.add<std::string>("mode", c.mode, "single | dp (DataParallel: one process, several devices) | "
                                         "mp (layer-wise model parallel) | pipeline (micro-batches over the mp "
                                         "stages) | ddp (DistributedDataParallel; start with loomrun) | fsdp "
@@ -173,6 +176,7 @@ int main(int argc, char** argv) {
     c.eval_limit = eval_limit;
     c.metrics_json = metrics_json;
     c.progress = !quiet;
+    c.estimate_memory = estimate_memory;
     c.mode = mode;
     c.dp_devices = dp_devices;
     c.mp_devices = mp_devices;

@@ -12,6 +12,7 @@
 #include "core/allocator.h"                 // defines: memory_stats (the run's peak memory)
 #include "core/atomic_file.h"               // defines: write_file_atomically (--metrics-json)
 #include "core/cpu/bf16_path.h"              // defines: bf16_path_description (--amp bf16 on the CPU)
+#include "core/shape_only.h"                // defines: ShapeOnlyGuard (--estimate-memory)
 #include "core/trace.h"                     // defines: trace::Span (LOOM_TRACE=path draws the steps)
 #include "data/cifar10.h"                   // defines: CIFAR10
 #include "data/data_root.h"                 // defines: find_cifar10_root
@@ -22,6 +23,7 @@
 #include "examples/train/degrees.h"         // defines: needs_process_group
 #include "examples/train/device.h"          // defines: training_device, to_training_device, read_loss_and_correct
 #include "examples/train/distributed.h"     // defines: Distributed, what --mode ddp changes
+#include "examples/train/estimate_memory.h" // defines: measure_shape_only_steps, throw_with_advice (--estimate-memory)
 #include "examples/train/mixed_precision.h" // defines: MixedPrecision, what --amp changes
 #include "examples/train/optimizer.h"       // defines: build_optimizer (--zero-redundancy-optimizer)
 #include "examples/train/parallelize.h"     // defines: parallelize, one apply_* per parallelism
@@ -344,6 +346,27 @@ class Trainer {
 
   TrainResult evaluate_only() { return examples::evaluate_only(test(), config_, dist_); }
 
+  // --estimate-memory: the loop's own step on this rank's batches, shape-only, until the
+  // allocator's steady state; then, with values back (the report's collectives carry
+  // numbers), each device's peak. Note [How the memory estimate is made].
+  TrainResult estimate_memory() {
+    std::optional<ShapeOnlyGuard> shape_only(std::in_place);
+    parallel_.module->train();
+    auto batch = data_.train.begin();
+    const auto step = [&] {
+      if (batch == data_.train.end()) batch = data_.train.begin();  // an epoch shorter than the steps
+      train_step(parallel_, criterion_, *optimizer_, amp_, to_training_device(batch->data, device(), input_format_),
+                 to_training_device(batch->target, device()), clip_);
+      ++batch;
+    };
+    const auto all_steady = [&](bool mine) { return dist_.max(mine ? 0 : 1) == 0; };
+    const auto estimates = measure_shape_only_steps(training_devices(device(), dist_.dims()), step, all_steady,
+                                                    *parallel_.module, *optimizer_);
+    shape_only.reset();
+    report_memory_estimate(estimates, dist_, config_);
+    return result_;
+  }
+
   // One epoch (the rest of it, when resuming mid-epoch), its test and its checkpoint.
   // False once --max-steps stopped the run.
   bool train_epoch(int64_t epoch) {
@@ -463,13 +486,31 @@ TrainResult train_cifar10(const TrainConfig& config) {
   // Before anything is allocated: --dp-devices / --mp-devices count the devices after
   // --device that --mode dp, mp and pipeline use in this process (a cap on an unused
   // virtual device changes nothing).
-  apply_device_memory_limit(config.device_memory_limit, process_device(config),
-                            std::max({config.dp_devices, config.mp_devices, int64_t{1}}));
-  Trainer trainer(config);  // the data, the parallelized model, the optimizer, the checkpointer; resumed
-  if (config.eval_only) return trainer.evaluate_only();
-  for (int64_t epoch = trainer.position().epoch; epoch < config.epochs; ++epoch)
-    if (!trainer.train_epoch(epoch)) break;  // --max-steps reached
-  return trainer.finish();
+  // --estimate-memory: no budget, so that a strategy past it is measured all the same.
+  LOOM_CHECK(!config.estimate_memory || (!config.resume && !config.eval_only), "--estimate-memory predicts the "
+             "memory of training steps from a fresh start; drop --resume and --eval-only");
+  if (!config.estimate_memory)
+    apply_device_memory_limit(config.device_memory_limit, process_device(config),
+                              std::max({config.dp_devices, config.mp_devices, int64_t{1}}));
+  // Outside the try: on an error the trainer is destroyed while it unwinds, when its
+  // process group is left alone (Distributed::~Distributed) instead of waiting for ranks.
+  std::optional<Trainer> trainer;
+  int64_t first_step = -1;
+  try {
+    trainer.emplace(config);  // the data, the parallelized model, the optimizer, the checkpointer; resumed
+    if (config.estimate_memory) return trainer->estimate_memory();
+    if (config.eval_only) return trainer->evaluate_only();
+    first_step = trainer->position().global_step;
+    for (int64_t epoch = trainer->position().epoch; epoch < config.epochs; ++epoch)
+      if (!trainer->train_epoch(epoch)) break;  // --max-steps reached
+    return trainer->finish();
+  } catch (const OutOfMemoryError& e) {
+    // Past the first step the strategy has fit once; a later error is not about it.
+    if (config.estimate_memory || config.eval_only || (trainer && trainer->position().global_step > first_step &&
+                                                       first_step >= 0))
+      throw;
+    throw_with_advice(e, config);  // Note [Advice after an out-of-memory error]
+  }
 }
 
 void write_metrics_json(const TrainResult& r, const std::string& path) {

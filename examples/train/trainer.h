@@ -57,6 +57,9 @@ struct TrainConfig {
   int64_t eval_limit = -1;     // evaluate on at most this many test images; -1: all
   std::string metrics_json;
   bool progress = true;
+  // Print each rank's predicted peak memory instead of training: shape-only steps
+  // (examples/train/estimate_memory.h).
+  bool estimate_memory = false;
   // Data parallelism; the defaults are one process on one device. dp: DataParallel, one
   // process over dp_devices devices (parallel/data_parallel.h); ddp: one process per
   // device under loomrun (examples/train/distributed.h).
