@@ -23,28 +23,28 @@ VIT_TINY_PARAMETERS = 5_362_762  # Ψ, vit_tiny (patch 4, 10 classes)
 MIB = 2**20
 
 
-def zero1_row(args, n):
-    common = ["--mode", "ddp", "--max-steps", str(args.steps), "--batch-size", str(args.batch_size)]
+def zero1_table(args, n, flags, psi, state_bytes):
+    """DDP against ZeRO-1 with `flags` (the model and optimizer): the formulas say
+    state_bytes·Ψ per rank under DDP, of which the optimizer's share is sharded N ways."""
+    common = ["--mode", "ddp", *flags, "--max-steps", str(args.steps), "--batch-size", str(args.batch_size)]
     ddp = trainer_runs.train(args.build, n, common)
     zero = trainer_runs.train(args.build, n, common + ["--zero-redundancy-optimizer"])
-    return {"n": n, "ddp_formula": 12 * PARAMETERS / MIB, "ddp_state": trainer_runs.per_rank(ddp["state_mib"]),
+    optimizer_bytes = state_bytes - 8  # what is not parameters and gradients (4 + 4 bytes)
+    return {"n": n, "ddp_formula": state_bytes * psi / MIB, "ddp_state": trainer_runs.per_rank(ddp["state_mib"]),
             "ddp_peak": trainer_runs.per_rank(ddp["peak_mib"]),
-            "zero_formula": (8 * PARAMETERS + 4 * PARAMETERS / n) / MIB, "zero_state": zero["state_mib"],
+            "zero_formula": (8 * psi + optimizer_bytes * psi / n) / MIB, "zero_state": zero["state_mib"],
             "zero_peak": zero["peak_mib"]}
+
+
+def zero1_row(args, n):
+    return zero1_table(args, n, [], PARAMETERS, 12)  # ResNet18 (the default model), SGD with momentum
 
 
 def zero1_adamw_row(args, n):
     """AdamW keeps two moments per parameter: 16 bytes a parameter under DDP, 8Ψ + 8Ψ/N
     under ZeRO-1 (weight decay 0: ZeRO-1 takes one parameter group)."""
-    common = ["--mode", "ddp", "--model", "vit_tiny", "--optimizer", "adamw", "--weight-decay", "0", "--max-steps",
-              str(args.steps), "--batch-size", str(args.batch_size)]
-    ddp = trainer_runs.train(args.build, n, common)
-    zero = trainer_runs.train(args.build, n, common + ["--zero-redundancy-optimizer"])
-    psi = VIT_TINY_PARAMETERS
-    return {"n": n, "ddp_formula": 16 * psi / MIB, "ddp_state": trainer_runs.per_rank(ddp["state_mib"]),
-            "ddp_peak": trainer_runs.per_rank(ddp["peak_mib"]),
-            "zero_formula": (8 * psi + 8 * psi / n) / MIB, "zero_state": zero["state_mib"],
-            "zero_peak": zero["peak_mib"]}
+    return zero1_table(args, n, ["--model", "vit_tiny", "--optimizer", "adamw", "--weight-decay", "0"],
+                       VIT_TINY_PARAMETERS, 16)
 
 
 def fsdp_row(args, n):

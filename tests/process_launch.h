@@ -66,7 +66,21 @@ inline std::string under_loomrun(int ranks, const std::string& command) {
   return path_from_env("LOOMRUN") + " --standalone --nproc_per_node " + std::to_string(ranks) + " " + command;
 }
 
-// A fresh directory under /tmp, removed with everything in it at scope exit.
+// The command line of train_cifar10 (the TRAIN_CIFAR10 environment variable names it) with `flags`: one
+// process, or `ranks` workers of one loomrun.
+inline std::string trainer_command(int ranks, const std::string& flags) {
+  const std::string program = path_from_env("TRAIN_CIFAR10") + " " + flags;
+  return ranks == 1 ? program : under_loomrun(ranks, program);
+}
+
+// Runs `command` with --save DIR/NAME.safetensors, which must succeed; the weights' path.
+inline std::string run_saving_weights(const TempDir& dir, const std::string& command, const std::string& name) {
+  const std::string path = (dir.path / (name + ".safetensors")).string();
+  Result r = Launch(command + " --save " + path).finish();
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  return path;
+}
+
 // A file's bytes (the saved weights two runs must agree on to the bit); "" if it is missing.
 inline std::string read_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);

@@ -19,16 +19,10 @@ namespace {
 const std::string kCommon = " --model tiny --synthetic --max-steps 3 --eval-limit 0 --threads 1 --workers 0 --quiet "
                             "--lr 0.02";
 
-std::string train(int ranks, const std::string& flags) {
-  const std::string program = path_from_env("TRAIN_CIFAR10") + kCommon + " " + flags;
-  return ranks == 1 ? program : under_loomrun(ranks, program);
-}
+std::string train(int ranks, const std::string& flags) { return trainer_command(ranks, kCommon + " " + flags); }
 
 std::string saved(const TempDir& dir, int ranks, const std::string& flags, const std::string& name) {
-  const std::string path = (dir.path / (name + ".safetensors")).string();
-  Result r = Launch(train(ranks, flags + " --save " + path)).finish();
-  REQUIRE_MESSAGE(r.code == 0, r.output);
-  return path;
+  return run_saving_weights(dir, train(ranks, flags), name);
 }
 
 }  // namespace
