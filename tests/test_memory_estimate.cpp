@@ -2,7 +2,7 @@
 // every computing kernel and keep every allocation (Note [Shape-only runs]); the predicted peak of
 // each rank is within 10% of what training measures (max_memory_allocated, as the
 // trainer's "memory per rank" line prints it) in one process, under DDP, FSDP and a
-// pipeline over processes; and an out-of-memory error at the first step names the
+// pipeline over processes; and an out-of-memory error in the first steps names the
 // strategies that would fit, on one rank and on two (without a hang).
 #include <doctest/doctest.h>
 
@@ -121,7 +121,7 @@ TEST_CASE("--estimate-memory in one process over several devices prints one line
   CHECK_MESSAGE(contains(r.output, "--device-memory-limit 1GiB (1.00 GiB): fits"), r.output);
 }
 
-TEST_CASE("an out-of-memory error at the first step lists the strategies that would fit") {
+TEST_CASE("an out-of-memory error in the first steps lists the strategies that would fit") {
   // A budget at 80% of the single process's predicted peak: over it, but half the batch fits.
   Result estimate = Launch(train_cifar10(1, "--estimate-memory")).finish();
   REQUIRE_MESSAGE(estimate.code == 0, estimate.output);

@@ -319,7 +319,7 @@ void throw_with_advice(const OutOfMemoryError& error, const TrainConfig& config)
   if (ranks && dist::default_store()->add("train_cifar10/oom_advisors", 1) != 1) {
     // Another rank advises; exiting now would make loomrun stop it. It exits when done,
     // and loomrun then stops this rank (or the wait ends).
-    std::fprintf(stderr, "train_cifar10: rank %d: out of memory at the first step; the first rank that failed "
+    std::fprintf(stderr, "train_cifar10: rank %d: out of memory in the first steps; the first rank that failed "
                  "reports which strategies would fit\n", rank);
     std::fflush(stderr);
     try {
@@ -328,7 +328,7 @@ void throw_with_advice(const OutOfMemoryError& error, const TrainConfig& config)
     }
     throw error;
   }
-  std::fprintf(stderr, "train_cifar10: rank %d: out of memory at the first step; estimating which strategies would "
+  std::fprintf(stderr, "train_cifar10: rank %d: out of memory in the first steps; estimating which strategies would "
                "fit (train_cifar10 --estimate-memory, a few seconds each)...\n", rank);
   std::fflush(stderr);
   const int world = ranks ? dist::get_world_size() : 1;

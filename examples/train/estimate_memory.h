@@ -1,6 +1,6 @@
 // train_cifar10 --estimate-memory: each rank's (or, in one process, each device's) peak
 // memory for the chosen strategy and degrees, predicted in seconds without training; and
-// after an out-of-memory error at the first step, the strategies that would fit.
+// after an out-of-memory error in the first steps, the strategies that would fit.
 //
 //   build/examples/train_cifar10 --estimate-memory --batch-size 256
 //   build/parallel/loomrun --standalone --nproc_per_node 2 build/examples/train_cifar10 \
@@ -20,7 +20,8 @@
 //   model state    the parameters, gradients and optimizer state on the device after
 //                  the last step (distinct storages: Note [Counting storages, not tensors])
 //   other held     the rest of what stays allocated between steps (buffers, a batch,
-//                  the data set where it lives on the training device)
+//                  the data set where it lives on the training device, and what the
+//                  allocator's size classes and best fit add to the blocks of all these)
 //   comm           shared-memory blocks charged at the peak beyond those held between
 //                  steps: FSDP's gathered units, communication buffers made in the step
 //   activations    the rest at the peak: activations, their gradients and temporaries
@@ -31,7 +32,8 @@
 // measured; the line says whether the peak fits under --device-memory-limit.
 //
 // Note [Advice after an out-of-memory error]
-// An OutOfMemoryError at the first step (or while the model is being set up) is
+// An OutOfMemoryError in the first two steps (the second is the first with the optimizer's
+// state, and often the peak), or while the model is being set up, is
 // reported with the predicted peak of the strategies that could take its place, under
 // the same flags and budget: DDP, ZeRO-1, FSDP's shard_grad_op and full_shard and a
 // pipeline over as many ranks (at least 2), and the same strategy at half the batch. Each

@@ -505,9 +505,10 @@ TrainResult train_cifar10(const TrainConfig& config) {
       if (!trainer->train_epoch(epoch)) break;  // --max-steps reached
     return trainer->finish();
   } catch (const OutOfMemoryError& e) {
-    // Past the first step the strategy has fit once; a later error is not about it.
-    if (config.estimate_memory || config.eval_only || (trainer && trainer->position().global_step > first_step &&
-                                                       first_step >= 0))
+    // The first two steps find out whether the strategy fits (the second is the first with
+    // the optimizer's state); an error after them is not about the strategy.
+    if (config.estimate_memory || config.eval_only ||
+        (trainer && first_step >= 0 && trainer->position().global_step >= first_step + 2))
       throw;
     throw_with_advice(e, config);  // Note [Advice after an out-of-memory error]
   }
