@@ -35,8 +35,9 @@
 //   so no step is skipped. The estimator drives the step itself and reads nothing back.
 //   Work outside the stubs still happens: the collectives' reductions, the data loader's
 //   reads, and the transformer kernels autograd calls directly (core/cpu/transformer_kernels.h).
-// - What it cannot see: memory a kernel allocates for itself (a convolution's workspace
-//   on `cpu`, oneDNN's scratchpad) is not allocated when the kernel does not run.
+// - What it cannot see: memory a kernel allocates for itself is not allocated when the
+//   kernel does not run: a convolution's workspace and oneDNN's scratchpad (on `cpu`), and
+//   the float32 staging of float16 tensors on the CPU (on the tensors' own device).
 #pragma once
 
 #include <atomic>

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "autograd/autocast.h"   // defines: autocast::Guard, is_enabled, get_dtype
+#include "core/memory.h"         // defines: OutOfMemoryError (kept as such, for the trainer's advice)
 #include "autograd/grad_mode.h"  // defines: GradMode
 #include "cuda/device.h"         // defines: cuda::DeviceGuard
 
@@ -123,6 +124,8 @@ void rethrow_first_error(const std::vector<std::exception_ptr>& errors,
     if (!errors[i]) continue;
     try {
       std::rethrow_exception(errors[i]);
+    } catch (const OutOfMemoryError& e) {  // still an out-of-memory error: callers act on it
+      throw OutOfMemoryError(loom::detail::str(describe(i), ": ", e.what()));
     } catch (const std::exception& e) {
       LOOM_FAIL(describe(i), ": ", e.what());
     }

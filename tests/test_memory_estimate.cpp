@@ -143,4 +143,10 @@ TEST_CASE("an out-of-memory error in the first steps lists the strategies that w
     CHECK_MESSAGE(contains(r.output, "loomrun: worker rank"), r.output);
     CHECK(r.seconds < 120);
   }
+  SUBCASE("a pipeline in one process: a stage's error is still an out-of-memory error") {
+    Result r = Launch(train_cifar10(1, "--mode pipeline --max-steps 2 --device-memory-limit 3MiB")).finish();
+    CHECK(r.code != 0);
+    CHECK_MESSAGE(contains(r.output, "Pipeline: stage 0 (cpu:1) failed"), r.output);
+    CHECK_MESSAGE(contains(r.output, "Predicted peak per rank of the alternatives"), r.output);
+  }
 }
