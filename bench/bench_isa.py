@@ -12,8 +12,10 @@ of the per-round ratios. The 1-minute load average is read before every process.
 
 AVX2 rows run under Note [CPU ISA switch] (core/cpu/cpu_isa.h): LOOM_CPU_ISA=avx2,
 ONEDNN_MAX_CPU_ISA=AVX2, OPENBLAS_CORETYPE=Haswell, and ATEN_CPU_CAPABILITY=avx2 for
-PyTorch. Their second loom column is LOOM_CONV2D_ALGO=direct, what loom ran on AVX2 before
-it had Winograd convolutions of its own (oneDNN has them only for AVX-512). The
+PyTorch. There loom feeds channels-last images, so that no activation is reordered between
+layers (Note [Channels-last on AVX2], core/cpu/activation_layout.h; PyTorch keeps its NCHW
+default). Their second loom column is LOOM_CONV2D_ALGO=direct on NCHW images, what loom ran
+on AVX2 before it had Winograd convolutions of its own (oneDNN has them only for AVX-512). The
 unrestricted rows' second loom column is LOOM_CPU_ISA=avx2 alone: loom's own Winograd
 (on OpenBLAS's AVX-512 sgemm) in place of oneDNN's.
 """
@@ -65,7 +67,8 @@ def main():
                       f"--threads={args.threads}", "--amp=none"]
             loom = [os.path.join(ROOT, "build/bench/bench_train"), "--worker"] + common
             torch = [args.python, os.path.join(ROOT, "bench/bench_train_torch.py")] + common
-            alt_env = {**env, "LOOM_CONV2D_ALGO": "direct"} if env else {"LOOM_CPU_ISA": "avx2"}
+            alt_env = ({**env, "LOOM_CONV2D_ALGO": "direct", "LOOM_BENCH_MEMORY_FORMAT": "contiguous"} if env
+                       else {"LOOM_CPU_ISA": "avx2"})
             cells = {"torch": [], "loom": [], "alt": []}
             loads = []
             for _ in range(args.repeat):

@@ -57,6 +57,7 @@
 #include "autograd/grad_mode.h"    // defines: NoGradGuard
 #include "autograd/ops.h"          // defines: randn, randint
 #include "core/allocator.h"        // defines: memory_stats
+#include "core/cpu/activation_layout.h"  // defines: cpu::activation_format (Note [Channels-last on AVX2])
 #include "core/kernels.h"          // defines: the dispatch stubs --profile wraps
 #include "data/synthetic_cifar.h"  // defines: SyntheticCIFAR
 #include "data/transforms.h"       // defines: Compose, RandomCrop, ...
@@ -240,6 +241,16 @@ void print_kernel_profile(int steps, double step_seconds) {
 
 // One (mode, batch) of loom: prints `result MODE BATCH IMG_PER_S MAX_RSS_KB`, and on
 // stderr where a step's time goes and what the caching allocator holds.
+// The images' layout: loom's choice for `dtype` on this CPU, or LOOM_BENCH_MEMORY_FORMAT's.
+MemoryFormat bench_memory_format(DType dtype) {
+  const char* value = std::getenv("LOOM_BENCH_MEMORY_FORMAT");
+  if (value == nullptr || *value == '\0') return cpu::activation_format(dtype);
+  if (std::strcmp(value, "contiguous") == 0) return MemoryFormat::Contiguous;
+  if (std::strcmp(value, "channels_last") == 0) return MemoryFormat::ChannelsLast;
+  std::fprintf(stderr, "LOOM_BENCH_MEMORY_FORMAT: expected 'contiguous' or 'channels_last', got '%s'\n", value);
+  std::exit(2);
+}
+
 int run_worker(const Options& o) {
   omp_set_num_threads(o.threads);
   manual_seed(0);
@@ -251,8 +262,11 @@ int run_worker(const Options& o) {
   };
   auto model = nn::resnet18(10);
   Tensor images = randn({batch, 3, 32, 32});
-  // As PyTorch's bf16 rows: channels-last images, so every activation is (Note [bfloat16 rows]).
-  if (bf16) images = images.contiguous(MemoryFormat::ChannelsLast);
+  // The layout in which loom's convolutions need no reorders (Note [Channels-last on AVX2],
+  // core/cpu/activation_layout.h), as train_cifar10 --memory-format auto: channels-last
+  // under bf16 (as PyTorch's bf16 rows, Note [bfloat16 rows]) and on AVX2, NCHW otherwise.
+  // LOOM_BENCH_MEMORY_FORMAT=contiguous|channels_last overrides it, to measure the other.
+  images = images.contiguous(bench_memory_format(bf16 ? kBFloat16 : kFloat32));
   Tensor labels = randint(0, 10, {batch}, TensorOptions(kInt64));
   nn::CrossEntropyLoss criterion;
   optim::SGD optimizer(model->parameters(), {.lr = 0.1, .momentum = 0.9, .weight_decay = 5e-4});

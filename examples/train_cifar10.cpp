@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
     auto& amp = flags.add<std::string>("amp", c.amp, "mixed precision: none | bf16 | fp16 (autocast; fp16 adds a GradScaler)");
     auto& memory_format = flags.add<std::string>(
         "memory-format", c.memory_format,
-        "auto | contiguous | channels_last: the images' layout (auto: channels_last under --amp bf16 on the CPU)");
+        "auto | contiguous | channels_last: the images' layout (auto: channels_last on the CPU under --amp bf16, and in float32 without AVX-512)");
     auto& no_augment = flags.add<bool>("no-augment", false, "no random crop/flip");
     auto& no_shuffle = flags.add<bool>("no-shuffle", false, "sequential training order");
     auto& init = flags.add<std::string>("init", "", "load weights (safetensors) before training");

@@ -106,9 +106,13 @@ TEST_CASE("empty_like, clone, zeros_like, to(dtype) and the elementwise ops keep
 TEST_CASE("conv2d on channels-last input: channels-last output and input gradient, values as NCHW") {
   struct Case {
     DType dtype;
-    double tol;  // float32 computes in the same blocked layout both ways; bfloat16 in nhwc vs blocked
+    // float32 computes in the same blocked layout both ways on AVX-512, and on AVX2
+    // (LOOM_CPU_ISA=avx2) in loom's Winograd, whose NCHW and NHWC passes sum in other
+    // orders (Note [Winograd in channels-last]; 1.8e-6 apart measured); bfloat16 in nhwc
+    // vs blocked.
+    double tol;
   };
-  for (const Case& c : {Case{kFloat32, 1e-6}, Case{kBFloat16, 1e-2}, Case{kFloat64, 1e-12}}) {
+  for (const Case& c : {Case{kFloat32, 4e-6}, Case{kBFloat16, 1e-2}, Case{kFloat64, 1e-12}}) {
     CAPTURE(c.dtype);
     for (int64_t stride : {1, 2}) {
       CAPTURE(stride);

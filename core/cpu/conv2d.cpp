@@ -18,7 +18,11 @@
 // Channels-last tensors (Note [Channels-last activations], core/memory_format.h) are
 // handed to oneDNN as nhwc user memory; in bfloat16 the primitive then computes in nhwc
 // too, with no reorder at all (at batch 32 the step's reorders went from 54 to 17 ms,
-// docs/benchmarks.md), while float32 keeps the blocked layout its Winograd needs.
+// docs/benchmarks.md), and so does float32 where oneDNN has no AVX-512 (its jit:avx2
+// direct kernels take nhwc in all three passes: Note [Channels-last on AVX2],
+// core/cpu/activation_layout.h); float32 on AVX-512 keeps the blocked layout its
+// Winograd needs. Only the weights are then reordered (OIHW to the kernel's blocked
+// layout, and the weight gradient back).
 //
 // Note [Conv2d algorithm]
 // 3x3 convolutions with stride 1 (most of a ResNet's work) run as Winograd F(4x4, 3x3):
@@ -31,8 +35,9 @@
 //   512@4x4.
 // - loom's own (core/cpu/winograd_conv2d.h) on AVX2 CPUs, where oneDNN has only direct
 //   kernels (and under LOOM_CPU_ISA=avx2: Note [CPU ISA switch], core/cpu/cpu_isa.h), for
-//   float32 NCHW activations with padding 1. It reads and writes loom's NCHW tensors as
-//   they are, so these convolutions need no reorders either.
+//   float32 activations with padding 1. It reads and writes loom's NCHW or channels-last
+//   tensors as they are (Note [Winograd in channels-last]), so these convolutions need
+//   no reorders either.
 // LOOM_CONV2D_ALGO chooses (read per call): `auto` (the default) takes Winograd where it
 // beats the direct algorithm (loom's own where both channel counts are at least
 // kWinogradMinChannels: on AVX2 it beat oneDNN's direct kernels on every ResNet18-CIFAR
@@ -93,7 +98,10 @@ enum class Algorithm : int8_t { Direct, Winograd, Auto };
 // (computed on as they are) and blocked for everything else.
 Layout layout_policy(bool channels_last, DType dtype) {
   const char* value = std::getenv("LOOM_CONV2D_LAYOUT");
-  if (value == nullptr || *value == '\0') return channels_last && dtype == kBFloat16 ? Layout::Nhwc : Layout::Blocked;
+  if (value == nullptr || *value == '\0') {
+    const bool nhwc_fastest = dtype == kBFloat16 || (dtype == kFloat32 && !onednn_has_avx512());
+    return channels_last && nhwc_fastest ? Layout::Nhwc : Layout::Blocked;
+  }
   if (std::strcmp(value, "blocked") == 0) return Layout::Blocked;
   if (std::strcmp(value, "nchw") == 0) return Layout::Nchw;
   if (std::strcmp(value, "nhwc") == 0) return Layout::Nhwc;
@@ -114,8 +122,8 @@ Algorithm algorithm_from_env() {
 constexpr int64_t kWinogradMinChannels = 16;
 
 // Whether loom's own Winograd computes this convolution (Note [Conv2d algorithm]).
-bool runs_loom_winograd(const Conv2dGeometry& g, DType dtype, bool channels_last) {
-  if (dtype != kFloat32 || channels_last || !winograd_applies(g)) return false;
+bool runs_loom_winograd(const Conv2dGeometry& g, DType dtype) {
+  if (dtype != kFloat32 || !winograd_applies(g)) return false;
   const Algorithm algorithm = algorithm_from_env();
   if (algorithm == Algorithm::Direct || onednn_has_avx512()) return false;
   return algorithm == Algorithm::Winograd || (g.c >= kWinogradMinChannels && g.o >= kWinogradMinChannels);
@@ -458,10 +466,10 @@ void conv2d_forward_cpu(const Tensor& input, const Tensor& weight, const Tensor&
     conv2d_forward_cpu(cpu::float32_copy(input), cpu::float32_copy(weight), cpu::float32_copy(bias), params, out32);
     return cpu::round_into(out32, out);
   }
-  if (runs_loom_winograd(g, input.dtype(), channels_last)) {
+  if (runs_loom_winograd(g, input.dtype())) {
     report_loom_winograd("forward", g);
     return winograd_forward(g, input.data_ptr<float>(), weight.data_ptr<float>(),
-                            bias.defined() ? bias.data_ptr<float>() : nullptr, out.data_ptr<float>());
+                            bias.defined() ? bias.data_ptr<float>() : nullptr, out.data_ptr<float>(), channels_last);
   }
   const PlanKey key = make_key(Pass::Forward, bias.defined(), g, input.dtype(), channels_last);
   ReorderedInputs reordered;
@@ -508,17 +516,17 @@ void conv2d_backward_cpu(const Tensor& grad_out, const Tensor& input, const Tens
     cpu::round_into(gb, grad_bias);
     return;
   }
-  if (runs_loom_winograd(g, input.dtype(), channels_last)) {
+  if (runs_loom_winograd(g, input.dtype())) {
     const float* gy = grad_out.data_ptr<float>();
     if (grad_input.defined()) {
       report_loom_winograd("backward (input gradient)", g);
-      winograd_backward_data(g, gy, weight.data_ptr<float>(), grad_input.data_ptr<float>());
+      winograd_backward_data(g, gy, weight.data_ptr<float>(), grad_input.data_ptr<float>(), channels_last);
     }
     if (grad_weight.defined() || grad_bias.defined()) {
       report_loom_winograd("backward (weight gradient)", g);
       Tensor weight_sink = grad_weight.defined() ? grad_weight : empty(weight.shape(), TensorOptions(kFloat32));
       winograd_backward_weights(g, input.data_ptr<float>(), gy, weight_sink.data_ptr<float>(),
-                                grad_bias.defined() ? grad_bias.data_ptr<float>() : nullptr);
+                                grad_bias.defined() ? grad_bias.data_ptr<float>() : nullptr, channels_last);
     }
     return;
   }

@@ -15,19 +15,6 @@
 //   convolution exactly; the sum over tiles is a long GEMM reduction like the direct
 //   algorithm's.
 //
-// Note [Winograd blocking]
-// The tiles are processed in blocks: one thread transforms a block's input tiles into
-// V (alpha^2 x C x block floats), multiplies, and transforms the products M
-// (alpha^2 x O x block) back, while both are still in its L2 cache. kL2Bytes is a
-// conservative per-core L2 (AMD Zen 2-4: 512 KiB-1 MiB, Intel since Skylake-SP: 1-2 MiB);
-// the block is also kept at least 16 tiles, so that each sgemm has some width, and small
-// enough that every thread gets a block. That suits many tiles and few channels (32x32
-// images, 64 channels). With few tiles and many channels (4x4 images, 512 channels) the
-// filters U (alpha^2 x O x C) outweigh a block's V and M, and the weight gradient's
-// per-thread sums of dU would be larger than all of V and dM: there the whole batch is
-// one block, transformed with the threads splitting the channels, and the alpha^2
-// sgemms are split among the threads (whole_batch below).
-//
 // Note [Winograd tile size]
 // F(4x4) needs 36 products per 16 outputs, F(2x2) 16 per 4: F(4x4) does 2.25x less
 // work per output, unless the image is so small that its 6x6 tiles are mostly padding.
@@ -43,45 +30,26 @@
 #include <cstring>
 #include <vector>
 
-#include "core/cpu/winograd_transforms.h"  // defines: Matrices, transform_tile (Note [Winograd tiles])
+#include "core/cpu/winograd_blocking.h"    // defines: Tiling, block_tiles, whole_batch (Note [Winograd blocking])
+#include "core/cpu/winograd_channels_last.h"  // defines: the NHWC passes
+#include "core/cpu/winograd_transforms.h"  // defines: Matrices, transform_tile, transform_filters (Note [Winograd tiles])
 #include "core/factory.h"                  // defines: empty (workspace from the caching allocator)
 
 namespace loom::cpu {
 namespace {
 
 using winograd::kLanes;
+using winograd::all_tiles;
+using winograd::block_tiles;
+using winograd::inverse_transform_filters;
+using winograd::round_up;
+using winograd::TileRef;
+using winograd::Tiling;
+using winograd::transform_filters;
+using winograd::whole_batch;
 using winograd::Matrices;
 using winograd::transform_tile;
 using winograd::Transposed;
-
-constexpr int64_t kL2Bytes = 512 * 1024;  // See Note [Winograd blocking]
-constexpr int64_t kMinBlock = 16;
-
-int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
-
-// Where a tile's top-left output pixel lies.
-struct TileRef {
-  int64_t n, y, x;
-};
-
-// The tiles of a batch of H x W images cut into m x m tiles, numbered image by image,
-// row by row.
-struct Tiling {
-  int64_t m, rows, cols, total;
-  Tiling(const Conv2dGeometry& g, int64_t m_)
-      : m(m_), rows((g.h + m_ - 1) / m_), cols((g.w + m_ - 1) / m_), total(g.n * rows * cols) {}
-  TileRef at(int64_t t) const {
-    const int64_t per_image = rows * cols, r = t % per_image;
-    return {t / per_image, r / cols * m, r % cols * m};
-  }
-};
-
-// See Note [Winograd blocking]: tiles per block, a multiple of kLanes.
-int64_t block_tiles(int64_t alpha, int64_t in_channels, int64_t out_channels, int64_t total, int threads) {
-  const int64_t fit = kL2Bytes / (alpha * alpha * (in_channels + out_channels) * int64_t{sizeof(float)});
-  const int64_t share = round_up((total + threads - 1) / threads, kLanes);
-  return std::max<int64_t>(kLanes, std::min(round_up(std::max(fit, kMinBlock), kLanes), share));
-}
 
 // Gathers kLanes tiles of side `side` starting at output pixel (y + offset, x + offset) of
 // one channel plane into d[i * side + k][lane], zero outside the image and for lanes past
@@ -169,69 +137,6 @@ void transform_output(const Conv2dGeometry& g, int64_t channels, const float* m,
   }
 }
 
-// U[p][r][s] = (G g G^T)[p] for every filter g = weight[o, c] (rows = O, cols = C), or,
-// for the input gradient (Note [Winograd gradients]), of weight[o, c] flipped, at
-// [p][c][o]. Consecutive (r, s) pairs are the lanes, so each position's stores are
-// contiguous.
-template <int M>
-void transform_filters(const Conv2dGeometry& g, const float* weight, bool flip, float* u) {
-  constexpr int A = M + 2;
-  const int64_t rows = flip ? g.c : g.o, cols = flip ? g.o : g.c, total = rows * cols;
-#pragma omp parallel for schedule(static)
-  for (int64_t f = 0; f < total; f += kLanes) {
-    alignas(32) float d[9 * kLanes];
-    alignas(32) float out[A * A * kLanes];
-    const int64_t lanes = std::min<int64_t>(kLanes, total - f);
-    for (int l = 0; l < kLanes; ++l) {
-      if (l >= lanes) {
-        for (int e = 0; e < 9; ++e) d[e * kLanes + l] = 0.f;
-        continue;
-      }
-      if (!flip) {  // f = o * C + c: the filters lie in this order already
-        for (int e = 0; e < 9; ++e) d[e * kLanes + l] = weight[(f + l) * 9 + e];
-        continue;
-      }
-      const int64_t c = (f + l) / cols, o = (f + l) % cols;
-      for (int e = 0; e < 9; ++e) d[e * kLanes + l] = weight[(o * g.c + c) * 9 + 8 - e];
-    }
-    transform_tile<A, 3>(Matrices<M>::G, d, out);
-    for (int p = 0; p < A * A; ++p) std::memcpy(u + p * total + f, out + p * kLanes, sizeof(float) * lanes);
-  }
-}
-
-// grad_weight[o, c] = G^T dU[o, c] G (Note [Winograd gradients]).
-template <int M>
-void inverse_transform_filters(const Conv2dGeometry& g, const float* du, float* grad_weight) {
-  constexpr int A = M + 2;
-  static constexpr Transposed<A, 3> kGT(Matrices<M>::G);
-  const int64_t total = g.o * g.c;
-#pragma omp parallel for schedule(static)
-  for (int64_t f = 0; f < total; f += kLanes) {
-    alignas(32) float d[A * A * kLanes];
-    alignas(32) float out[9 * kLanes];
-    const int64_t lanes = std::min<int64_t>(kLanes, total - f);
-    for (int p = 0; p < A * A; ++p) {
-      std::memcpy(d + p * kLanes, du + p * total + f, sizeof(float) * lanes);
-      std::fill(d + p * kLanes + lanes, d + (p + 1) * kLanes, 0.f);
-    }
-    transform_tile<3, A>(kGT.m, d, out);
-    for (int l = 0; l < lanes; ++l)
-      for (int e = 0; e < 9; ++e) grad_weight[(f + l) * 9 + e] = out[e * kLanes + l];
-  }
-}
-
-// See Note [Winograd blocking]: whether the whole batch is one block, with the transforms
-// split over channels and the sgemms over positions.
-bool whole_batch(int64_t in_channels, int64_t out_channels, int64_t tiles, int threads) {
-  return threads > 1 && (in_channels + out_channels) * tiles <= threads * in_channels * out_channels;
-}
-
-std::vector<TileRef> all_tiles(const Tiling& tiling) {
-  std::vector<TileRef> tiles(tiling.total);
-  for (int64_t t = 0; t < tiling.total; ++t) tiles[t] = tiling.at(t);
-  return tiles;
-}
-
 // The forward pass, for the given filters U (in_channels -> out_channels): the
 // convolution itself, or the input gradient (Note [Winograd gradients]).
 template <int M>
@@ -284,12 +189,17 @@ void forward_tiles(const Conv2dGeometry& g, int64_t in_channels, int64_t out_cha
 
 template <int M>
 void forward_with(const Conv2dGeometry& g, const float* input, const float* weight, const float* bias, float* out,
-                  bool flip) {
+                  bool flip, bool channels_last) {
   constexpr int64_t P = (M + 2) * (M + 2);
   Tensor u = empty({P * g.o * g.c}, TensorOptions(kFloat32));
-  transform_filters<M>(g, weight, flip, u.data_ptr<float>());
-  if (flip) forward_tiles<M>(g, g.o, g.c, input, u.data_ptr<float>(), nullptr, out);
-  else forward_tiles<M>(g, g.c, g.o, input, u.data_ptr<float>(), bias, out);
+  transform_filters<M>(g, weight, flip, u.data_ptr<float>(), /*transposed=*/channels_last);
+  const int64_t in_channels = flip ? g.o : g.c, out_channels = flip ? g.c : g.o;
+  if (flip) bias = nullptr;
+  if (channels_last) {
+    winograd::forward_tiles_channels_last<M>(g, in_channels, out_channels, input, u.data_ptr<float>(), bias, out);
+  } else {
+    forward_tiles<M>(g, in_channels, out_channels, input, u.data_ptr<float>(), bias, out);
+  }
 }
 
 template <int M>
@@ -364,18 +274,25 @@ int winograd_tile(const Conv2dGeometry& g) {  // See Note [Winograd tile size]
 }
 
 void winograd_forward(const Conv2dGeometry& g, const float* input, const float* weight, const float* bias,
-                      float* out) {
-  if (winograd_tile(g) == 4) forward_with<4>(g, input, weight, bias, out, false);
-  else forward_with<2>(g, input, weight, bias, out, false);
+                      float* out, bool channels_last) {
+  if (winograd_tile(g) == 4) forward_with<4>(g, input, weight, bias, out, false, channels_last);
+  else forward_with<2>(g, input, weight, bias, out, false, channels_last);
 }
 
-void winograd_backward_data(const Conv2dGeometry& g, const float* grad_out, const float* weight, float* grad_input) {
-  if (winograd_tile(g) == 4) forward_with<4>(g, grad_out, weight, nullptr, grad_input, true);
-  else forward_with<2>(g, grad_out, weight, nullptr, grad_input, true);
+void winograd_backward_data(const Conv2dGeometry& g, const float* grad_out, const float* weight, float* grad_input,
+                            bool channels_last) {
+  if (winograd_tile(g) == 4) forward_with<4>(g, grad_out, weight, nullptr, grad_input, true, channels_last);
+  else forward_with<2>(g, grad_out, weight, nullptr, grad_input, true, channels_last);
 }
 
 void winograd_backward_weights(const Conv2dGeometry& g, const float* input, const float* grad_out, float* grad_weight,
-                               float* grad_bias) {
+                               float* grad_bias, bool channels_last) {
+  if (channels_last) {
+    if (winograd_tile(g) == 4) winograd::backward_weights_channels_last<4>(g, input, grad_out, grad_weight);
+    else winograd::backward_weights_channels_last<2>(g, input, grad_out, grad_weight);
+    if (grad_bias != nullptr) winograd::bias_gradient_channels_last(g, grad_out, grad_bias);
+    return;
+  }
   if (winograd_tile(g) == 4) backward_weights_with<4>(g, input, grad_out, grad_weight);
   else backward_weights_with<2>(g, input, grad_out, grad_weight);
   if (grad_bias == nullptr) return;

@@ -1,5 +1,6 @@
 // loom's own Winograd convolution on the CPU: 3x3, stride 1, padding 1 (a ResNet's
-// main convolutions), float32, plain NCHW tensors, all three passes.
+// main convolutions), float32, all three passes, on NCHW or channels-last (NHWC)
+// activations as they are (Note [Winograd in channels-last], winograd_channels_last.cpp).
 //
 // oneDNN has Winograd kernels only for AVX-512; on AVX2 CPUs these take their place
 // (Note [Conv2d algorithm], core/cpu/conv2d.cpp, says which runs when). The tile
@@ -19,16 +20,20 @@ bool winograd_applies(const Conv2dGeometry& g);
 // tiles would mostly cover padding (Note [Winograd tile size], winograd_conv2d.cpp).
 int winograd_tile(const Conv2dGeometry& g);
 
-// out = conv(input, weight) + bias (bias may be null). NCHW input and output, OIHW weight.
-void winograd_forward(const Conv2dGeometry& g, const float* input, const float* weight, const float* bias,
-                      float* out);
+// Every activation (input, output and their gradients) is NCHW, or NHWC where
+// channels_last; weights are OIHW either way.
 
-// grad_input = the input gradient for grad_out (both NCHW, the same size).
-void winograd_backward_data(const Conv2dGeometry& g, const float* grad_out, const float* weight, float* grad_input);
+// out = conv(input, weight) + bias (bias may be null).
+void winograd_forward(const Conv2dGeometry& g, const float* input, const float* weight, const float* bias,
+                      float* out, bool channels_last);
+
+// grad_input = the input gradient for grad_out (the same size).
+void winograd_backward_data(const Conv2dGeometry& g, const float* grad_out, const float* weight, float* grad_input,
+                            bool channels_last);
 
 // grad_weight (OIHW) = the weight gradient; grad_bias (may be null) = grad_out summed
 // over every axis but the channel.
 void winograd_backward_weights(const Conv2dGeometry& g, const float* input, const float* grad_out, float* grad_weight,
-                               float* grad_bias);
+                               float* grad_bias, bool channels_last);
 
 }  // namespace loom::cpu

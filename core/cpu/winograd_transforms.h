@@ -20,7 +20,11 @@
 // transforms of the same kind (Note [Winograd gradients], winograd_conv2d.cpp).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
+
+#include "core/cpu/conv2d_reference.h"  // defines: Conv2dGeometry
 
 namespace loom::cpu::winograd {
 
@@ -98,6 +102,62 @@ template <int R, int K>
       }
       for (int l = 0; l < kLanes; ++l) y[(r * R + s) * kLanes + l] = acc[l];
     }
+}
+
+// The filter transforms, the same for either activation layout.
+
+// U[p] = (G g G^T)[p] for every filter g of a convolution from `cols` to `rows` channels:
+// weight[o, c] itself (rows = O, cols = C), or for the input gradient (Note [Winograd
+// gradients]) weight[o, c] flipped (rows = C, cols = O). Each position's matrix is
+// rows x cols (U[p][r][s]), or with `transposed` cols x rows (U[p][s][r], what the
+// channels-last passes multiply by: Note [Winograd in channels-last]). Consecutive
+// entries of a position's matrix are the lanes, so its stores are contiguous.
+template <int M>
+inline void transform_filters(const Conv2dGeometry& g, const float* weight, bool flip, float* u,
+                              bool transposed = false) {
+  constexpr int A = M + 2;
+  const int64_t rows = flip ? g.c : g.o, cols = flip ? g.o : g.c, total = rows * cols;
+#pragma omp parallel for schedule(static)
+  for (int64_t f = 0; f < total; f += kLanes) {
+    alignas(32) float d[9 * kLanes];
+    alignas(32) float out[A * A * kLanes];
+    const int64_t lanes = std::min<int64_t>(kLanes, total - f);
+    for (int l = 0; l < kLanes; ++l) {
+      if (l >= lanes) {
+        for (int e = 0; e < 9; ++e) d[e * kLanes + l] = 0.f;
+        continue;
+      }
+      const int64_t r = transposed ? (f + l) % rows : (f + l) / cols, s = transposed ? (f + l) / rows : (f + l) % cols;
+      if (!flip) {  // r = o, s = c
+        for (int e = 0; e < 9; ++e) d[e * kLanes + l] = weight[(r * g.c + s) * 9 + e];
+      } else {  // r = c, s = o
+        for (int e = 0; e < 9; ++e) d[e * kLanes + l] = weight[(s * g.c + r) * 9 + 8 - e];
+      }
+    }
+    transform_tile<A, 3>(Matrices<M>::G, d, out);
+    for (int p = 0; p < A * A; ++p) std::memcpy(u + p * total + f, out + p * kLanes, sizeof(float) * lanes);
+  }
+}
+
+// grad_weight[o, c] = G^T dU[o, c] G (Note [Winograd gradients]).
+template <int M>
+inline void inverse_transform_filters(const Conv2dGeometry& g, const float* du, float* grad_weight) {
+  constexpr int A = M + 2;
+  static constexpr Transposed<A, 3> kGT(Matrices<M>::G);
+  const int64_t total = g.o * g.c;
+#pragma omp parallel for schedule(static)
+  for (int64_t f = 0; f < total; f += kLanes) {
+    alignas(32) float d[A * A * kLanes];
+    alignas(32) float out[9 * kLanes];
+    const int64_t lanes = std::min<int64_t>(kLanes, total - f);
+    for (int p = 0; p < A * A; ++p) {
+      std::memcpy(d + p * kLanes, du + p * total + f, sizeof(float) * lanes);
+      std::fill(d + p * kLanes + lanes, d + (p + 1) * kLanes, 0.f);
+    }
+    transform_tile<3, A>(kGT.m, d, out);
+    for (int l = 0; l < lanes; ++l)
+      for (int e = 0; e < 9; ++e) grad_weight[(f + l) * 9 + e] = out[e * kLanes + l];
+  }
 }
 
 }  // namespace loom::cpu::winograd

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "autograd/ops.h"            // defines: argmax, eq, sum, stack
+#include "core/cpu/activation_layout.h"  // defines: cpu::activation_format (Note [Channels-last on AVX2])
 #include "core/error.h"
 #include "core/memory.h"             // defines: parse_memory_size, set_device_memory_limit
 #include "cuda/device.h"             // defines: cuda::is_compiled, is_available, unavailable_reason
@@ -47,7 +48,9 @@ MemoryFormat input_memory_format(const std::string& flag, const std::string& amp
   if (flag == "contiguous") return MemoryFormat::Contiguous;
   if (flag == "channels_last") return MemoryFormat::ChannelsLast;
   LOOM_CHECK(flag == "auto", "--memory-format: expected auto, contiguous or channels_last, got '", flag, "'");
-  return amp == "bf16" && device.is_cpu() ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
+  if (!device.is_cpu()) return MemoryFormat::Contiguous;
+  if (amp == "bf16") return MemoryFormat::ChannelsLast;
+  return amp == "none" ? cpu::activation_format(kFloat32) : MemoryFormat::Contiguous;  // Note [Channels-last on AVX2]
 }
 
 Tensor to_training_device(const Tensor& batch, Device device, MemoryFormat format) {

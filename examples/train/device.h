@@ -38,9 +38,11 @@ void apply_device_memory_limit(const std::string& flag, Device first, int64_t co
 // in (Note [Channels-last activations], core/memory_format.h). auto is channels_last for
 // --amp bf16 on the CPU, where oneDNN's bfloat16 convolutions compute in NHWC and NCHW
 // activations would be reordered around every one (as PyTorch users write
-// model(images.contiguous(memory_format=torch.channels_last))), and contiguous otherwise:
-// float32 convolutions compute in a blocked layout either way, and on CUDA loom's
-// kernels take NCHW.
+// model(images.contiguous(memory_format=torch.channels_last))), and for float32 on CPUs
+// without AVX-512, where loom's Winograd and oneDNN's AVX2 kernels take NHWC as it is
+// (Note [Channels-last on AVX2], core/cpu/activation_layout.h); contiguous otherwise:
+// float32 convolutions on AVX-512 compute in a blocked layout either way, and on CUDA
+// loom's kernels take NCHW.
 MemoryFormat input_memory_format(const std::string& flag, const std::string& amp, Device device);
 
 // `batch` (CPU) on `device`, in `format`: a non-blocking copy through pinned memory for
