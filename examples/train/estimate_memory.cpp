@@ -293,7 +293,16 @@ std::string estimate_line(const Alternative& alt, const std::vector<std::string>
 }
 
 std::string advice(const TrainConfig& config, int world) {
+  // LOOM_OOM_ADVICE=0: no estimates (a benchmark that runs into the budget on purpose,
+  // bench/largest_model.py, wants the error, not a minute of advice after each).
+  if (const char* env = std::getenv("LOOM_OOM_ADVICE"); env && std::string(env) == "0")
+    return "(LOOM_OOM_ADVICE=0: the alternatives were not estimated)";
   const std::string self = self_path();
+  // The estimates rerun this program with its own flags: only train_cifar10 takes them (a
+  // test that calls train_cifar10() would run itself again).
+  if (std::filesystem::path(self).filename() != "train_cifar10")
+    return "(no alternatives estimated: that takes the train_cifar10 program, and this is " + self +
+           "; run train_cifar10 --estimate-memory with the strategies to compare)";
   const std::vector<std::string> args = own_arguments();
   const std::vector<std::string> base = without(args, kRunFlags);
   const std::vector<std::string> plain = without(base, kStrategyFlags);
