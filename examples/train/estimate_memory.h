@@ -43,6 +43,9 @@
 // (a counter in the job's store) gives the advice; others that failed wait for it, so
 // that their exit does not make loomrun stop it; ranks that did not fail wait in their
 // collectives until it exits, and loomrun then stops them (Note [How loomrun stops a job]).
+// LOOM_OOM_ADVICE=0 leaves the error as it is (a benchmark that runs into the budget on
+// purpose wants the error, not the estimates after each); so does a program other than
+// train_cifar10 that calls train_cifar10(), since the estimates rerun the program.
 #pragma once
 
 #include <cstdint>
