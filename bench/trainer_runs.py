@@ -18,10 +18,12 @@ def per_rank(values):
     return values[0] if len(set(values)) == 1 else values
 
 
-def train(build, ranks, flags):
+def attempt(build, ranks, flags, env=None):
     """train_cifar10 --synthetic with `flags` on `ranks` processes (loomrun when more than one):
-    {"metrics": its --metrics-json, "peak_mib": [...], "state_mib": [...] (per rank),
-     "balance": the pipeline's cut or None}."""
+    {"ok": whether it exited 0, "out_of_memory": whether it stopped with an OutOfMemoryError,
+     "command", "output": its stdout and stderr, and where it succeeded "metrics": its
+     --metrics-json, "peak_mib": [...], "state_mib": [...] (per rank), "balance": the pipeline's
+     cut or None}."""
     with tempfile.TemporaryDirectory() as tmp:
         metrics = os.path.join(tmp, "metrics.json")
         cmd = [os.path.join(build, "examples", "train_cifar10"), "--synthetic", "--threads", "1", "--workers", "0",
@@ -29,16 +31,29 @@ def train(build, ranks, flags):
         if ranks > 1:
             cmd = [os.path.join(build, "parallel", "loomrun"), "--standalone", "--nproc_per_node", str(ranks), *cmd]
         # Not --quiet: the progress output is where a pipeline reports its cut.
-        done = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True)
-        if done.returncode != 0:
-            raise SystemExit(f"{' '.join(cmd)}\nfailed with exit status {done.returncode}:\n{done.stderr[-3000:]}")
+        done = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})), capture_output=True,
+                              text=True)
+        result = {"ok": done.returncode == 0, "command": " ".join(cmd), "output": done.stdout + done.stderr,
+                  "out_of_memory": done.returncode != 0 and "out of memory" in done.stdout + done.stderr}
+        if not result["ok"]:
+            return result
         with open(metrics) as f:
-            result = {"metrics": json.load(f)}
+            result["metrics"] = json.load(f)
+    if result["metrics"].get("estimate"):  # --estimate-memory: its figures are in the metrics
+        return result
     ranks_seen = sorted((int(r), float(p), float(s)) for r, p, s in MEMORY.findall(done.stdout))
     if len(ranks_seen) != ranks:
-        raise SystemExit(f"{' '.join(cmd)}: expected a 'memory per rank' line with {ranks} ranks, got:\n{done.stdout}")
+        raise SystemExit(f"{result['command']}: expected a 'memory per rank' line with {ranks} ranks, got:\n{done.stdout}")
     result["peak_mib"] = [p for _, p, _ in ranks_seen]
     result["state_mib"] = [s for _, _, s in ranks_seen]
     balance = BALANCE.search(done.stderr + done.stdout)
     result["balance"] = balance.group(1) if balance else None
+    return result
+
+
+def train(build, ranks, flags):
+    """attempt(), which must succeed: {"metrics", "peak_mib", "state_mib", "balance"}."""
+    result = attempt(build, ranks, flags)
+    if not result["ok"]:
+        raise SystemExit(f"{result['command']}\nfailed:\n{result['output'][-3000:]}")
     return result
