@@ -34,37 +34,6 @@ namespace loom::cpu::channels_last {
 constexpr int64_t kGroupRows = 256;  // a group of 64-channel bfloat16 rows is 32 KiB: it stays in cache between passes
 constexpr int64_t kParallelElements = 1 << 15;
 
-// Note [Channel blocks in registers]
-// A group's per-channel sums are taken kChannelBlock channels at a time, the block's
-// accumulators held in registers across the group's rows (four AVX2 vectors of floats).
-// Accumulators in memory, one row at a time over all C channels, are loaded and stored
-// again for every row: at 64 channels that made the float32 forward and backward about
-// 2x slower than the NCHW planes' (the channels-last float32 activations of AVX2 CPUs:
-// Note [Channels-last on AVX2], core/cpu/activation_layout.h). Each channel still sums its
-// rows in order into one accumulator, so the bits are the row-at-a-time loop's.
-constexpr int64_t kChannelBlock = 32;
-
-// For each block of channels [c0, c0 + width) of rows [begin, end): acc[j] += term(xr, j)
-// over the rows, for every accumulator array of `Accs` (kChannelBlock each), then
-// store(c0, width, accs...). `term` gets the row's pointer offset to the block.
-template <typename T, int kAccs, typename Term, typename Store>
-inline void channel_block_sums(int64_t C, int64_t begin, int64_t end, Term term, Store store) {
-  for (int64_t c0 = 0; c0 < C; c0 += kChannelBlock) {
-    const int64_t width = std::min(kChannelBlock, C - c0);
-    T acc[kAccs][kChannelBlock] = {};
-    if (width == kChannelBlock) {
-      for (int64_t r = begin; r < end; ++r) {
-#pragma omp simd
-        for (int64_t j = 0; j < kChannelBlock; ++j) term(acc, r, c0, j);
-      }
-    } else {
-      for (int64_t r = begin; r < end; ++r)
-        for (int64_t j = 0; j < width; ++j) term(acc, r, c0, j);
-    }
-    store(c0, width, acc);
-  }
-}
-
 struct RowLayout {
   int64_t rows, c;  // [rows, c]; rows = N * H * W
   int64_t groups() const { return (rows + kGroupRows - 1) / kGroupRows; }
@@ -90,19 +59,23 @@ void batch_moments(const RowLayout& l, const E* x, std::vector<double>& mean, st
 #pragma omp for schedule(static)
     for (int64_t g = 0; g < G; ++g) {
       const int64_t begin = l.group_begin(g), end = l.group_end(g);
-      // See Note [Channel blocks in registers].
-      channel_block_sums<T, 1>(
-          C, begin, end, [&](T (*acc)[kChannelBlock], int64_t r, int64_t c0, int64_t j) { acc[0][j] += widen(x[r * C + c0 + j]); },
-          [&](int64_t c0, int64_t width, T (*acc)[kChannelBlock]) { std::copy(acc[0], acc[0] + width, su + c0); });
+      std::fill(sum.begin(), sum.end(), T(0));
+      std::fill(squares_t.begin(), squares_t.end(), T(0));
+      for (int64_t r = begin; r < end; ++r) {
+        const E* xr = x + r * C;
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) su[c] += widen(xr[c]);
+      }
       const T count = static_cast<T>(end - begin);
       for (int64_t c = 0; c < C; ++c) ce[c] = su[c] / count;
-      channel_block_sums<T, 1>(
-          C, begin, end,
-          [&](T (*acc)[kChannelBlock], int64_t r, int64_t c0, int64_t j) {
-            const T d = widen(x[r * C + c0 + j]) - ce[c0 + j];
-            acc[0][j] += d * d;
-          },
-          [&](int64_t c0, int64_t width, T (*acc)[kChannelBlock]) { std::copy(acc[0], acc[0] + width, sq + c0); });
+      for (int64_t r = begin; r < end; ++r) {
+        const E* xr = x + r * C;
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) {
+          const T d = widen(xr[c]) - ce[c];
+          sq[c] += d * d;
+        }
+      }
       for (int64_t c = 0; c < C; ++c) {
         group_sum[g * C + c] = static_cast<double>(su[c]);
         group_centre[g * C + c] = static_cast<double>(ce[c]);
@@ -183,28 +156,24 @@ void backward_sums(const RowLayout& l, const E* dy, const E* y, const E* x, cons
     T* b = sdot.data();
 #pragma omp for schedule(static)
     for (int64_t g = 0; g < G; ++g) {
-      if (residual_grad != nullptr) {
-        for (int64_t r = l.group_begin(g); r < l.group_end(g); ++r) {
-          const E* dyr = dy + r * C;
-          const E* yr = kRelu ? y + r * C : nullptr;
+      std::fill(sdy.begin(), sdy.end(), T(0));
+      std::fill(sdot.begin(), sdot.end(), T(0));
+      for (int64_t r = l.group_begin(g); r < l.group_end(g); ++r) {
+        const E* xr = x + r * C;
+        const E* dyr = dy + r * C;
+        const E* yr = kRelu ? y + r * C : nullptr;
+        if (residual_grad != nullptr) {
           E* gr = residual_grad + r * C;
 #pragma omp simd
           for (int64_t c = 0; c < C; ++c) narrow_into(gr[c], incoming<E, kRelu>(dyr, yr, c));  // exact: dy or 0
         }
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) {
+          const T gv = incoming<E, kRelu>(dyr, yr, c);
+          a[c] += gv;
+          b[c] += gv * (widen(xr[c]) - mean[c]);
+        }
       }
-      // See Note [Channel blocks in registers].
-      channel_block_sums<T, 2>(
-          C, l.group_begin(g), l.group_end(g),
-          [&](T (*acc)[kChannelBlock], int64_t r, int64_t c0, int64_t j) {
-            const int64_t i = r * C + c0 + j;
-            const T gv = incoming<E, kRelu>(dy, kRelu ? y : nullptr, i);
-            acc[0][j] += gv;
-            acc[1][j] += gv * (widen(x[i]) - mean[c0 + j]);
-          },
-          [&](int64_t c0, int64_t width, T (*acc)[kChannelBlock]) {
-            std::copy(acc[0], acc[0] + width, a + c0);
-            std::copy(acc[1], acc[1] + width, b + c0);
-          });
       for (int64_t c = 0; c < C; ++c) {
         group_dy[g * C + c] = static_cast<double>(a[c]);
         group_dot[g * C + c] = static_cast<double>(b[c]);
