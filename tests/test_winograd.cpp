@@ -52,6 +52,8 @@ const std::vector<Shape4> kShapes = {
     {"8->16 on 2x3 (F(2x2), an edge tile)", {3, 8, 2, 3}, {16, 8, 3, 3}, false, 2},
     {"64->64 on 16x16", {4, 64, 16, 16}, {64, 64, 3, 3}, false, 4},
     {"16->16 on 20x18, bias (blocks of tiles)", {2, 16, 20, 18}, {16, 16, 3, 3}, true, 4},
+    // Channel counts that are not multiples of a vector: partial lanes in the NHWC passes.
+    {"3->12 on 5x5, bias (partial channel vectors)", {2, 3, 5, 5}, {12, 3, 3, 3}, true, 4},
 };
 
 struct Results {
