@@ -7,6 +7,7 @@
 #include "autograd/grad_mode.h"    // defines: GradMode, NoGradGuard
 #include "core/error.h"
 #include "core/factory.h"          // defines: from_vector
+#include "core/shape_only.h"       // defines: shape_only (Note [Shape-only steps wait for each reduce-scatter])
 #include "core/trace.h"            // defines: trace::Span, trace::record, trace::track
 #include "parallel/ddp/reducer.h"  // defines: completion_us
 
@@ -334,6 +335,13 @@ void Runtime::on_gradient_ready(size_t unit, size_t index) {
   reduce_works_.push_back(flat.reduce_async(world_));
   launched_.push_back(unit);
   flat.release();
+  // Note [Shape-only steps wait for each reduce-scatter]
+  // In a shape-only step (--estimate-memory, core/shape_only.h) the backward computes
+  // nothing, so every unit's full-size gradient buffer would wait at once in the
+  // communicator's queue for its reduce-scatter, and the estimate would count them all.
+  // In training the reduce-scatters keep pace with a backward that does compute, and
+  // each buffer goes back before the next unit's is made; waiting here models that.
+  if (shape_only() && reduce_works_.back()) reduce_works_.back()->wait();
 }
 
 void Runtime::finalize() {
