@@ -57,28 +57,27 @@ def fsdp_row(args, n):
             "full_over_ddp": max(state["full_shard"]) / max(ddp["state_mib"])}
 
 
+def zero1_columns(ddp_bytes, optimizer_bytes):
+    """The DDP-against-ZeRO-1 table's columns, its formulas written for these bytes per parameter."""
+    return [{"key": "n", "title": "N"},
+            {"key": "ddp_formula", "title": f"DDP formula {ddp_bytes}Ψ", "format": ".1f"},
+            {"key": "ddp_state", "title": "DDP measured", "format": ".1f"},
+            {"key": "ddp_peak", "title": "DDP peak", "format": ".1f"},
+            {"key": "zero_formula", "title": f"ZeRO-1 formula 8Ψ + {optimizer_bytes}Ψ/N", "format": ".1f"},
+            {"key": "zero_state", "title": "ZeRO-1 measured (each rank)", "format": ".1f"},
+            {"key": "zero_peak", "title": "ZeRO-1 peak (each rank)", "format": ".1f"}]
+
+
 TABLES = {
     "zero1": (zero1_row, 4,
               "DDP and ZeRO-1 on ResNet18 (CIFAR), SGD with momentum, float32, batch {batch} per rank, {steps} steps: "
               "model state and peak per rank in MiB (one figure where every rank has the same, else each rank's)",
-              [{"key": "n", "title": "N"},
-               {"key": "ddp_formula", "title": "DDP formula 12Ψ", "format": ".1f"},
-               {"key": "ddp_state", "title": "DDP measured", "format": ".1f"},
-               {"key": "ddp_peak", "title": "DDP peak", "format": ".1f"},
-               {"key": "zero_formula", "title": "ZeRO-1 formula 8Ψ + 4Ψ/N", "format": ".1f"},
-               {"key": "zero_state", "title": "ZeRO-1 measured (each rank)", "format": ".1f"},
-               {"key": "zero_peak", "title": "ZeRO-1 peak (each rank)", "format": ".1f"}]),
+              zero1_columns(12, 4)),
     "zero1_adamw": (zero1_adamw_row, 4,
                     "DDP and ZeRO-1 on ViT-tiny with AdamW (weight decay 0), float32, batch {batch} per rank, "
                     "{steps} steps: model state and peak per rank in MiB (one figure where every rank has the same, "
                     "else each rank's)",
-                    [{"key": "n", "title": "N"},
-                     {"key": "ddp_formula", "title": "DDP formula 16Ψ", "format": ".1f"},
-                     {"key": "ddp_state", "title": "DDP measured", "format": ".1f"},
-                     {"key": "ddp_peak", "title": "DDP peak", "format": ".1f"},
-                     {"key": "zero_formula", "title": "ZeRO-1 formula 8Ψ + 8Ψ/N", "format": ".1f"},
-                     {"key": "zero_state", "title": "ZeRO-1 measured (each rank)", "format": ".1f"},
-                     {"key": "zero_peak", "title": "ZeRO-1 peak (each rank)", "format": ".1f"}]),
+                    zero1_columns(16, 8)),
     "fsdp": (fsdp_row, 8,
              "FSDP's strategies on ResNet18 (CIFAR), SGD with momentum, float32, batch {batch} per rank, {steps} steps: "
              "model state per rank at the end of a step in MiB (one figure where every rank has the same, else each "
