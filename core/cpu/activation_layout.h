@@ -19,10 +19,18 @@
 //                        format (Note [Channels-last activations], core/memory_format.h),
 //                        so a ResNet's activations stay NHWC from its stem to its pooling.
 //                        In NCHW the oneDNN convolutions reorder to and from nChw8c around
-//                        each call instead: ResNet18-CIFAR at batch 32 did 52 such
-//                        reorders a step (ONEDNN_VERBOSE=1), 1.4-3 ms each; in
-//                        channels-last a step reorders only its 20 oneDNN-convolution
-//                        weights (small, OIHW to the kernels' blocked layout).
+//                        each call instead: ResNet18-CIFAR at batch 32 did 52 reorders a
+//                        step (ONEDNN_VERBOSE=1), 32 of them activations; in channels-last
+//                        a step reorders only its 20 oneDNN-convolution weights (OIHW to
+//                        the kernels' blocked layout and back, ~0.04 ms each).
+//                        Where NHWC is slower: oneDNN's jit:avx2 kernels on nhwc run about
+//                        7% behind their nChw8c versions (most in the stride-2 3x3
+//                        convolutions' backward passes: 64->128 at 32x32, input gradient
+//                        15.1 against 12.6 ms, one thread, batch 32; the stem's weight
+//                        gradient 2.4 against 1.3 ms), which about cancels the activation
+//                        reorders they save (146 against 148 ms a step, all oneDNN
+//                        convolutions and reorders together). The gain is loom's Winograd,
+//                        whose NHWC passes are the faster (Note [Winograd in channels-last]).
 // Under LOOM_CPU_ISA=avx2 (Note [CPU ISA switch], core/cpu/cpu_isa.h) an AVX-512 machine
 // takes the AVX2 row.
 #pragma once
