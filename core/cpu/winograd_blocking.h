@@ -20,7 +20,10 @@
 #include <cstdint>
 #include <vector>
 
+#include <omp.h>  // defines: omp_get_thread_num (sum_weight_gradient_blocks' team)
+
 #include "core/cpu/conv2d_reference.h"     // defines: Conv2dGeometry
+#include "core/factory.h"                  // defines: empty (the team's workspace)
 #include "core/cpu/winograd_transforms.h"  // defines: kLanes
 
 namespace loom::cpu::winograd {
@@ -58,6 +61,42 @@ inline int64_t block_tiles(int64_t alpha, int64_t in_channels, int64_t out_chann
 // split among the threads and the sgemms split over positions.
 inline bool whole_batch(int64_t in_channels, int64_t out_channels, int64_t tiles, int threads) {
   return threads > 1 && (in_channels + out_channels) * tiles <= threads * in_channels * out_channels;
+}
+
+// Note [Per-thread weight-gradient sums]
+// The weight gradient sums the products of every tile. Past whole_batch, each of a team
+// of threads sums its blocks of tiles into a dU of its own (a static schedule: the same
+// blocks, so the same rounding, from run to run), and the team's sums are added in thread
+// order after. Each thread's workspace holds its V (positions x C x block), dM
+// (positions x O x block) and dU (positions x O x C). add_block(first, count, v, dm, du)
+// transforms tiles [first, first + count) into v and dm and adds their products into du,
+// in the layout it computes in (NCHW or channels-last). Returns the summed dU, which
+// lives in `workspace`.
+template <typename AddBlock>
+float* sum_weight_gradient_blocks(int64_t positions, int64_t alpha, const Conv2dGeometry& g, int64_t total,
+                                  int threads, Tensor& workspace, const AddBlock& add_block) {
+  const int64_t block = block_tiles(alpha, g.c, g.o, total, threads);
+  const int64_t blocks = (total + block - 1) / block;
+  const int team = static_cast<int>(std::min<int64_t>(threads, blocks));
+  const int64_t per_thread = positions * (g.c + g.o) * block, filters = positions * g.o * g.c;
+  workspace = empty({team * (per_thread + filters)}, TensorOptions(kFloat32));
+  float* base = workspace.data_ptr<float>();
+#pragma omp parallel num_threads(team)
+  {
+    float* v = base + omp_get_thread_num() * (per_thread + filters);
+    float* dm = v + positions * g.c * block;
+    float* du = dm + positions * g.o * block;
+    std::fill(du, du + filters, 0.f);
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < blocks; ++b) add_block(b * block, std::min(block, total - b * block), v, dm, du);
+  }
+  float* du = base + per_thread;
+  for (int t = 1; t < team; ++t) {
+    const float* other = base + t * (per_thread + filters) + per_thread;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < filters; ++i) du[i] += other[i];
+  }
+  return du;
 }
 
 inline std::vector<TileRef> all_tiles(const Tiling& tiling) {

@@ -208,36 +208,15 @@ void backward_weights_channels_last(const Conv2dGeometry& g, const float* input,
     for (int64_t p = 0; p < P; ++p) multiply(p, rows, v, dm, 0.f, du);
     return inverse_transform_filters<M>(g, du, grad_weight);
   }
-  const int64_t block = block_tiles(M + 2, g.c, g.o, tiling.total, threads);
-  const int64_t blocks = (tiling.total + block - 1) / block;
-  const int team = static_cast<int>(std::min<int64_t>(threads, blocks));
-  const int64_t per_thread = P * (g.c + g.o) * block, filters = P * g.o * g.c;
-  // Each thread sums its blocks into its own dU; the sums are added after.
-  Tensor workspace = empty({team * (per_thread + filters)}, TensorOptions(kFloat32));
-  float* base = workspace.data_ptr<float>();
-#pragma omp parallel num_threads(team)
-  {
-    float* v = base + omp_get_thread_num() * (per_thread + filters);
-    float* dm = v + P * g.c * block;
-    float* du = dm + P * g.o * block;
-    std::fill(du, du + filters, 0.f);
-    // static: which blocks each thread sums, and so the rounding of the sums, does not
-    // change from run to run.
-#pragma omp for schedule(static)
-    for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t first = b * block, last = std::min(first + block, tiling.total);
-      const Rows r{first, last, first, last - first};
-      transform_input<M>(g, g.c, input, tiling, r, v);
-      transform_grad_out<M>(g, g.o, grad_out, tiling, r, dm);
-      for (int64_t p = 0; p < P; ++p) multiply(p, r.rows, v, dm, 1.f, du);
-    }
-  }
-  float* du = base + per_thread;
-  for (int t = 1; t < team; ++t) {
-    const float* other = base + t * (per_thread + filters) + per_thread;
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < filters; ++i) du[i] += other[i];
-  }
+  Tensor workspace;  // See Note [Per-thread weight-gradient sums] (winograd_blocking.h)
+  float* du = sum_weight_gradient_blocks(
+      P, M + 2, g, tiling.total, threads, workspace,
+      [&](int64_t first, int64_t count, float* v, float* dm, float* sums) {
+        const Rows r{first, first + count, first, count};
+        transform_input<M>(g, g.c, input, tiling, r, v);
+        transform_grad_out<M>(g, g.o, grad_out, tiling, r, dm);
+        for (int64_t p = 0; p < P; ++p) multiply(p, r.rows, v, dm, 1.f, sums);
+      });
   inverse_transform_filters<M>(g, du, grad_weight);
 }
 

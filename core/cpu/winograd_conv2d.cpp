@@ -43,6 +43,7 @@ using winograd::all_tiles;
 using winograd::block_tiles;
 using winograd::inverse_transform_filters;
 using winograd::round_up;
+using winograd::sum_weight_gradient_blocks;
 using winograd::TileRef;
 using winograd::Tiling;
 using winograd::transform_filters;
@@ -225,39 +226,19 @@ void backward_weights_with(const Conv2dGeometry& g, const float* input, const fl
                   v + p * g.c * padded, padded, 0.f, du + p * g.o * g.c, g.c);
     return inverse_transform_filters<M>(g, du, grad_weight);
   }
-  const int64_t block = block_tiles(M + 2, g.c, g.o, tiling.total, threads);
-  const int64_t blocks = (tiling.total + block - 1) / block;
-  const int team = static_cast<int>(std::min<int64_t>(threads, blocks));
-  const int64_t per_thread = P * (g.c + g.o) * block, filters = P * g.o * g.c;
-  // Each thread sums its blocks into its own dU; the sums are added after.
-  Tensor workspace = empty({team * (per_thread + filters)}, TensorOptions(kFloat32));
-  float* base = workspace.data_ptr<float>();
-#pragma omp parallel num_threads(team)
-  {
-    float* v = base + omp_get_thread_num() * (per_thread + filters);
-    float* dm = v + P * g.c * block;
-    float* du = dm + P * g.o * block;
-    std::fill(du, du + filters, 0.f);
-    std::vector<TileRef> tiles(block);
-    // static: which blocks each thread sums, and so the rounding of the sums, does not
-    // change from run to run.
-#pragma omp for schedule(static)
-    for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t first = b * block, count = std::min(block, tiling.total - first), padded = round_up(count, kLanes);
-      for (int64_t t = 0; t < count; ++t) tiles[t] = tiling.at(first + t);
-      transform_input<M>(g, g.c, input, tiles.data(), count, padded, v);
-      transform_grad_out<M>(g, g.o, grad_out, tiles.data(), count, padded, dm);
-      for (int64_t p = 0; p < P; ++p)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g.o, g.c, padded, 1.f, dm + p * g.o * padded, padded,
-                    v + p * g.c * padded, padded, 1.f, du + p * g.o * g.c, g.c);
-    }
-  }
-  float* du = base + per_thread;
-  for (int t = 1; t < team; ++t) {
-    const float* other = base + t * (per_thread + filters) + per_thread;
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < filters; ++i) du[i] += other[i];
-  }
+  Tensor workspace;  // See Note [Per-thread weight-gradient sums] (winograd_blocking.h)
+  float* du = sum_weight_gradient_blocks(
+      P, M + 2, g, tiling.total, threads, workspace,
+      [&](int64_t first, int64_t count, float* v, float* dm, float* sums) {
+        const int64_t padded = round_up(count, kLanes);
+        std::vector<TileRef> tiles(static_cast<size_t>(count));
+        for (int64_t t = 0; t < count; ++t) tiles[t] = tiling.at(first + t);
+        transform_input<M>(g, g.c, input, tiles.data(), count, padded, v);
+        transform_grad_out<M>(g, g.o, grad_out, tiles.data(), count, padded, dm);
+        for (int64_t p = 0; p < P; ++p)
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g.o, g.c, padded, 1.f, dm + p * g.o * padded, padded,
+                      v + p * g.c * padded, padded, 1.f, sums + p * g.o * g.c, g.c);
+      });
   inverse_transform_filters<M>(g, du, grad_weight);
 }
 
