@@ -58,48 +58,41 @@ struct Rows {
   int64_t first, last, row0, rows;
 };
 
-// V[p][t][c] = (B^T d B)[p] for the tiles' 6x6 or 4x4 input patches (one pixel up and left
-// of the output tile: the padding).
-template <int M>
-void transform_input(const Conv2dGeometry& g, int64_t channels, const float* x, const Tiling& tiling, Rows r,
-                     float* v) {
-  constexpr int A = M + 2;
-  alignas(32) float d[A * A * kLanes];
+// out[p][t][c] = (T x T^T)[p] for the tiles' K x K patches of x, each starting `shift`
+// pixels up and left of its output tile, eight channels at a time (T: alpha x K).
+template <int A, int K>
+void transform_patches(const float (&transform)[A][K], int shift, const Conv2dGeometry& g, int64_t channels,
+                       const float* x, const Tiling& tiling, Rows r, float* out_rows) {
+  alignas(32) float d[K * K * kLanes];
   alignas(32) float out[A * A * kLanes];
   for (int64_t t = r.first; t < r.last; ++t) {
     const TileRef tile = tiling.at(t);
     const float* image = x + tile.n * g.h * g.w * channels;
-    float* row = v + (t - r.row0) * channels;
+    float* row = out_rows + (t - r.row0) * channels;
     for (int64_t c = 0; c < channels; c += kLanes) {
       const int64_t lanes = std::min<int64_t>(kLanes, channels - c);
-      gather_patch<A>(image, g.h, g.w, channels, tile.y - 1, tile.x - 1, c, lanes, d);
-      transform_tile<A, A>(Matrices<M>::BT, d, out);
+      gather_patch<K>(image, g.h, g.w, channels, tile.y - shift, tile.x - shift, c, lanes, d);
+      transform_tile<A, K>(transform, d, out);
       for (int p = 0; p < A * A; ++p)
         std::memcpy(row + p * r.rows * channels + c, out + p * kLanes, sizeof(float) * lanes);
     }
   }
 }
 
+// V[p][t][c] = (B^T d B)[p] for the tiles' 6x6 or 4x4 input patches (one pixel up and left
+// of the output tile: the padding).
+template <int M>
+void transform_input(const Conv2dGeometry& g, int64_t channels, const float* x, const Tiling& tiling, Rows r,
+                     float* v) {
+  transform_patches<M + 2, M + 2>(Matrices<M>::BT, 1, g, channels, x, tiling, r, v);
+}
+
 // dM[p][t][o] = (A dY A^T)[p] for the tiles' m x m grad_out patches (Note [Winograd gradients]).
 template <int M>
 void transform_grad_out(const Conv2dGeometry& g, int64_t channels, const float* grad_out, const Tiling& tiling,
                         Rows r, float* dm) {
-  constexpr int A = M + 2;
-  static constexpr Transposed<M, A> kA(Matrices<M>::AT);
-  alignas(32) float d[M * M * kLanes];
-  alignas(32) float out[A * A * kLanes];
-  for (int64_t t = r.first; t < r.last; ++t) {
-    const TileRef tile = tiling.at(t);
-    const float* image = grad_out + tile.n * g.h * g.w * channels;
-    float* row = dm + (t - r.row0) * channels;
-    for (int64_t o = 0; o < channels; o += kLanes) {
-      const int64_t lanes = std::min<int64_t>(kLanes, channels - o);
-      gather_patch<M>(image, g.h, g.w, channels, tile.y, tile.x, o, lanes, d);
-      transform_tile<A, M>(kA.m, d, out);
-      for (int p = 0; p < A * A; ++p)
-        std::memcpy(row + p * r.rows * channels + o, out + p * kLanes, sizeof(float) * lanes);
-    }
-  }
+  static constexpr Transposed<M, M + 2> kA(Matrices<M>::AT);
+  transform_patches<M + 2, M>(kA.m, 0, g, channels, grad_out, tiling, r, dm);
 }
 
 // out tile = A^T M A (+ bias), stored into the NHWC output where it lies in the image.
