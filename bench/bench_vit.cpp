@@ -67,6 +67,7 @@ int main(int argc, char** argv) {
   auto model = model_name == "vit_small" ? nn::vit_small() : nn::vit_tiny();
   optim::AdamW opt(optim::param_groups_weight_decay(*model, 0.05, model->no_weight_decay()), {.lr = 1e-3});
   Tensor images = randn({batch, 3, 32, 32}), labels = randint(0, 10, {batch});
+  const int64_t system_allocations_before = memory_stats(Device()).system_allocations;
   const double ms = median_ms(steps, [&] {
     opt.zero_grad();
     Tensor loss = cross_entropy((*model)(images), labels);
@@ -74,7 +75,9 @@ int main(int argc, char** argv) {
     nn::utils::clip_grad_norm_(model->parameters(), 1.0);
     opt.step();
   });
-  std::printf("train img_s=%.1f ms=%.1f peak_mib=%.1f\n", static_cast<double>(batch) * 1000.0 / ms, ms,
-              static_cast<double>(memory_stats(Device()).peak_allocated_bytes) / (1 << 20));
+  const AllocatorStats stats = memory_stats(Device());
+  std::printf("train img_s=%.1f ms=%.1f peak_mib=%.1f system_allocations=%lld\n",
+              static_cast<double>(batch) * 1000.0 / ms, ms, static_cast<double>(stats.peak_allocated_bytes) / (1 << 20),
+              static_cast<long long>(stats.system_allocations - system_allocations_before));
   return 0;
 }

@@ -7,14 +7,17 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>  // defines: setenv, unsetenv
 #include <vector>
 
 #include "autograd/ops.h"
 #include "gradcheck.h"
+#include "tensor_compare.h"  // defines: max_abs_diff
 
 using namespace loom;
 using loom::testing::gradcheck;
 using loom::testing::leaf;
+using loom::testing::max_abs_diff;
 
 namespace {
 
@@ -240,6 +243,31 @@ TEST_CASE("float32 matmul on 256x300x200 agrees with a double reference") {
   Tensor bias = randn({200}, {}, &gen);
   Tensor reference = from_vector(naive_mm(a, b), {256, 200}) + bias.to(kFloat64);
   CHECK(relative_error(values(linear(a, b.t(), bias)), values(reference)) < 1e-5);
+}
+
+// Note [float32 matmul on oneDNN] (core/cpu/linalg.cpp): from 128 x 128 x 256
+// multiply-adds a float32 mm runs on oneDNN where the CPU has AVX-512, on OpenBLAS
+// otherwise (and under LOOM_CPU_ISA=avx2). Both must read every operand layout and
+// accumulate with beta = 1; both paths are run here, on any CPU.
+TEST_CASE("large float32 mm, on oneDNN and on OpenBLAS: transposed operands, a wider row stride, beta 1") {
+  Generator gen(43);
+  Tensor a = randn({260, 300}, {}, &gen), b = randn({300, 270}, {}, &gen);
+  Tensor wide = randn({300, 290}, {}, &gen).slice(1, 0, 270);  // row stride 290 > width 270
+  for (const char* isa : {"native", "avx2"}) {
+    CAPTURE(isa);
+    setenv("LOOM_CPU_ISA", isa, 1);
+    CHECK(relative_error(values(mm(a, b)), naive_mm(a, b)) < 1e-5);
+    CHECK(relative_error(values(mm(b.t(), a.t())), naive_mm(b.t(), a.t())) < 1e-5);
+    CHECK(relative_error(values(mm(a, wide)), naive_mm(a, wide)) < 1e-5);
+    Tensor acc = ones({260, 270});
+    mm_kernel(acc.device())(a, b, 1.0, acc);
+    std::vector<double> want = naive_mm(a, b);
+    for (double& w : want) w += 1.0;
+    CHECK(relative_error(values(acc), want) < 1e-5);
+    // The same product twice gives the same bits (what the transparency tests rely on).
+    CHECK(max_abs_diff(mm(a, b), mm(a, b)) == 0.0);
+  }
+  unsetenv("LOOM_CPU_ISA");
 }
 
 // Not run by default (`test_linalg -ns -tc='*GFLOP*'` runs it): sgemm throughput of mm.

@@ -5,6 +5,7 @@
 // composition's gradients, and the errors bad arguments get.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -12,10 +13,13 @@
 #include "autograd/ops.h"                  // declares: layer_norm, gelu, softmax, scaled_dot_product_attention
 #include "core/allocator.h"                // defines: memory_stats
 #include "core/cpu/transformer_kernels.h"  // declares: flash_attention_forward / _backward, AttentionBlocks
+#include "core/cpu/vector_math.h"          // defines: exp_f32, erfc_f32
 #include "tensor_compare.h"                // defines: max_abs_diff
 #include "gradcheck.h"                     // defines: gradcheck, leaf
 
 using namespace loom;
+using loom::cpu::erfc_f32;
+using loom::cpu::exp_f32;
 using loom::testing::gradcheck;
 using loom::testing::leaf;
 using loom::testing::max_abs_diff;
@@ -87,6 +91,46 @@ TEST_CASE("gelu exact and tanh: values, gradients, and the approximate argument"
   gradcheck([](const std::vector<Tensor>& in) { return gelu(in[0]); }, {leaf({3, 4}, 11, 2.0)});
   gradcheck([](const std::vector<Tensor>& in) { return gelu(in[0], "tanh"); }, {leaf({3, 4}, 12, 2.0)});
   CHECK_THROWS_WITH_AS(gelu(x, "erf"), doctest::Contains("\"none\" or \"tanh\", got \"erf\""), Error);
+}
+
+// Note [Vectorisable exp and erf] (core/cpu/vector_math.h): float32 GELU and attention's
+// exp run on loom's own exp and erfc. Against float64 truth over the range a network
+// sees, the far negative tail included (where 1 + erf(x) would cancel to 0).
+TEST_CASE("float32 exp, erfc and GELU: within float32's reach of float64, tails and special values") {
+  double worst_exp_ulp = 0;
+  for (float x = -87.0f; x < 88.0f; x += 0.00731f) {
+    const double want = std::exp(static_cast<double>(x));
+    const double ulp = std::nextafter(static_cast<float>(want), INFINITY) - static_cast<float>(want);
+    worst_exp_ulp = std::max(worst_exp_ulp, std::fabs(exp_f32(x) - want) / ulp);
+  }
+  CHECK(worst_exp_ulp <= 2.0);
+  CHECK(exp_f32(-INFINITY) == 0.0f);
+  CHECK(exp_f32(-100.0f) == 0.0f);
+  CHECK(exp_f32(100.0f) == INFINITY);
+  CHECK(std::isnan(exp_f32(NAN)));
+  CHECK(exp_f32(0.0f) == 1.0f);
+  CHECK(erfc_f32(INFINITY) == 0.0f);
+  CHECK(erfc_f32(-INFINITY) == 2.0f);
+  CHECK(std::isnan(erfc_f32(NAN)));
+
+  std::vector<double> grid;
+  for (double x = -9.0; x <= 9.0; x += 0.0037) grid.push_back(x);
+  const int64_t n = static_cast<int64_t>(grid.size());
+  Tensor x64 = from_vector<double>(grid, {n}).requires_grad_(true);
+  Tensor x32 = x64.detach().to(kFloat32).requires_grad_(true);
+  Tensor want = gelu(x64), got = gelu(x32);
+  want.sum().backward();
+  got.sum().backward();
+  const auto w = want.tolist<double>(), g = got.to(kFloat64).tolist<double>();
+  const auto dw = x64.grad().tolist<double>(), dg = x32.grad().to(kFloat64).tolist<double>();
+  double worst_value = 0, worst_grad = 0;
+  for (size_t i = 0; i < w.size(); ++i) {
+    worst_value = std::max(worst_value, std::fabs(g[i] - w[i]) / std::fabs(w[i]));
+    // The derivative crosses 0 near x = -0.75: relative to at least 1e-2 there.
+    worst_grad = std::max(worst_grad, std::fabs(dg[i] - dw[i]) / std::max(std::fabs(dw[i]), 1e-2));
+  }
+  CHECK(worst_value < 2e-5);  // std::erf's 1 + erf(x) form: 1.0 (0 for x < -5.9)
+  CHECK(worst_grad < 2e-5);
 }
 
 TEST_CASE("softmax over a middle dim: gradients by finite differences") {

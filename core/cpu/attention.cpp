@@ -37,6 +37,7 @@
 
 #include "core/cpu/contiguous.h"           // defines: contiguous_input, check_output_dense
 #include "core/cpu/transformer_kernels.h"  // declares: flash_attention_forward, flash_attention_backward
+#include "core/cpu/vector_math.h"          // defines: vector_exp (Note [Vectorisable exp and erf])
 #include "core/dtype.h"                    // defines: dispatch_floating
 
 namespace loom::cpu {
@@ -152,7 +153,7 @@ void forward_block(const Problem<T>& p, int64_t n, int64_t i0, T* s, T* acc, T* 
       const T correction = std::exp(m[r] - m_new);  // 0 while m was -inf
       T sum = 0;
       for (int64_t j = 0; j < cols; ++j) {
-        sr[j] = std::exp(sr[j] - m_new);
+        sr[j] = vector_exp(sr[j] - m_new);
         sum += sr[j];
       }
       l[r] = l[r] * correction + sum;
@@ -208,7 +209,7 @@ void backward_head(const Problem<T>& p, int64_t n, const T* dout, const T* out, 
       for (int64_t r = 0; r < rows; ++r) {
         const T row_lse = lse[n * p.L + i0 + r];
         T* sr = s + r * p.bk;
-        for (int64_t j = 0; j < cols; ++j) sr[j] = row_lse == kInf ? T(0) : std::exp(sr[j] - row_lse);
+        for (int64_t j = 0; j < cols; ++j) sr[j] = row_lse == kInf ? T(0) : vector_exp(sr[j] - row_lse);
       }
       gemm(CblasTrans, CblasNoTrans, cols, p.Ev, rows, T(1), s, p.bk, dout_blk, p.Ev, T(1), dv_blk, p.Ev);
       gemm(CblasNoTrans, CblasTrans, rows, cols, p.Ev, T(1), dout_blk, p.Ev, v_blk, p.Ev, T(0), dp, p.bk);

@@ -1,17 +1,20 @@
 // CPU GELU, forward and backward, exact and tanh-approximated (torch.nn.functional.gelu).
 //
-//   exact:  gelu(x) = x * Phi(x) = 0.5 * x * (1 + erf(x / sqrt(2)))
+//   exact:  gelu(x) = x * Phi(x) = 0.5 * x * (1 + erf(x / sqrt(2))) = 0.5 * x * erfc(-x / sqrt(2))
 //           gelu'(x) = Phi(x) + x * phi(x),        phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
 //   tanh:   gelu(x) = 0.5 * x * (1 + tanh(u)),     u = sqrt(2 / pi) * (x + 0.044715 x^3)
 //           gelu'(x) = 0.5 * (1 + t) + 0.5 * x * (1 - t^2) * du/dx,   t = tanh(u),
 //           du/dx = sqrt(2 / pi) * (1 + 3 * 0.044715 x^2)
 //
 // Backward recomputes from x (the op saves its input, as PyTorch's GeluBackward does):
-// the derivative needs x itself, and the output alone cannot give it back.
+// the derivative needs x itself, and the output alone cannot give it back. The exact
+// form is computed through erfc and exp of core/cpu/vector_math.h, which vectorise for
+// float32 and stay accurate on the negative side (Note [Vectorisable exp and erf]).
 #include <cmath>
 
 #include "core/cpu/loops.h"                // defines: cpu_map_typed
 #include "core/cpu/transformer_kernels.h"  // declares: gelu_forward, gelu_backward
+#include "core/cpu/vector_math.h"          // defines: vector_exp, vector_erfc
 #include "core/dtype.h"                    // defines: dispatch_floating
 
 namespace loom::cpu {
@@ -24,7 +27,7 @@ constexpr double kCubic = 0.044715;
 
 template <typename T>
 T gelu_exact(T x) {
-  return T(0.5) * x * (T(1) + std::erf(x * T(kSqrt1_2)));
+  return T(0.5) * x * vector_erfc(-x * T(kSqrt1_2));
 }
 
 template <typename T>
@@ -35,8 +38,8 @@ T gelu_tanh(T x) {
 
 template <typename T>
 T gelu_exact_derivative(T x) {
-  const T cdf = T(0.5) * (T(1) + std::erf(x * T(kSqrt1_2)));
-  const T pdf = T(kInvSqrt2Pi) * std::exp(T(-0.5) * x * x);
+  const T cdf = T(0.5) * vector_erfc(-x * T(kSqrt1_2));
+  const T pdf = T(kInvSqrt2Pi) * vector_exp(T(-0.5) * x * x);
   return cdf + x * pdf;
 }
 

@@ -1,5 +1,6 @@
 // CPU matrix multiplication: mm and bmm on OpenBLAS's gemm (float32 and float64), and on
-// oneDNN's matmul primitive for bfloat16 (Note [bfloat16 matmul]).
+// oneDNN's matmul primitive for bfloat16 (Note [bfloat16 matmul]) and for large float32
+// products on AVX-512 CPUs (Note [float32 matmul on oneDNN]).
 //
 // Note [BLAS operand layout]
 // gemm reads each matrix as (pointer, leading dimension, transpose flag). A row-major
@@ -30,6 +31,18 @@
 // batch stride of 0 as a broadcast batch of one. (OpenBLAS's sbgemm would do as well,
 // but writes float32 only, so the result would need a rounding pass.) Primitives are
 // cached per shape and layout (Note [oneDNN plan cache]).
+//
+// Note [float32 matmul on oneDNN]
+// On a CPU with AVX-512, a float32 mm with at least kLargeGemm multiply-adds runs on the
+// same oneDNN matmul primitive (its brgemm kernels) instead of OpenBLAS. Measured at a
+// ViT-tiny's shapes (8320 tokens x 192..768, 2 threads, AMD EPYC with AVX-512): oneDNN
+// 325-417 GFLOP/s; OpenBLAS 0.3.21 337-378 when it picks its own kernels, and 168-206
+// when held to its Haswell kernels (OPENBLAS_CORETYPE=Haswell, which some machines set
+// because that OpenBLAS predates their CPU). Small products stay on OpenBLAS, whose call
+// costs less than a oneDNN execute; float64 (the gradient checks) always does. Either
+// library gives the same bits for the same shapes and thread count, which is what the
+// transparency tests compare; under LOOM_CPU_ISA=avx2 (Note [CPU ISA switch]) every
+// float32 product is OpenBLAS's, as on an AVX2 CPU.
 #include <cblas.h>
 #include <omp.h>
 
@@ -39,6 +52,7 @@
 #include <unordered_map>
 
 #include "core/cpu/bf16_path.h"        // defines: bf16_path (Note [bfloat16 on the CPU])
+#include "core/cpu/cpu_isa.h"          // defines: onednn_has_avx512 (Note [CPU ISA switch])
 #include "core/cpu/float32_staging.h"  // defines: float32_copy (Note [16-bit CPU kernels stage through float32])
 #include "core/cpu/onednn.h"           // defines: PlanCache, cpu_engine, scratchpad (Note [oneDNN plan cache])
 #include "core/kernels.h"
@@ -49,6 +63,9 @@ namespace {
 // Below this many multiply-adds per matrix, BLAS's own threading costs more than it
 // saves, so bmm spreads the batch over threads even when the batch is small.
 constexpr int64_t kSmallGemm = 64 * 64 * 64;
+
+// From this many multiply-adds a float32 mm runs on oneDNN: Note [float32 matmul on oneDNN].
+constexpr int64_t kLargeGemm = 128 * 128 * 256;
 
 // How gemm reads one matrix operand: see Note [BLAS operand layout].
 struct Operand {
@@ -191,13 +208,18 @@ void matmul_onednn(const char* op, const Tensor& a, const Tensor& b, double beta
 
 bool matmul_on_onednn(DType dtype) { return dtype == kBFloat16 && bf16_path() != Bf16Path::Staging; }
 
+// See Note [float32 matmul on oneDNN].
+bool large_float32_on_onednn(DType dtype, int64_t multiply_adds) {
+  return dtype == kFloat32 && multiply_adds >= kLargeGemm && onednn_has_avx512();
+}
+
 // ---- the kernels ------------------------------------------------------------------------
 
 void mm_cpu(const Tensor& a, const Tensor& b, double beta, Tensor& out) {
   LOOM_CHECK(beta == 0.0 || beta == 1.0, "mm: beta must be 0 or 1, got ", beta);
   const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
   if (m == 0 || n == 0) return;
-  if (matmul_on_onednn(a.dtype()) && k > 0) {
+  if ((matmul_on_onednn(a.dtype()) || large_float32_on_onednn(a.dtype(), m * n * k)) && k > 0) {
     const int64_t sa[3] = {0, a.stride(0), a.stride(1)}, sb[3] = {0, b.stride(0), b.stride(1)},
                   so[3] = {0, out.stride(0), out.stride(1)};
     return matmul_onednn("mm", a, b, beta, out, 1, sa, sb, so);
