@@ -150,4 +150,51 @@ LOOM_DECLARE_KERNEL(nll_loss_backward_kernel, void (*)(const Tensor& grad_out, c
 // mask = bernoulli(1 - p) / (1 - p) in `in`'s dtype; out = in * mask.
 LOOM_DECLARE_KERNEL(dropout_kernel, void (*)(const Tensor& in, double p, Generator& gen, Tensor& out, Tensor& mask));
 
+// ---- transformer kernels -------------------------------------------------------------------
+// Their stubs are defined beside the CPU kernels (core/cpu/layer_norm.cpp, gelu.cpp,
+// attention.cpp), which core/cpu/transformer_kernels.h declares; the CUDA ones are in
+// cuda/transformer.cu and cuda/attention.cu.
+
+// Over the last dim of x [rows, cols]; weight, bias: [cols] or undefined. Writes out
+// [rows, cols] and the per-row mean and rstd = 1 / sqrt(biased var + eps) ([rows]).
+LOOM_DECLARE_KERNEL(layer_norm_forward_kernel, void (*)(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                                        double eps, Tensor& out, Tensor& mean, Tensor& rstd));
+// Fills whichever of grad_x ([rows, cols]), grad_weight and grad_bias ([cols]) are defined.
+LOOM_DECLARE_KERNEL(layer_norm_backward_kernel,
+                    void (*)(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                             const Tensor& rstd, Tensor& grad_x, Tensor& grad_weight, Tensor& grad_bias));
+// tanh_approximation: PyTorch's approximate="tanh"; otherwise the exact x * Phi(x).
+LOOM_DECLARE_KERNEL(gelu_forward_kernel, void (*)(const Tensor& x, bool tanh_approximation, Tensor& out));
+LOOM_DECLARE_KERNEL(gelu_backward_kernel,
+                    void (*)(const Tensor& grad_out, const Tensor& x, bool tanh_approximation, Tensor& grad_x));
+// Fused attention, out = softmax(scale * q k^T + mask) v without the [L, S] matrix:
+// q [N, L, E], k [N, S, E], v [N, S, Ev]; mask undefined or additive, of q's dtype, shape
+// [*batch, L, S] with prod(batch) = N and any strides (broadcast views); is_causal hides
+// key j from query i < j. Writes out [N, L, Ev] and lse [N, L], each row's log-sum-exp of
+// its scaled, masked scores: +inf for a row whose every key is masked, whose output is
+// NaN and which sends no gradient. Backward fills grad_q, grad_k, grad_v (dense, all three).
+LOOM_DECLARE_KERNEL(flash_attention_forward_kernel,
+                    void (*)(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool is_causal,
+                             double scale, Tensor& out, Tensor& lse));
+LOOM_DECLARE_KERNEL(flash_attention_backward_kernel,
+                    void (*)(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                             const Tensor& mask, bool is_causal, double scale, const Tensor& out, const Tensor& lse,
+                             Tensor& grad_q, Tensor& grad_k, Tensor& grad_v));
+
+// ---- optimizers (nn/optim/adamw.h) ----------------------------------------------------------
+// One parameter's AdamW update (Note [AdamW update rule], nn/optim/adamw.h), its constants
+// computed once on the host. The stub is defined beside the CPU loop in nn/optim/adamw.cpp.
+struct AdamWStep {
+  double decay_factor;  // 1 - lr * weight_decay
+  double beta1, beta2;
+  double step_size;     // lr / (1 - beta1^step)
+  double bias_correction2_sqrt;
+  double eps;
+  bool maximize;
+};
+// param, grad, exp_avg, exp_avg_sq (and max_exp_avg_sq, undefined without amsgrad): one
+// shape, dtype and device, contiguous. Updates param and the moments in place.
+LOOM_DECLARE_KERNEL(adamw_update_kernel, void (*)(Tensor& param, const Tensor& grad, Tensor& exp_avg,
+                                                  Tensor& exp_avg_sq, Tensor& max_exp_avg_sq, const AdamWStep& step));
+
 }  // namespace loom

@@ -8,8 +8,8 @@
 #                from .gpu_debs/ (scripts/gpu_deps.sh, carried) unpacked into .gpu_prefix/;
 #                cuDNN / NCCL from the CUDA toolkit, or from PyTorch's nvidia-* wheels
 #   3. build     meson with -Dcuda=enabled for sm_90 only, ninja -j16, only the targets below
-#   4. tests     meson test: test_cuda, test_cuda_kernels, test_cuda_nn, test_train_device, test_comm_nccl,
-#                test_autocast, test_grad_scaler, test_data_parallel, test_pipeline;
+#   4. tests     meson test: test_cuda, test_cuda_kernels, test_cuda_nn, test_cuda_transformer, test_train_device,
+#                test_comm_nccl, test_autocast, test_grad_scaler, test_data_parallel, test_pipeline;
 #                pass/fail/skip counts, and a loud FAIL if GPU cases skipped on this GPU
 #   5. bench     ResNet18-CIFAR training, batch 128 and 512, fp32 / tf32 / bf16 autocast:
 #                loom vs PyTorch, CUDA-event timed, a table with ratios (bench/bench_train_gpu.py)
@@ -188,8 +188,9 @@ fi
 
 # ---- 3. build -------------------------------------------------------------------------------
 phase "3. build ($BUILD, $GENCODE, -j$JOBS)"
-TARGETS=(libloom.so tests/test_cuda tests/test_cuda_kernels tests/test_cuda_nn tests/test_train_device tests/test_comm_nccl
-         tests/test_autocast tests/test_grad_scaler tests/test_data_parallel tests/test_pipeline bench/bench_train_gpu
+TARGETS=(libloom.so tests/test_cuda tests/test_cuda_kernels tests/test_cuda_nn tests/test_cuda_transformer
+         tests/test_train_device tests/test_comm_nccl tests/test_autocast tests/test_grad_scaler tests/test_data_parallel
+         tests/test_pipeline bench/bench_train_gpu
          examples/train_cifar10 parallel/loomrun)
 BUILT=0
 if [ -f "$BUILD/build.ninja" ]; then
@@ -213,8 +214,8 @@ expected_skips() {
   grep -cE "$pattern" "tests/$1.cpp" || true
 }
 if [ $BUILT = 1 ]; then
-  for t in test_cuda test_cuda_kernels test_cuda_nn test_train_device test_comm_nccl test_autocast test_grad_scaler test_data_parallel \
-           test_pipeline; do
+  for t in test_cuda test_cuda_kernels test_cuda_nn test_cuda_transformer test_train_device test_comm_nccl test_autocast \
+           test_grad_scaler test_data_parallel test_pipeline; do
     enough 20 "test $t" || continue
     out=$(timeout --kill-after=10 150 meson test -C "$BUILD" --no-rebuild --print-errorlogs --verbose "$t" 2>&1)
     rc=$?

@@ -9,19 +9,20 @@
 //
 // Note [Which attention runs]
 // As PyTorch, loom picks a kernel per call, and all of them compute the same function:
-// - the fused CPU kernel (Note [Flash attention on the CPU], core/cpu/attention.cpp),
-//   which keeps no [L, S] matrix for backward: the CPU, dropout_p == 0, and a mask, if
-//   any, that needs no gradient. This is what a transformer trains with.
+// - the fused kernel (flash_attention_forward_kernel: Note [Flash attention on the CPU],
+//   core/cpu/attention.cpp, and Note [Flash attention on the GPU], cuda/attention.cu),
+//   which keeps no [L, S] matrix for backward: dropout_p == 0 and a mask, if any, that
+//   needs no gradient, on any device. This is what a transformer trains with.
 // - the math path, the composition matmul -> softmax -> dropout -> matmul, whose every
 //   op is differentiable: attention dropout (whose mask would have to be drawn again in
-//   backward), a mask that requires grad, and tensors on CUDA (its ops have CUDA kernels).
+//   backward) and a mask that requires grad.
 #include <cmath>
 #include <limits>
 #include <optional>
 
 #include "autograd/ops.h"                  // declares: scaled_dot_product_attention, matmul, softmax, dropout
 #include "autograd/ops/common.h"           // defines: check_defined, check_floating, check_same_device_dtype
-#include "core/cpu/transformer_kernels.h"  // defines: flash_attention_forward, flash_attention_backward
+#include "core/kernels.h"                  // declares: flash_attention_forward_kernel, flash_attention_backward_kernel
 
 namespace loom {
 namespace {
@@ -99,7 +100,7 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
   check_inputs(query, key, value, attn_mask, dropout_p, is_causal);
   const double s = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(query.size(-1)));
   const bool mask_needs_grad = attn_mask.defined() && any_requires_grad({attn_mask});
-  if (!query.device().is_cpu() || dropout_p > 0 || mask_needs_grad)
+  if (dropout_p > 0 || mask_needs_grad)
     return math_attention(query, key, value, attn_mask, dropout_p, is_causal, s, gen);
 
   const Shape batch = batch_dims(query);
@@ -116,8 +117,10 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
     mask = additive_mask(attn_mask.detach(), query).expand(full);  // a view: never [N, L, S] in memory
   }
   Tensor out = empty({N, L, Ev}, options_of(query));
-  Tensor lse = empty({N, L}, options_of(query));
-  if (N * L > 0) cpu::flash_attention_forward(q, k, v, mask, is_causal, s, out, lse);
+  // lse in float32 for 16-bit queries (as PyTorch's): the backward exponentiates it.
+  const bool half = query.dtype() == kFloat16 || query.dtype() == kBFloat16;
+  Tensor lse = empty({N, L}, TensorOptions(half ? kFloat32 : query.dtype()).device(query.device()));
+  if (N * L > 0) flash_attention_forward_kernel(query.device())(q, k, v, mask, is_causal, s, out, lse);
   Shape out_shape = batch;
   out_shape.push_back(L);
   out_shape.push_back(Ev);
@@ -136,8 +139,9 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
              return Grads{zeros(q_shape, options_of(q)), zeros(k_shape, options_of(k)), zeros(v_shape, options_of(v))};
            Tensor grad_q = empty(q.shape(), options_of(q)), grad_k = empty(k.shape(), options_of(k));
            Tensor grad_v = empty(v.shape(), options_of(v));
-           cpu::flash_attention_backward(g[0].reshape(out_.get().shape()), q, k, v, mask_.get(), is_causal, s, out_.get(),
-                                           lse, grad_q, grad_k, grad_v);
+           ops::check_same_device_dtype(kOp, g[0], q);
+           flash_attention_backward_kernel(q.device())(g[0].reshape(out_.get().shape()), q, k, v, mask_.get(),
+                                                       is_causal, s, out_.get(), lse, grad_q, grad_k, grad_v);
            return Grads{grad_q.view(q_shape), grad_k.view(k_shape), grad_v.view(v_shape)};
          });
   return result;

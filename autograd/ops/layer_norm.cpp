@@ -2,7 +2,7 @@
 // normalized_shape, with an optional elementwise affine transform; the gradient beside it.
 #include "autograd/ops.h"                  // declares: layer_norm
 #include "autograd/ops/common.h"           // defines: check_defined, check_floating, check_same_device_dtype
-#include "core/cpu/transformer_kernels.h"  // defines: layer_norm_forward, layer_norm_backward, require_cpu
+#include "core/kernels.h"                  // declares: layer_norm_forward_kernel, layer_norm_backward_kernel
 
 namespace loom {
 namespace {
@@ -10,6 +10,12 @@ namespace {
 using Grads = std::vector<Tensor>;
 
 TensorOptions options_of(const Tensor& t) { return TensorOptions(t.dtype()).device(t.device()); }
+
+// The per-row mean and rstd: the input's dtype, float32 for 16-bit floats (as PyTorch's).
+TensorOptions stats_options_of(const Tensor& t) {
+  const bool half = t.dtype() == kFloat16 || t.dtype() == kBFloat16;
+  return TensorOptions(half ? kFloat32 : t.dtype()).device(t.device());
+}
 
 void check_affine(const Tensor& input, const Tensor& t, const char* what, const Shape& normalized_shape) {
   if (!t.defined()) return;
@@ -24,7 +30,6 @@ Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tens
                   double eps) {
   ops::check_defined("layer_norm", input, "input");
   ops::check_floating("layer_norm", input);
-  for (const Tensor* t : {&input, &weight, &bias}) cpu::require_cpu("layer_norm", *t);
   const int64_t nd = static_cast<int64_t>(normalized_shape.size());
   LOOM_CHECK(nd >= 1, "layer_norm: expected normalized_shape to be at least 1-dimensional, i.e. containing at "
              "least one element, got ", normalized_shape);
@@ -43,8 +48,8 @@ Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tens
   const Tensor b = bias.defined() ? bias.detach().reshape({cols}) : Tensor();
   Tensor out = empty(input.shape(), options_of(input));
   Tensor out_rows = out.view({rows, cols});
-  Tensor mean = empty({rows}, options_of(input)), rstd = empty({rows}, options_of(input));
-  cpu::layer_norm_forward(x, w, b, eps, out_rows, mean, rstd);
+  Tensor mean = empty({rows}, stats_options_of(input)), rstd = empty({rows}, stats_options_of(input));
+  layer_norm_forward_kernel(input.device())(x, w, b, eps, out_rows, mean, rstd);
   if (!any_requires_grad({input, weight, bias})) return out;
   const bool rx = input.requires_grad(), rw = weight.defined() && weight.requires_grad(),
              rb = bias.defined() && bias.requires_grad();
@@ -55,8 +60,10 @@ Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tens
            Tensor grad_x = rx ? empty({rows, cols}, options_of(g[0])) : Tensor();
            Tensor grad_w = rw ? empty({cols}, options_of(g[0])) : Tensor();
            Tensor grad_b = rb ? empty({cols}, options_of(g[0])) : Tensor();
-           cpu::layer_norm_backward(g[0].reshape({rows, cols}), x_.get(), w_.get(), mean, rstd, grad_x, grad_w,
-                                    grad_b);
+           LOOM_CHECK(g[0].device() == mean.device(), "layer_norm backward: expected the gradient on the input's "
+                      "device ", mean.device(), ", got ", g[0].device());
+           layer_norm_backward_kernel(mean.device())(g[0].reshape({rows, cols}), x_.get(), w_.get(), mean, rstd,
+                                                     grad_x, grad_w, grad_b);
            return Grads{rx ? grad_x.view(in_shape) : Tensor(), rw ? grad_w.view(w_shape) : Tensor(),
                         rb ? grad_b.view(w_shape) : Tensor()};
          });

@@ -39,6 +39,7 @@
 #include "core/cpu/transformer_kernels.h"  // declares: flash_attention_forward, flash_attention_backward
 #include "core/cpu/vector_math.h"          // defines: vector_exp (Note [Vectorisable exp and erf])
 #include "core/dtype.h"                    // defines: dispatch_floating
+#include "core/kernels.h"                  // declares: flash_attention_forward_kernel, flash_attention_backward_kernel
 
 namespace loom::cpu {
 namespace {
@@ -275,4 +276,25 @@ void flash_attention_backward(const Tensor& grad_out_any, const Tensor& q_any, c
   });
 }
 
+// The dispatched kernels run with the default blocks (tests call the functions above
+// with small ones).
+LOOM_REGISTER_KERNEL(flash_attention_forward_kernel, DeviceType::CPU,
+                     [](const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool is_causal,
+                        double scale, Tensor& out, Tensor& lse) {
+                       flash_attention_forward(q, k, v, mask, is_causal, scale, out, lse);
+                     });
+LOOM_REGISTER_KERNEL(flash_attention_backward_kernel, DeviceType::CPU,
+                     [](const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                        bool is_causal, double scale, const Tensor& out, const Tensor& lse, Tensor& grad_q,
+                        Tensor& grad_k, Tensor& grad_v) {
+                       flash_attention_backward(grad_out, q, k, v, mask, is_causal, scale, out, lse, grad_q, grad_k,
+                                                grad_v);
+                     });
+
 }  // namespace loom::cpu
+
+namespace loom {
+// The stubs live beside their CPU kernels (core/kernels.h, "transformer kernels").
+LOOM_DEFINE_KERNEL(flash_attention_forward_kernel);
+LOOM_DEFINE_KERNEL(flash_attention_backward_kernel);
+}  // namespace loom

@@ -16,6 +16,7 @@
 #include "core/cpu/transformer_kernels.h"  // declares: gelu_forward, gelu_backward
 #include "core/cpu/vector_math.h"          // defines: vector_exp, vector_erfc
 #include "core/dtype.h"                    // defines: dispatch_floating
+#include "core/kernels.h"                  // declares: gelu_forward_kernel, gelu_backward_kernel
 
 namespace loom::cpu {
 namespace {
@@ -71,4 +72,13 @@ void gelu_backward(const Tensor& grad_out, const Tensor& x, bool tanh_approximat
   });
 }
 
+LOOM_REGISTER_KERNEL(gelu_forward_kernel, DeviceType::CPU, gelu_forward);
+LOOM_REGISTER_KERNEL(gelu_backward_kernel, DeviceType::CPU, gelu_backward);
+
 }  // namespace loom::cpu
+
+namespace loom {
+// The stubs live beside their CPU kernels (core/kernels.h, "transformer kernels").
+LOOM_DEFINE_KERNEL(gelu_forward_kernel);
+LOOM_DEFINE_KERNEL(gelu_backward_kernel);
+}  // namespace loom

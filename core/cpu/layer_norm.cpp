@@ -24,6 +24,7 @@
 #include "core/cpu/contiguous.h"           // defines: contiguous_input, check_output_dense
 #include "core/cpu/transformer_kernels.h"  // declares: layer_norm_forward, layer_norm_backward
 #include "core/dtype.h"                    // defines: dispatch_floating
+#include "core/kernels.h"                  // declares: layer_norm_forward_kernel, layer_norm_backward_kernel
 
 namespace loom::cpu {
 namespace {
@@ -144,4 +145,13 @@ void layer_norm_backward(const Tensor& grad_out_any, const Tensor& x_any, const 
   });
 }
 
+LOOM_REGISTER_KERNEL(layer_norm_forward_kernel, DeviceType::CPU, layer_norm_forward);
+LOOM_REGISTER_KERNEL(layer_norm_backward_kernel, DeviceType::CPU, layer_norm_backward);
+
 }  // namespace loom::cpu
+
+namespace loom {
+// The stubs live beside their CPU kernels (core/kernels.h, "transformer kernels").
+LOOM_DEFINE_KERNEL(layer_norm_forward_kernel);
+LOOM_DEFINE_KERNEL(layer_norm_backward_kernel);
+}  // namespace loom

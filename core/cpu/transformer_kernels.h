@@ -1,13 +1,11 @@
 // The CPU kernels a transformer adds: layer norm, GELU and fused (flash) attention.
 //
-// Note [CPU-only kernels outside the dispatch table]
-// Every stub in core/kernels.h must have a CUDA implementation: tests/test_cuda.cpp scans
-// the registry and fails, GPU or not, when a kernel has a CPU slot and no CUDA one. These
-// kernels have no CUDA twin yet, so they are plain functions in loom::cpu, called by their
-// autograd ops (autograd/ops/layer_norm.cpp, gelu.cpp, attention.cpp) after
-// require_cpu() has refused any other device with a message that says so. A CUDA backend
-// for them moves each into core/kernels.h as a stub, with its CUDA kernel beside the CPU
-// one, and deletes require_cpu() from its op.
+// Each is the CPU slot of a dispatch stub in core/kernels.h ("transformer kernels";
+// the stubs are defined and registered at the end of layer_norm.cpp, gelu.cpp and
+// attention.cpp), which is how the autograd ops call them (autograd/ops/layer_norm.cpp,
+// gelu.cpp, attention.cpp); cuda/transformer.cu and cuda/attention.cu fill the CUDA slots.
+// They are declared here as well so that tests can call the attention kernels with small
+// blocks (AttentionBlocks), which the stub's signature does not carry.
 //
 // Conventions are core/kernels.h's: outputs are allocated by the caller (dense, the
 // input's dtype), kernels only fill them; float32 and float64.
@@ -15,16 +13,9 @@
 
 #include <cstdint>
 
-#include "core/error.h"   // defines: LOOM_CHECK
 #include "core/tensor.h"  // defines: Tensor
 
 namespace loom::cpu {
-
-// The error a CPU-only op gives for a tensor elsewhere. See Note [CPU-only kernels outside the dispatch table].
-inline void require_cpu(const char* op, const Tensor& t) {
-  LOOM_CHECK(!t.defined() || t.device().is_cpu(), op, ": not implemented on CUDA yet (the op has a CPU kernel "
-             "only), got a tensor on ", t.device(), "; run it on the CPU");
-}
 
 // ---- layer norm ---------------------------------------------------------------------------
 // x: [rows, cols] (any strides); weight, bias: [cols] or undefined. Writes out [rows, cols]

@@ -7,7 +7,13 @@
 #include "autograd/grad_mode.h"  // defines: NoGradGuard
 #include "core/dtype.h"          // defines: dispatch_floating
 #include "core/factory.h"        // defines: zeros, zeros_like
+#include "core/kernels.h"        // declares: adamw_update_kernel, AdamWStep
 #include "nn/embedding.h"        // defines: Embedding (no weight decay on its table)
+
+namespace loom {
+// The stub lives beside its CPU kernel (core/kernels.h, "optimizers").
+LOOM_DEFINE_KERNEL(adamw_update_kernel);
+}  // namespace loom
 
 namespace loom::optim {
 namespace {
@@ -33,16 +39,8 @@ void check_group(const ParamGroup& g, size_t index) {
              index);
 }
 
-// One parameter's update: Note [AdamW update rule].
-struct AdamWStep {
-  double decay_factor;     // 1 - lr * weight_decay
-  double beta1, beta2;
-  double step_size;        // lr / (1 - beta1^step)
-  double bias_correction2_sqrt;
-  double eps;
-  bool maximize;
-};
-
+// One parameter's update: Note [AdamW update rule]. The CPU slot of adamw_update_kernel
+// (cuda/adamw.cu has the CUDA one).
 template <typename T>
 void adamw_update_loop(T* p, const T* g, T* m, T* v, T* v_max, int64_t n, const AdamWStep& s) {
   const T decay = static_cast<T>(s.decay_factor), b1 = static_cast<T>(s.beta1), b2 = static_cast<T>(s.beta2);
@@ -68,6 +66,14 @@ void adamw_update_loop(T* p, const T* g, T* m, T* v, T* v_max, int64_t n, const 
   }
 }
 
+void adamw_update_cpu(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
+                      Tensor& max_exp_avg_sq, const AdamWStep& s) {
+  dispatch_floating(param.dtype(), "AdamW step", [&]<typename T>() {
+    adamw_update_loop<T>(param.data_ptr<T>(), grad.data_ptr<T>(), exp_avg.data_ptr<T>(), exp_avg_sq.data_ptr<T>(),
+                         max_exp_avg_sq.defined() ? max_exp_avg_sq.data_ptr<T>() : nullptr, param.numel(), s);
+  });
+}
+
 // The named state tensor of p, created as zeros of p's shape on first use; it follows p
 // if the model moved since. A handle, not a reference: the next insert may move the dict's items.
 Tensor moment(OrderedDict<Tensor>& state, const Tensor& p, const char* name) {
@@ -79,6 +85,8 @@ Tensor moment(OrderedDict<Tensor>& state, const Tensor& p, const char* name) {
 }
 
 }  // namespace
+
+LOOM_REGISTER_KERNEL(adamw_update_kernel, DeviceType::CPU, adamw_update_cpu);
 
 AdamW::AdamW(const std::vector<Tensor>& params, AdamWOptions options)
     : AdamW(std::vector<ParamGroup>{{params, {}}}, options) {}
@@ -101,8 +109,6 @@ void AdamW::step() {
       if (!grad.defined()) continue;  // frozen, or unused in this forward
       LOOM_CHECK(grad.shape() == p.shape() && grad.dtype() == p.dtype() && grad.device() == p.device(),
                  "AdamW: parameter ", pi, " of group ", gi, " is ", p.str(), " but its gradient is ", grad.str());
-      LOOM_CHECK(p.device().is_cpu(), "AdamW: not implemented on CUDA yet (the fused update has a CPU loop only), "
-                 "got parameter ", pi, " of group ", gi, " on ", p.device(), "; train on the CPU or use SGD");
       LOOM_CHECK(p.is_contiguous(), "AdamW: parameter ", pi, " of group ", gi, " is not contiguous (shape ",
                  p.shape(), ", strides ", p.strides(), "); the fused update needs contiguous parameters");
       OrderedDict<Tensor>& state = state_[p.unsafe_impl()];
@@ -116,11 +122,8 @@ void AdamW::step() {
       const AdamWStep s{1 - lr * group["weight_decay"], beta1, beta2, lr / (1 - std::pow(beta1, step)),
                         std::sqrt(1 - std::pow(beta2, step)), group["eps"], group["maximize"] != 0};
       const Tensor g = grad.contiguous();
-      Tensor data = p.detach();  // same storage; the loop writes through it
-      dispatch_floating(p.dtype(), "AdamW step", [&]<typename T>() {
-        adamw_update_loop<T>(data.data_ptr<T>(), g.data_ptr<T>(), exp_avg.data_ptr<T>(), exp_avg_sq.data_ptr<T>(),
-                             amsgrad ? max_exp_avg_sq.data_ptr<T>() : nullptr, p.numel(), s);
-      });
+      Tensor data = p.detach();  // same storage; the kernel writes through it
+      adamw_update_kernel(p.device())(data, g, exp_avg, exp_avg_sq, max_exp_avg_sq, s);
       p.bump_version();
       exp_avg.bump_version();
       exp_avg_sq.bump_version();
