@@ -132,19 +132,14 @@ def draw(doc, path):
     plt = plotting.pyplot()
     rows = doc["rows"]
     epochs = [r["epoch"] for r in rows]
-    fig, (acc, loss) = plt.subplots(1, 2, figsize=(10, 4))
-    acc.plot(epochs, [r["train_acc"] for r in rows], marker="o", label="train (augmented, during the epoch)")
-    acc.plot(epochs, [r["test_acc"] for r in rows], marker="o", label="test (10,000 images)")
-    acc.set_xlabel("epoch")
-    acc.set_ylabel("accuracy (%)")
-    acc.legend(fontsize=8)
-    acc.grid(alpha=0.3)
-    loss.plot(epochs, [r["train_loss"] for r in rows], marker="o", label="train")
-    loss.plot(epochs, [r["test_loss"] for r in rows], marker="o", label="test")
-    loss.set_xlabel("epoch")
-    loss.set_ylabel("cross-entropy")
-    loss.legend(fontsize=8)
-    loss.grid(alpha=0.3)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for axis, key, label in ((axes[0], "acc", "accuracy (%)"), (axes[1], "loss", "cross-entropy")):
+        axis.plot(epochs, [r[f"train_{key}"] for r in rows], marker="o", label="train (augmented, during the epoch)")
+        axis.plot(epochs, [r[f"test_{key}"] for r in rows], marker="o", label="test (10,000 images)")
+        axis.set_xlabel("epoch")
+        axis.set_ylabel(label)
+        axis.legend(fontsize=8)
+        axis.grid(alpha=0.3)
     fig.suptitle(f"{doc['title']}\n{doc['machine']['cpu']}, commit {doc['commit']}; redraw: python3 bench/"
                  f"vit_training.py curve --from bench/results/vit_curve.json --chart {path}", fontsize=8)
     fig.tight_layout()

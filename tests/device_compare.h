@@ -75,4 +75,21 @@ inline void check_close(const Tensor& got, const Tensor& expected, double rtol, 
   CHECK(mismatches == 0);
 }
 
+// ||got - expected|| <= tol * ||expected|| (2-norms). For gradients through ReLUs, or a
+// deep net's: an activation within float noise of zero may switch sides between the
+// devices, which changes a few gradient entries by one whole term each, beyond any
+// per-element bound that would still catch a wrong kernel, but moves the norm of the
+// difference little.
+inline void check_close_norm(const std::string& what, const Tensor& got, const Tensor& expected, double tol) {
+  const std::vector<double> g = host_values(got), e = host_values(expected);
+  REQUIRE(g.size() == e.size());
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < e.size(); ++i) {
+    diff += (g[i] - e[i]) * (g[i] - e[i]);
+    norm += e[i] * e[i];
+  }
+  INFO(what, ": |got - expected| = ", std::sqrt(diff), ", |expected| = ", std::sqrt(norm));
+  CHECK(std::sqrt(diff) <= tol * std::sqrt(norm) + 1e-30);
+}
+
 }  // namespace loom::testing

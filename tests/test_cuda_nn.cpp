@@ -26,7 +26,7 @@
 
 #include "autograd/grad_mode.h"  // defines: NoGradGuard
 #include "autograd/ops.h"
-#include "device_compare.h"  // defines: kCuda0, to_device, host_values, random_cpu, check_close
+#include "device_compare.h"  // defines: kCuda0, to_device, host_values, random_cpu, check_close, check_close_norm
 #include "core/allocator.h"  // defines: memory_stats
 #include "core/copy.h"
 #include "core/factory.h"
@@ -60,22 +60,6 @@ void check_close_scaled(const std::string& what, const Tensor& got, const Tensor
   double scale = 0;
   for (double v : host_values(expected)) scale = std::max(scale, std::abs(v));
   check_close(what, got, expected, 0.0, tol * std::max(scale, 1e-30));
-}
-
-// ||got - expected|| <= tol * ||expected|| (2-norms). For gradients through ReLUs: an
-// activation within float noise of zero may switch sides between the devices, which
-// changes a few gradient entries by one whole term each, beyond any per-element bound
-// that would still catch a wrong kernel, but moves the norm of the difference little.
-void check_close_norm(const std::string& what, const Tensor& got, const Tensor& expected, double tol) {
-  const std::vector<double> g = host_values(got), e = host_values(expected);
-  REQUIRE(g.size() == e.size());
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < e.size(); ++i) {
-    diff += (g[i] - e[i]) * (g[i] - e[i]);
-    norm += e[i] * e[i];
-  }
-  INFO(what, ": |got - expected| = ", std::sqrt(diff), ", |expected| = ", std::sqrt(norm));
-  CHECK(std::sqrt(diff) <= tol * std::sqrt(norm) + 1e-30);
 }
 
 // float32 with `f32` relative tolerance, float64 with 1e-12.

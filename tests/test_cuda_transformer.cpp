@@ -30,7 +30,7 @@
 #include "core/kernels.h"        // declares: the transformer kernels, adamw_update_kernel
 #include "cuda/backends.h"       // defines: set_cudnn_allow_tf32
 #include "cuda/device.h"         // defines: is_available, is_compiled
-#include "device_compare.h"      // defines: kCuda0, to_device, host_values, random_cpu, check_close
+#include "device_compare.h"      // defines: kCuda0, to_device, host_values, random_cpu, check_close(_norm)
 #include "nn/embedding.h"        // defines: Embedding
 #include "nn/optim/adamw.h"      // defines: AdamW
 #include "nn/vision_transformer.h"
@@ -50,19 +50,6 @@ void check_close(const std::string& what, const Tensor& got, const Tensor& expec
   INFO(what);
   REQUIRE(got.defined() == expected.defined());
   if (got.defined()) testing::check_close(got, expected, rtol, atol);
-}
-
-// ||got - expected|| <= tol * ||expected|| (2-norms): for a deep net's gradients.
-void check_close_norm(const std::string& what, const Tensor& got, const Tensor& expected, double tol) {
-  const std::vector<double> g = host_values(got), e = host_values(expected);
-  REQUIRE(g.size() == e.size());
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < e.size(); ++i) {
-    diff += (g[i] - e[i]) * (g[i] - e[i]);
-    norm += e[i] * e[i];
-  }
-  INFO(what, ": |got - expected| = ", std::sqrt(diff), ", |expected| = ", std::sqrt(norm));
-  CHECK(std::sqrt(diff) <= tol * std::sqrt(norm) + 1e-30);
 }
 
 // `f(inputs)` on CPU copies and on CUDA copies of `inputs`, those flagged in `grads`

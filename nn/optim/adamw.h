@@ -22,7 +22,8 @@
 // amsgrad, "max_exp_avg_sq". PyTorch's betas tuple is the two hyperparameters "beta1" and
 // "beta2" of a group (a group's options are flat numbers: Note [Flat optimizer state]).
 //
-// The fused loop runs on the CPU; parameters elsewhere get an error that says so.
+// The fused loop is a kernel per device (adamw_update_kernel): core's CPU loop, and
+// cuda/adamw.cu's on CUDA parameters (compiled, not yet run on a GPU).
 #pragma once
 
 #include <set>
