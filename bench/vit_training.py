@@ -136,6 +136,7 @@ def draw(doc, path):
     for axis, key, label in ((axes[0], "acc", "accuracy (%)"), (axes[1], "loss", "cross-entropy")):
         axis.plot(epochs, [r[f"train_{key}"] for r in rows], marker="o", label="train (augmented, during the epoch)")
         axis.plot(epochs, [r[f"test_{key}"] for r in rows], marker="o", label="test (10,000 images)")
+        axis.set_xticks(epochs)
         axis.set_xlabel("epoch")
         axis.set_ylabel(label)
         axis.legend(fontsize=8)
