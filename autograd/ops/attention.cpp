@@ -21,7 +21,7 @@
 #include <optional>
 
 #include "autograd/ops.h"                  // declares: scaled_dot_product_attention, matmul, softmax, dropout
-#include "autograd/ops/common.h"           // defines: check_defined, check_floating, check_same_device_dtype
+#include "autograd/ops/common.h"           // defines: check_defined, check_floating, check_same_device_dtype, statistics_options
 #include "core/kernels.h"                  // declares: flash_attention_forward_kernel, flash_attention_backward_kernel
 
 namespace loom {
@@ -117,9 +117,7 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
     mask = additive_mask(attn_mask.detach(), query).expand(full);  // a view: never [N, L, S] in memory
   }
   Tensor out = empty({N, L, Ev}, options_of(query));
-  // lse in float32 for 16-bit queries (as PyTorch's): the backward exponentiates it.
-  const bool half = query.dtype() == kFloat16 || query.dtype() == kBFloat16;
-  Tensor lse = empty({N, L}, TensorOptions(half ? kFloat32 : query.dtype()).device(query.device()));
+  Tensor lse = empty({N, L}, ops::statistics_options(query));  // float32 for 16-bit queries
   if (N * L > 0) flash_attention_forward_kernel(query.device())(q, k, v, mask, is_causal, s, out, lse);
   Shape out_shape = batch;
   out_shape.push_back(L);

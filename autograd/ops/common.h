@@ -67,4 +67,12 @@ inline void check_floating(const char* op, const Tensor& t) {
   LOOM_CHECK(is_floating(t.dtype()), op, ": expected a floating-point tensor, got ", t.dtype());
 }
 
+// Where an op saves per-row statistics for its backward (layer_norm's mean and rstd,
+// attention's log-sum-exp): the input's dtype, but float32 for 16-bit floats, as
+// PyTorch's, since the backward exponentiates or divides by them.
+inline TensorOptions statistics_options(const Tensor& input) {
+  const bool half = input.dtype() == kFloat16 || input.dtype() == kBFloat16;
+  return TensorOptions(half ? kFloat32 : input.dtype()).device(input.device());
+}
+
 }  // namespace loom::ops

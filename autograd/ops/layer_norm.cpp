@@ -1,7 +1,7 @@
 // layer_norm (torch.nn.functional.layer_norm): normalises over the trailing dims named by
 // normalized_shape, with an optional elementwise affine transform; the gradient beside it.
 #include "autograd/ops.h"                  // declares: layer_norm
-#include "autograd/ops/common.h"           // defines: check_defined, check_floating, check_same_device_dtype
+#include "autograd/ops/common.h"           // defines: check_defined, check_floating, check_same_device_dtype, statistics_options
 #include "core/kernels.h"                  // declares: layer_norm_forward_kernel, layer_norm_backward_kernel
 
 namespace loom {
@@ -10,12 +10,6 @@ namespace {
 using Grads = std::vector<Tensor>;
 
 TensorOptions options_of(const Tensor& t) { return TensorOptions(t.dtype()).device(t.device()); }
-
-// The per-row mean and rstd: the input's dtype, float32 for 16-bit floats (as PyTorch's).
-TensorOptions stats_options_of(const Tensor& t) {
-  const bool half = t.dtype() == kFloat16 || t.dtype() == kBFloat16;
-  return TensorOptions(half ? kFloat32 : t.dtype()).device(t.device());
-}
 
 void check_affine(const Tensor& input, const Tensor& t, const char* what, const Shape& normalized_shape) {
   if (!t.defined()) return;
@@ -48,7 +42,8 @@ Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tens
   const Tensor b = bias.defined() ? bias.detach().reshape({cols}) : Tensor();
   Tensor out = empty(input.shape(), options_of(input));
   Tensor out_rows = out.view({rows, cols});
-  Tensor mean = empty({rows}, stats_options_of(input)), rstd = empty({rows}, stats_options_of(input));
+  const TensorOptions statistics = ops::statistics_options(input);
+  Tensor mean = empty({rows}, statistics), rstd = empty({rows}, statistics);
   layer_norm_forward_kernel(input.device())(x, w, b, eps, out_rows, mean, rstd);
   if (!any_requires_grad({input, weight, bias})) return out;
   const bool rx = input.requires_grad(), rw = weight.defined() && weight.requires_grad(),

@@ -210,7 +210,11 @@ void backward_head(const Problem<T>& p, int64_t n, const T* dout, const T* out, 
       for (int64_t r = 0; r < rows; ++r) {
         const T row_lse = lse[n * p.L + i0 + r];
         T* sr = s + r * p.bk;
-        for (int64_t j = 0; j < cols; ++j) sr[j] = row_lse == kInf ? T(0) : vector_exp(sr[j] - row_lse);
+        if (row_lse == kInf) {  // a fully masked row
+          std::fill(sr, sr + cols, T(0));
+        } else {
+          for (int64_t j = 0; j < cols; ++j) sr[j] = vector_exp(sr[j] - row_lse);
+        }
       }
       gemm(CblasTrans, CblasNoTrans, cols, p.Ev, rows, T(1), s, p.bk, dout_blk, p.Ev, T(1), dv_blk, p.Ev);
       gemm(CblasNoTrans, CblasTrans, rows, cols, p.Ev, T(1), dout_blk, p.Ev, v_blk, p.Ev, T(0), dp, p.bk);
