@@ -204,6 +204,38 @@ TEST_CASE("the fused kernel with blocks smaller than the sequence: outputs and g
   }
 }
 
+// Note [Attention reads the heads in place]: MultiheadAttention's heads are [N, H, L, E]
+// transposes of [N, L, H, E] rows. The kernel reads them where they lie and writes the
+// output in their layout; the values are those of the same attention on dense copies.
+TEST_CASE("attention on transposed heads: read in place, output in their layout, the values of dense copies") {
+  const int64_t N = 2, H = 3, L = 5, S = 7, E = 4;
+  for (const bool causal : {false, true}) {
+    for (const bool with_mask : {false, true}) {
+      CAPTURE(causal);
+      CAPTURE(with_mask);
+      if (causal && with_mask) continue;
+      // The projections' outputs [N, L, H, E], viewed as heads [N, H, L, E].
+      Tensor q_rows = leaf({N, L, H, E}, 71), k_rows = leaf({N, S, H, E}, 72), v_rows = leaf({N, S, H, E}, 73);
+      Tensor q = q_rows.transpose(1, 2), k = k_rows.transpose(1, 2), v = v_rows.transpose(1, 2);
+      REQUIRE_FALSE(q.is_contiguous());
+      Tensor mask = with_mask ? randn({N, 1, L, S}, kFloat64) : Tensor();  // per batch, broadcast over heads
+      Tensor out = scaled_dot_product_attention(q, k, v, mask, 0.0, causal);
+      CHECK(out.transpose(1, 2).is_contiguous());  // [N, L, H, E] in memory: MultiheadAttention's view back
+      Tensor grad_out = randn({N, L, H, E}, kFloat64);
+      sum(out.transpose(1, 2) * grad_out).backward();
+
+      Tensor qd = q.detach().contiguous().requires_grad_(true), kd = k.detach().contiguous().requires_grad_(true);
+      Tensor vd = v.detach().contiguous().requires_grad_(true);
+      Tensor want = scaled_dot_product_attention(qd, kd, vd, mask, 0.0, causal);
+      sum(want.transpose(1, 2) * grad_out).backward();
+      CHECK(max_abs_diff(out, want) == 0);
+      CHECK(max_abs_diff(q_rows.grad().transpose(1, 2), qd.grad()) == 0);
+      CHECK(max_abs_diff(k_rows.grad().transpose(1, 2), kd.grad()) == 0);
+      CHECK(max_abs_diff(v_rows.grad().transpose(1, 2), vd.grad()) == 0);
+    }
+  }
+}
+
 TEST_CASE("scaled_dot_product_attention in float32 agrees with float64 to float32's precision") {
   Tensor q = leaf({4, 65, 64}, 51), k = leaf({4, 65, 64}, 52), v = leaf({4, 65, 64}, 53);  // ViT-tiny's head
   Tensor want = scaled_dot_product_attention(q, k, v);

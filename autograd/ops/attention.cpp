@@ -16,7 +16,15 @@
 // - the math path, the composition matmul -> softmax -> dropout -> matmul, whose every
 //   op is differentiable: attention dropout (whose mask would have to be drawn again in
 //   backward) and a mask that requires grad.
+//
+// The CPU kernel reads q, k, v where they lie, MultiheadAttention's transposed heads
+// included, and this op allocates the output and the gradients in their inputs' layout,
+// so that no head is copied either way (Note [Attention reads the heads in place],
+// core/cpu/attention.cpp). The CUDA kernels read dense [N, L, E]: there the batch dims
+// are flattened, which copies a transposed view.
+#include <algorithm>  // defines: std::stable_sort (empty_in_layout_of)
 #include <cmath>
+#include <numeric>    // defines: std::iota
 #include <limits>
 #include <optional>
 
@@ -77,6 +85,24 @@ Tensor additive_mask(const Tensor& mask, const Tensor& like) {
   return where(mask, wrap_scalar(0.0, like), wrap_scalar(-std::numeric_limits<double>::infinity(), like));
 }
 
+// A dense tensor of `shape` (of `like`'s rank) whose dims lie in memory in the order of
+// `like`'s strides, largest first, with the last dim innermost: for MultiheadAttention's
+// [N, H, L, E] view of [N, L, H*E] rows, a tensor laid out as [N, L, H, E] (PyTorch's
+// empty_like keeps a permuted layout the same way).
+Tensor empty_in_layout_of(const Tensor& like, const Shape& shape) {
+  const int64_t rank = like.dim();
+  std::vector<int64_t> order(static_cast<size_t>(rank - 1));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return like.stride(a) > like.stride(b); });
+  order.push_back(rank - 1);
+  Shape dense_shape, inverse(static_cast<size_t>(rank));
+  for (int64_t i = 0; i < rank; ++i) {
+    dense_shape.push_back(shape[static_cast<size_t>(order[static_cast<size_t>(i)])]);
+    inverse[static_cast<size_t>(order[static_cast<size_t>(i)])] = i;
+  }
+  return empty(dense_shape, options_of(like)).permute(inverse);
+}
+
 // See Note [Which attention runs]: the composition, differentiable op by op.
 Tensor math_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, double dropout_p,
                       bool is_causal, double scale, Generator* gen) {
@@ -104,11 +130,15 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
     return math_attention(query, key, value, attn_mask, dropout_p, is_causal, s, gen);
 
   const Shape batch = batch_dims(query);
-  const int64_t N = numel(batch), L = query.size(-2), S = key.size(-2), E = query.size(-1), Ev = value.size(-1);
-  // The kernel reads [N, rows, cols] views; flattening the batch dims is a view for contiguous inputs.
-  const Tensor q = query.detach().reshape({N, L, E});
-  const Tensor k = key.detach().reshape({N, S, E});
-  const Tensor v = value.detach().reshape({N, S, Ev});
+  const int64_t N = numel(batch), L = query.size(-2), S = key.size(-2), Ev = value.size(-1);
+  Shape out_shape = batch;
+  out_shape.push_back(L);
+  out_shape.push_back(Ev);
+  // The CPU kernel takes the batch dims and strides as they are; the CUDA kernels read
+  // [N, rows, cols], which flattening makes (a copy for a transposed view).
+  const bool in_place = query.device().is_cpu();
+  auto flat = [&](const Tensor& t) { return in_place ? t.detach() : t.detach().reshape({N, t.size(-2), t.size(-1)}); };
+  const Tensor q = flat(query), k = flat(key), v = flat(value);
   Tensor mask;
   if (attn_mask.defined()) {
     Shape full = batch;
@@ -116,31 +146,30 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
     full.push_back(S);
     mask = additive_mask(attn_mask.detach(), query).expand(full);  // a view: never [N, L, S] in memory
   }
-  Tensor out = empty({N, L, Ev}, options_of(query));
+  Tensor out = in_place ? empty_in_layout_of(query, out_shape) : empty({N, L, Ev}, options_of(query));
   Tensor lse = empty({N, L}, ops::statistics_options(query));  // float32 for 16-bit queries
   if (N * L > 0) flash_attention_forward_kernel(query.device())(q, k, v, mask, is_causal, s, out, lse);
-  Shape out_shape = batch;
-  out_shape.push_back(L);
-  out_shape.push_back(Ev);
-  Tensor result = out.view(out_shape);
+  Tensor result = in_place ? out : out.view(out_shape);
   if (!any_requires_grad({query, key, value})) return result;
   // Saved: q, k, v, the output and lse; see Note [Flash attention on the CPU].
   const char* name = "ScaledDotProductFlashAttentionBackward";
   record(name, {query, key, value}, {result},
          [q_ = SavedTensor(q, name), k_ = SavedTensor(k, name), v_ = SavedTensor(v, name),
-          out_ = SavedTensor(out, name), mask_ = SavedTensor(mask, name), lse, is_causal, s, q_shape = query.shape(), k_shape = key.shape(),
-          v_shape = value.shape()](const Grads& g) {
+          out_ = SavedTensor(out, name), mask_ = SavedTensor(mask, name), lse, is_causal, s, q_shape = query.shape(),
+          k_shape = key.shape(), v_shape = value.shape()](const Grads& g) {
            const Tensor& q = q_.get();
            const Tensor& k = k_.get();
            const Tensor& v = v_.get();
-           if (q.size(0) * q.size(1) == 0)  // no queries: nothing reached k or v
+           const Tensor& out = out_.get();
+           if (lse.numel() == 0)  // no queries: nothing reached k or v
              return Grads{zeros(q_shape, options_of(q)), zeros(k_shape, options_of(k)), zeros(v_shape, options_of(v))};
-           Tensor grad_q = empty(q.shape(), options_of(q)), grad_k = empty(k.shape(), options_of(k));
-           Tensor grad_v = empty(v.shape(), options_of(v));
+           // Each gradient in its input's layout, so the views above it need no copy either.
+           Tensor grad_q = empty_in_layout_of(q, q.shape()), grad_k = empty_in_layout_of(k, k.shape());
+           Tensor grad_v = empty_in_layout_of(v, v.shape());
            ops::check_same_device_dtype(kOp, g[0], q);
-           flash_attention_backward_kernel(q.device())(g[0].reshape(out_.get().shape()), q, k, v, mask_.get(),
-                                                       is_causal, s, out_.get(), lse, grad_q, grad_k, grad_v);
-           return Grads{grad_q.view(q_shape), grad_k.view(k_shape), grad_v.view(v_shape)};
+           flash_attention_backward_kernel(q.device())(g[0].reshape(out.shape()), q, k, v, mask_.get(), is_causal, s,
+                                                       out, lse, grad_q, grad_k, grad_v);
+           return Grads{grad_q.reshape(q_shape), grad_k.reshape(k_shape), grad_v.reshape(v_shape)};
          });
   return result;
 }

@@ -26,6 +26,16 @@
 // diagonal ones. Each gemm runs inside an OpenMP region, so on one thread (Note [BLAS
 // threads], core/cpu/linalg.cpp).
 //
+// Note [Attention reads the heads in place]
+// A multi-head attention's q, k, v are [N, H, L, E] views of the projections' [N, L, H*E]
+// outputs: a transpose, whose rows of E features are H*E apart. Copying them into dense
+// heads, and the output and every gradient back, cost about 6% of a ViT's training step.
+// The kernel reads and writes such views where they lie instead: every operand is a set
+// of rows (Rows below) with a base offset per batch-head and a row stride, which is what
+// a gemm's leading dimension already is. Only the last dim must have stride 1; an operand
+// without it is copied. The autograd op allocates the output and gradients in their
+// inputs' layout (autograd/ops/attention.cpp), so the transposes back are views as well.
+//
 // A row whose every key is masked has no softmax: its output is NaN, as the composition's
 // is (softmax of all -inf), its lse is +inf, and it sends no gradient to k and v.
 #include <cblas.h>
@@ -33,6 +43,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>  // defines: std::remove_const_t (Rows of const inputs)
 #include <vector>
 
 #include "core/cpu/contiguous.h"           // defines: contiguous_input, check_output_dense
@@ -58,12 +69,52 @@ void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t 
               a, static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
 }
 
-// One attention problem's pointers and sizes: N batch-heads of L queries and S keys.
+// Where batch-head n of a [*batch, rows, cols] view starts: the mixed-radix sum of n's
+// coordinates in the batch dims times their strides (a transposed [N, H, L, E] view, or a
+// broadcast [B, 1, L, S] mask, is no [N, L, E] view, so one stride would not do).
+std::vector<int64_t> batch_offsets(const Tensor& t, int64_t N) {
+  const int64_t lead = t.dim() - 2;
+  std::vector<int64_t> offsets(static_cast<size_t>(N), 0);
+  for (int64_t n = 0; n < N; ++n) {
+    int64_t rest = n, offset = 0;
+    for (int64_t d = lead - 1; d >= 0; --d) {
+      offset += (rest % t.size(d)) * t.stride(d);
+      rest /= t.size(d);
+    }
+    offsets[static_cast<size_t>(n)] = offset;
+  }
+  return offsets;
+}
+
+// One operand as rows of unit-stride features: Note [Attention reads the heads in place].
+template <typename T>
+struct Rows {
+  T* base = nullptr;
+  std::vector<int64_t> offset;  // per batch-head
+  int64_t ld = 0;               // elements from one row to the next
+  T* row(int64_t n, int64_t i) const { return base + offset[static_cast<size_t>(n)] + i * ld; }
+};
+
+template <typename T>
+Rows<T> rows_of(const Tensor& t, int64_t N) {
+  return Rows<T>{t.data_ptr<std::remove_const_t<T>>(), batch_offsets(t, N), t.stride(-2)};
+}
+
+// An input whose features are not adjacent is copied; one that is, is read in place.
+Tensor unit_stride_input(const Tensor& t) {
+  return t.size(-1) <= 1 || t.stride(-1) == 1 ? t : contiguous_input(t);
+}
+
+// Outputs are allocated by the caller with adjacent features and rows that do not overlap.
+void check_output_rows(const char* kernel, const Tensor& out) {
+  LOOM_CHECK(out.size(-1) <= 1 || out.stride(-1) == 1, kernel, ": expected an output whose last dim has stride 1, "
+             "got strides ", out.strides(), " for shape ", out.shape());
+}
+
+// One attention problem's operands and sizes: N batch-heads of L queries and S keys.
 template <typename T>
 struct Problem {
-  const T* q;
-  const T* k;
-  const T* v;
+  Rows<const T> q, k, v;
   const T* mask;  // null: no additive mask
   std::vector<int64_t> mask_offset;  // per batch-head: where its [L, S] mask starts
   int64_t mask_stride_l, mask_stride_s;
@@ -75,7 +126,7 @@ struct Problem {
   // s[r, j] (leading dim bk) = scale * q_i k_j^T + mask, -inf where causal hides key j from query i,
   // for queries [i0, i0 + rows) and keys [j0, j0 + cols) of batch-head n.
   void scores(int64_t n, int64_t i0, int64_t rows, int64_t j0, int64_t cols, T* s) const {
-    gemm(CblasNoTrans, CblasTrans, rows, cols, E, scale, q + (n * L + i0) * E, E, k + (n * S + j0) * E, E, T(0), s, bk);
+    gemm(CblasNoTrans, CblasTrans, rows, cols, E, scale, q.row(n, i0), q.ld, k.row(n, j0), k.ld, T(0), s, bk);
     if (mask) {
       const T* base = mask + mask_offset[n] + i0 * mask_stride_l + j0 * mask_stride_s;
       for (int64_t r = 0; r < rows; ++r)
@@ -95,32 +146,21 @@ template <typename T>
 Problem<T> problem_of(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool is_causal,
                       double scale, AttentionBlocks blocks) {
   Problem<T> p{};
-  p.q = q.data_ptr<T>();
-  p.k = k.data_ptr<T>();
-  p.v = v.data_ptr<T>();
-  p.N = q.size(0);
+  p.N = 1;
+  for (int64_t d = 0; d + 2 < q.dim(); ++d) p.N *= q.size(d);
+  p.L = q.size(-2);
+  p.S = k.size(-2);
+  p.E = q.size(-1);
+  p.Ev = v.size(-1);
+  p.q = rows_of<const T>(q, p.N);
+  p.k = rows_of<const T>(k, p.N);
+  p.v = rows_of<const T>(v, p.N);
   p.mask = mask.defined() ? mask.data_ptr<T>() : nullptr;
   if (mask.defined()) {
-    // The leading dims of the mask are q's batch dims, flattened into N: the offset of
-    // batch-head n is the mixed-radix sum of its coordinates times their strides (a
-    // broadcast [B, 1, L, S] mask is no [N, L, S] view, so one stride would not do).
-    const int64_t lead = mask.dim() - 2;
-    p.mask_offset.assign(static_cast<size_t>(p.N), 0);
-    for (int64_t n = 0; n < p.N; ++n) {
-      int64_t rest = n, offset = 0;
-      for (int64_t d = lead - 1; d >= 0; --d) {
-        offset += (rest % mask.size(d)) * mask.stride(d);
-        rest /= mask.size(d);
-      }
-      p.mask_offset[static_cast<size_t>(n)] = offset;
-    }
-    p.mask_stride_l = mask.stride(lead);
-    p.mask_stride_s = mask.stride(lead + 1);
+    p.mask_offset = batch_offsets(mask, p.N);
+    p.mask_stride_l = mask.stride(-2);
+    p.mask_stride_s = mask.stride(-1);
   }
-  p.L = q.size(1);
-  p.S = k.size(1);
-  p.E = q.size(2);
-  p.Ev = v.size(2);
   p.causal = is_causal;
   p.scale = static_cast<T>(scale);
   LOOM_CHECK(blocks.query > 0 && blocks.key > 0, "flash_attention: block sizes must be positive, got query ",
@@ -132,7 +172,8 @@ Problem<T> problem_of(const Tensor& q, const Tensor& k, const Tensor& v, const T
 
 // The online softmax of one query block: Note [Flash attention on the CPU].
 template <typename T>
-void forward_block(const Problem<T>& p, int64_t n, int64_t i0, T* s, T* acc, T* m, T* l, T* out, T* lse) {
+void forward_block(const Problem<T>& p, int64_t n, int64_t i0, T* s, T* acc, T* m, T* l, const Rows<T>& out,
+                   T* lse) {
   constexpr T kInf = std::numeric_limits<T>::infinity();
   const int64_t rows = std::min(p.bq, p.L - i0);
   std::fill(acc, acc + rows * p.Ev, T(0));
@@ -162,11 +203,10 @@ void forward_block(const Problem<T>& p, int64_t n, int64_t i0, T* s, T* acc, T* 
       if (correction != T(1))
         for (int64_t e = 0; e < p.Ev; ++e) acc[r * p.Ev + e] *= correction;
     }
-    gemm(CblasNoTrans, CblasNoTrans, rows, p.Ev, cols, T(1), s, p.bk, p.v + (n * p.S + j0) * p.Ev, p.Ev, T(1), acc,
-         p.Ev);
+    gemm(CblasNoTrans, CblasNoTrans, rows, p.Ev, cols, T(1), s, p.bk, p.v.row(n, j0), p.v.ld, T(1), acc, p.Ev);
   }
   for (int64_t r = 0; r < rows; ++r) {
-    T* o = out + (n * p.L + i0 + r) * p.Ev;
+    T* o = out.row(n, i0 + r);
     if (l[r] == T(0)) {  // every key masked
       std::fill(o, o + p.Ev, std::numeric_limits<T>::quiet_NaN());
       lse[n * p.L + i0 + r] = kInf;
@@ -178,37 +218,42 @@ void forward_block(const Problem<T>& p, int64_t n, int64_t i0, T* s, T* acc, T* 
   }
 }
 
+// What backward reads and writes besides the problem's q, k, v.
+template <typename T>
+struct Gradients {
+  Rows<const T> dout, out;
+  const T* lse;
+  Rows<T> dq, dk, dv;
+};
+
+template <typename T>
+void zero_rows(const Rows<T>& t, int64_t n, int64_t count, int64_t width) {
+  for (int64_t i = 0; i < count; ++i) std::fill(t.row(n, i), t.row(n, i) + width, T(0));
+}
+
 // Every gradient of batch-head n: Note [Flash attention on the CPU].
 template <typename T>
-void backward_head(const Problem<T>& p, int64_t n, const T* dout, const T* out, const T* lse, T* s, T* dp, T* d,
-                   T* dq, T* dk, T* dv) {
+void backward_head(const Problem<T>& p, const Gradients<T>& g, int64_t n, T* s, T* dp, T* d) {
   constexpr T kInf = std::numeric_limits<T>::infinity();
   for (int64_t i = 0; i < p.L; ++i) {
-    const T* g = dout + (n * p.L + i) * p.Ev;
-    const T* o = out + (n * p.L + i) * p.Ev;
+    const T* dout_row = g.dout.row(n, i);
+    const T* out_row = g.out.row(n, i);
     T sum = 0;
-    for (int64_t e = 0; e < p.Ev; ++e) sum += g[e] * o[e];
-    d[i] = lse[n * p.L + i] == kInf ? T(0) : sum;
+    for (int64_t e = 0; e < p.Ev; ++e) sum += dout_row[e] * out_row[e];
+    d[i] = g.lse[n * p.L + i] == kInf ? T(0) : sum;
   }
-  std::fill(dq + n * p.L * p.E, dq + (n + 1) * p.L * p.E, T(0));
-  std::fill(dk + n * p.S * p.E, dk + (n + 1) * p.S * p.E, T(0));
-  std::fill(dv + n * p.S * p.Ev, dv + (n + 1) * p.S * p.Ev, T(0));
+  zero_rows(g.dq, n, p.L, p.E);
+  zero_rows(g.dk, n, p.S, p.E);
+  zero_rows(g.dv, n, p.S, p.Ev);
   for (int64_t j0 = 0; j0 < p.S; j0 += p.bk) {
     const int64_t cols = std::min(p.bk, p.S - j0);
-    const T* k_blk = p.k + (n * p.S + j0) * p.E;
-    const T* v_blk = p.v + (n * p.S + j0) * p.Ev;
-    T* dk_blk = dk + (n * p.S + j0) * p.E;
-    T* dv_blk = dv + (n * p.S + j0) * p.Ev;
     // Under causal masking, query rows before j0 see none of these keys.
     const int64_t first = p.causal ? (j0 / p.bq) * p.bq : 0;
     for (int64_t i0 = first; i0 < p.L; i0 += p.bq) {
       const int64_t rows = std::min(p.bq, p.L - i0);
-      const T* q_blk = p.q + (n * p.L + i0) * p.E;
-      const T* dout_blk = dout + (n * p.L + i0) * p.Ev;
-      T* dq_blk = dq + (n * p.L + i0) * p.E;
       p.scores(n, i0, rows, j0, cols, s);
       for (int64_t r = 0; r < rows; ++r) {
-        const T row_lse = lse[n * p.L + i0 + r];
+        const T row_lse = g.lse[n * p.L + i0 + r];
         T* sr = s + r * p.bk;
         if (row_lse == kInf) {  // a fully masked row
           std::fill(sr, sr + cols, T(0));
@@ -216,12 +261,16 @@ void backward_head(const Problem<T>& p, int64_t n, const T* dout, const T* out, 
           for (int64_t j = 0; j < cols; ++j) sr[j] = vector_exp(sr[j] - row_lse);
         }
       }
-      gemm(CblasTrans, CblasNoTrans, cols, p.Ev, rows, T(1), s, p.bk, dout_blk, p.Ev, T(1), dv_blk, p.Ev);
-      gemm(CblasNoTrans, CblasTrans, rows, cols, p.Ev, T(1), dout_blk, p.Ev, v_blk, p.Ev, T(0), dp, p.bk);
+      gemm(CblasTrans, CblasNoTrans, cols, p.Ev, rows, T(1), s, p.bk, g.dout.row(n, i0), g.dout.ld, T(1),
+           g.dv.row(n, j0), g.dv.ld);
+      gemm(CblasNoTrans, CblasTrans, rows, cols, p.Ev, T(1), g.dout.row(n, i0), g.dout.ld, p.v.row(n, j0), p.v.ld,
+           T(0), dp, p.bk);
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t j = 0; j < cols; ++j) dp[r * p.bk + j] = s[r * p.bk + j] * (dp[r * p.bk + j] - d[i0 + r]);
-      gemm(CblasNoTrans, CblasNoTrans, rows, p.E, cols, p.scale, dp, p.bk, k_blk, p.E, T(1), dq_blk, p.E);
-      gemm(CblasTrans, CblasNoTrans, cols, p.E, rows, p.scale, dp, p.bk, q_blk, p.E, T(1), dk_blk, p.E);
+      gemm(CblasNoTrans, CblasNoTrans, rows, p.E, cols, p.scale, dp, p.bk, p.k.row(n, j0), p.k.ld, T(1),
+           g.dq.row(n, i0), g.dq.ld);
+      gemm(CblasTrans, CblasNoTrans, cols, p.E, rows, p.scale, dp, p.bk, p.q.row(n, i0), p.q.ld, T(1),
+           g.dk.row(n, j0), g.dk.ld);
     }
   }
 }
@@ -230,14 +279,14 @@ void backward_head(const Problem<T>& p, int64_t n, const T* dout, const T* out, 
 
 void flash_attention_forward(const Tensor& q_any, const Tensor& k_any, const Tensor& v_any, const Tensor& mask,
                              bool is_causal, double scale, Tensor& out, Tensor& lse, AttentionBlocks blocks) {
-  check_output_dense("flash_attention", out);
+  check_output_rows("flash_attention", out);
   check_output_dense("flash_attention", lse);
-  const Tensor q = contiguous_input(q_any), k = contiguous_input(k_any), v = contiguous_input(v_any);
+  const Tensor q = unit_stride_input(q_any), k = unit_stride_input(k_any), v = unit_stride_input(v_any);
   dispatch_floating(q.dtype(), "scaled_dot_product_attention", [&]<typename T>() {
     const Problem<T> p = problem_of<T>(q, k, v, mask, is_causal, scale, blocks);
     const int64_t query_blocks = (p.L + p.bq - 1) / p.bq;
     const int64_t tasks = p.N * query_blocks;
-    T* o = out.data_ptr<T>();
+    const Rows<T> o = rows_of<T>(out, p.N);
     T* lse_p = lse.data_ptr<T>();
 #pragma omp parallel if (p.N * p.L * p.S * (p.E + p.Ev) > kWorkGrain && tasks > 1)
     {
@@ -255,27 +304,22 @@ void flash_attention_backward(const Tensor& grad_out_any, const Tensor& q_any, c
                               const Tensor& v_any, const Tensor& mask, bool is_causal, double scale,
                               const Tensor& out_any, const Tensor& lse_any, Tensor& grad_q, Tensor& grad_k,
                               Tensor& grad_v, AttentionBlocks blocks) {
-  check_output_dense("flash_attention_backward", grad_q);
-  check_output_dense("flash_attention_backward", grad_k);
-  check_output_dense("flash_attention_backward", grad_v);
-  const Tensor q = contiguous_input(q_any), k = contiguous_input(k_any), v = contiguous_input(v_any);
-  const Tensor grad_out = contiguous_input(grad_out_any), out = contiguous_input(out_any);
+  check_output_rows("flash_attention_backward", grad_q);
+  check_output_rows("flash_attention_backward", grad_k);
+  check_output_rows("flash_attention_backward", grad_v);
+  const Tensor q = unit_stride_input(q_any), k = unit_stride_input(k_any), v = unit_stride_input(v_any);
+  const Tensor grad_out = unit_stride_input(grad_out_any), out = unit_stride_input(out_any);
   const Tensor lse = contiguous_input(lse_any);
   dispatch_floating(q.dtype(), "scaled_dot_product_attention_backward", [&]<typename T>() {
     const Problem<T> p = problem_of<T>(q, k, v, mask, is_causal, scale, blocks);
-    const T* dout = grad_out.data_ptr<T>();
-    const T* o = out.data_ptr<T>();
-    const T* lse_p = lse.data_ptr<T>();
-    T* dq = grad_q.data_ptr<T>();
-    T* dk = grad_k.data_ptr<T>();
-    T* dv = grad_v.data_ptr<T>();
+    const Gradients<T> g{rows_of<const T>(grad_out, p.N), rows_of<const T>(out, p.N), lse.data_ptr<T>(),
+                         rows_of<T>(grad_q, p.N),          rows_of<T>(grad_k, p.N),  rows_of<T>(grad_v, p.N)};
 #pragma omp parallel if (p.N * p.L * p.S * (p.E + p.Ev) > kWorkGrain && p.N > 1)
     {
       std::vector<T> s(static_cast<size_t>(p.bq * p.bk)), dp(static_cast<size_t>(p.bq * p.bk));
       std::vector<T> d(static_cast<size_t>(p.L));
 #pragma omp for schedule(dynamic)
-      for (int64_t n = 0; n < p.N; ++n)
-        backward_head(p, n, dout, o, lse_p, s.data(), dp.data(), d.data(), dq, dk, dv);
+      for (int64_t n = 0; n < p.N; ++n) backward_head(p, g, n, s.data(), dp.data(), d.data());
     }
   });
 }
