@@ -63,6 +63,30 @@ inline bool whole_batch(int64_t in_channels, int64_t out_channels, int64_t tiles
   return threads > 1 && (in_channels + out_channels) * tiles <= threads * in_channels * out_channels;
 }
 
+// Note [Weight-gradient sums in short runs]
+// Each entry of dU[p] sums one product per tile, and the inverse transform G^T dU G
+// cancels most of what those sums hold, so their rounding, more than the tile
+// transforms', decides the weight gradient's error. An sgemm adds its K products one
+// after another (OpenBLAS keeps one accumulator per entry), and a block's 48-56 tiles in
+// one sgemm left tests/test_winograd.cpp's SGD step 1.04e-6 from float64 (w1, three
+// threads): 2.7x PyTorch float32's. So the blocked passes add a block's products
+// kSumRun tiles per sgemm (beta 1): sums of 16 terms, then one addition per run. That
+// alone took the step's error to 9.1e-7, as Note [Filter transforms in float64] alone
+// did; both together to 7.8e-7 (bench/winograd_error_torch.py). Blocks of many channels
+// are kMinBlock = kSumRun tiles already, and where blocks are longer dU is small enough
+// to stay in cache, so the extra sgemm calls cost about 5% of the weight gradient on the
+// smallest shapes and nothing measurable on ResNet18's. whole_batch keeps one sgemm over
+// every tile: there dU[p] is O x C of many channels, and reading it again per run would
+// cost more than the sgemm.
+constexpr int64_t kSumRun = 16;
+
+// Calls sum(first, count) for the runs of at most kSumRun rows that make up `rows`, in
+// order: the weight gradient's sgemms each add one run's products into dU (beta 1).
+template <typename Sum>
+inline void for_each_run(int64_t rows, const Sum& sum) {
+  for (int64_t first = 0; first < rows; first += kSumRun) sum(first, std::min(kSumRun, rows - first));
+}
+
 // Note [Per-thread weight-gradient sums]
 // The weight gradient sums the products of every tile. Past whole_batch, each of a team
 // of threads sums its blocks of tiles into a dU of its own (a static schedule: the same

@@ -181,10 +181,12 @@ void backward_weights_channels_last(const Conv2dGeometry& g, const float* input,
   constexpr int64_t P = (M + 2) * (M + 2);
   const Tiling tiling(g, M);
   const int threads = omp_get_max_threads();
-  // Per position: dU[p] (O x C) (+)= dM[p]^T (O x rows) . V[p] (rows x C).
-  auto multiply = [&](int64_t p, int64_t rows, const float* v, const float* dm, float beta, float* du) {
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, g.o, g.c, rows, 1.f, dm + p * rows * g.o, g.o,
-                v + p * rows * g.c, g.c, beta, du + p * g.o * g.c, g.c);
+  // Per position: dU[p] (O x C) (+)= dM[p]^T (O x count) . V[p] (count x C), over rows
+  // [first, first + count) of the `rows` that v and dm hold.
+  auto multiply = [&](int64_t p, int64_t rows, int64_t first, int64_t count, const float* v, const float* dm,
+                      float beta, float* du) {
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, g.o, g.c, count, 1.f, dm + (p * rows + first) * g.o, g.o,
+                v + (p * rows + first) * g.c, g.c, beta, du + p * g.o * g.c, g.c);
   };
   if (whole_batch(g.c, g.o, tiling.total, threads)) {  // no per-thread sums: each position's sgemm sums every tile
     const int64_t rows = tiling.total;
@@ -198,7 +200,7 @@ void backward_weights_channels_last(const Conv2dGeometry& g, const float* input,
       transform_grad_out<M>(g, g.o, grad_out, tiling, {t, t + 1, 0, rows}, dm);
     }
 #pragma omp parallel for schedule(dynamic)
-    for (int64_t p = 0; p < P; ++p) multiply(p, rows, v, dm, 0.f, du);
+    for (int64_t p = 0; p < P; ++p) multiply(p, rows, 0, rows, v, dm, 0.f, du);
     return inverse_transform_filters<M>(g, du, grad_weight);
   }
   Tensor workspace;  // See Note [Per-thread weight-gradient sums] (winograd_blocking.h)
@@ -208,7 +210,8 @@ void backward_weights_channels_last(const Conv2dGeometry& g, const float* input,
         const Rows r{first, first + count, first, count};
         transform_input<M>(g, g.c, input, tiling, r, v);
         transform_grad_out<M>(g, g.o, grad_out, tiling, r, dm);
-        for (int64_t p = 0; p < P; ++p) multiply(p, r.rows, v, dm, 1.f, sums);
+        for (int64_t p = 0; p < P; ++p)  // See Note [Weight-gradient sums in short runs]
+          for_each_run(r.rows, [&](int64_t k, int64_t run) { multiply(p, r.rows, k, run, v, dm, 1.f, sums); });
       });
   inverse_transform_filters<M>(g, du, grad_weight);
 }

@@ -41,6 +41,7 @@ namespace {
 using winograd::kLanes;
 using winograd::all_tiles;
 using winograd::block_tiles;
+using winograd::for_each_run;
 using winograd::inverse_transform_filters;
 using winograd::round_up;
 using winograd::sum_weight_gradient_blocks;
@@ -236,8 +237,10 @@ void backward_weights_with(const Conv2dGeometry& g, const float* input, const fl
         transform_input<M>(g, g.c, input, tiles.data(), count, padded, v);
         transform_grad_out<M>(g, g.o, grad_out, tiles.data(), count, padded, dm);
         for (int64_t p = 0; p < P; ++p)
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g.o, g.c, padded, 1.f, dm + p * g.o * padded, padded,
-                      v + p * g.c * padded, padded, 1.f, sums + p * g.o * g.c, g.c);
+          for_each_run(padded, [&](int64_t k, int64_t run) {  // See Note [Weight-gradient sums in short runs]
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g.o, g.c, run, 1.f, dm + p * g.o * padded + k,
+                        padded, v + p * g.c * padded + k, padded, 1.f, sums + p * g.o * g.c, g.c);
+          });
       });
   inverse_transform_filters<M>(g, du, grad_weight);
 }
