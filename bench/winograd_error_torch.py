@@ -112,19 +112,19 @@ def main():
     if a.out:
         version = ".".join(torch.__version__.split("+")[0].split(".")[:2])
         columns = [{"key": "threads", "title": "threads"}, {"key": "weight", "title": "weight"},
-                   {"key": "torch", "title": f"PyTorch {version}", "format": ".2g"},
-                   {"key": "torch_channels_last", "title": "PyTorch, channels-last", "format": ".2g"},
-                   {"key": "direct", "title": "loom direct", "format": ".2g"},
-                   {"key": "direct_channels_last", "title": "loom direct, channels-last", "format": ".2g"},
-                   {"key": "winograd", "title": "loom Winograd", "format": ".2g"},
-                   {"key": "winograd_channels_last", "title": "loom Winograd, channels-last", "format": ".2g"},
+                   {"key": "torch", "title": f"PyTorch {version}", "format": ".2e"},
+                   {"key": "torch_channels_last", "title": "PyTorch, channels-last", "format": ".2e"},
+                   {"key": "direct", "title": "loom direct", "format": ".2e"},
+                   {"key": "direct_channels_last", "title": "loom direct, channels-last", "format": ".2e"},
+                   {"key": "winograd", "title": "loom Winograd", "format": ".2e"},
+                   {"key": "winograd_channels_last", "title": "loom Winograd, channels-last", "format": ".2e"},
                    {"key": "ratio", "title": "Winograd (worse layout) / PyTorch", "format": ".2f"}]
         doc = results_file.document(
-            "One SGD step (lr 0.1) of conv-ReLU-conv, 8x32x16x16, float32 against float64: "
+            "One SGD step (lr 0.1) of conv-ReLU-conv (batch 8, 32 channels, 16x16), float32 against float64: "
             "max |update error| / max |update| per weight and thread count",
             "winograd_error_torch.py", columns, rows,
             [{"name": "loom's Winograd against PyTorch float32, worst case", "value": worst}], started,
-            conditions=f"loom with LOOM_CPU_ISA=avx2 (its own Winograd); loom's float64 update agrees "
+            conditions=f"threads: OMP_NUM_THREADS for loom, torch.set_num_threads for PyTorch; loom with LOOM_CPU_ISA=avx2 (its own Winograd); loom's float64 update agrees "
                        f"with PyTorch's to {gap:.0e}. OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', 'unset')}.")
         doc["command"] = "/usr/bin/" + doc["command"]
         doc["machine"]["cpu"] += cpu_features()
