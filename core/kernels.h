@@ -168,11 +168,14 @@ LOOM_DECLARE_KERNEL(gelu_forward_kernel, void (*)(const Tensor& x, bool tanh_app
 LOOM_DECLARE_KERNEL(gelu_backward_kernel,
                     void (*)(const Tensor& grad_out, const Tensor& x, bool tanh_approximation, Tensor& grad_x));
 // Fused attention, out = softmax(scale * q k^T + mask) v without the [L, S] matrix:
-// q [N, L, E], k [N, S, E], v [N, S, Ev]; mask undefined or additive, of q's dtype, shape
-// [*batch, L, S] with prod(batch) = N and any strides (broadcast views); is_causal hides
-// key j from query i < j. Writes out [N, L, Ev] and lse [N, L], each row's log-sum-exp of
-// its scaled, masked scores: +inf for a row whose every key is masked, whose output is
-// NaN and which sends no gradient. Backward fills grad_q, grad_k, grad_v (dense, all three).
+// q [*batch, L, E], k [*batch, S, E], v [*batch, S, Ev], N = prod(batch) batch-heads;
+// mask undefined or additive, of q's dtype, shape [*batch, L, S], any strides (broadcast
+// views); is_causal hides key j from query i < j. Writes out [*batch, L, Ev] and lse
+// [N, L], each row's log-sum-exp of its scaled, masked scores: +inf for a row whose every
+// key is masked, whose output is NaN and which sends no gradient. Backward fills grad_q,
+// grad_k, grad_v (all three). The CPU kernels take operands and outputs of any strides
+// with a unit last stride (Note [Attention reads the heads in place]); the CUDA kernels
+// take batch = [N] and dense outputs.
 LOOM_DECLARE_KERNEL(flash_attention_forward_kernel,
                     void (*)(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool is_causal,
                              double scale, Tensor& out, Tensor& lse));

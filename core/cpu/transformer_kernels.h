@@ -40,15 +40,18 @@ struct AttentionBlocks {
   int64_t key = 128;
 };
 
-// q [N, L, E], k [N, S, E], v [N, S, Ev] (any strides); mask: undefined, or an additive
-// mask of q's dtype with shape [*batch, L, S], prod(batch) = N, and any strides (a
-// broadcast [L, S] or [B, 1, L, S] mask is an expand()ed view, never copied). is_causal masks key j > query i. Writes out [N, L, Ev] and
-// lse [N, L], each row's log-sum-exp of its scaled, masked scores (+inf for a row whose
-// every key is masked: its output is NaN, as softmax over nothing is).
+// q [*batch, L, E], k [*batch, S, E], v [*batch, S, Ev], N = prod(batch), any strides
+// (read in place where the last dim has stride 1: Note [Attention reads the heads in
+// place], core/cpu/attention.cpp); mask: undefined, or an additive mask of q's dtype with
+// shape [*batch, L, S] and any strides (a broadcast [L, S] or [B, 1, L, S] mask is an
+// expand()ed view, never copied). is_causal masks key j > query i. Writes out
+// [*batch, L, Ev] (any strides with a unit last stride) and lse [N, L], each row's
+// log-sum-exp of its scaled, masked scores (+inf for a row whose every key is masked: its
+// output is NaN, as softmax over nothing is).
 void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool is_causal,
                              double scale, Tensor& out, Tensor& lse, AttentionBlocks blocks = {});
 // Recomputes the probabilities from q, k, lse block by block; fills grad_q, grad_k, grad_v
-// (all three, dense, the shapes of q, k, v).
+// (all three, the shapes of q, k, v, any strides with a unit last stride).
 void flash_attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& mask, bool is_causal, double scale, const Tensor& out, const Tensor& lse,
                               Tensor& grad_q, Tensor& grad_k, Tensor& grad_v, AttentionBlocks blocks = {});
