@@ -4,8 +4,8 @@
 //
 // query [*, L, E], key [*, S, E], value [*, S, Ev] with the same batch dims (usually
 // [batch, heads]); attn_mask broadcasts to [*, L, S]: bool (true = take part, as
-// PyTorch's) or additive, of query's dtype; is_causal hides key j from query i > ... no:
-// from every query i < j (PyTorch's top-left causal mask, tril(ones(L, S))).
+// PyTorch's) or additive, of query's dtype; is_causal hides key j from every query
+// i < j (PyTorch's top-left causal mask, tril(ones(L, S))).
 //
 // Note [Which attention runs]
 // As PyTorch, loom picks a kernel per call, and all of them compute the same function:
