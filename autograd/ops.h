@@ -120,6 +120,13 @@ std::vector<Tensor> split_with_sizes(const Tensor& x, const std::vector<int64_t>
 std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim = 0);
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
+// torch.flip: the input reversed along each of `dims` (a copy, never a view).
+Tensor flip(const Tensor& x, const Shape& dims);
+// torch.nn.functional.pad: `padding` holds (before, after) pairs for the last dims, last dim
+// first ({left, right, top, bottom} for an image); mode "constant" (filled with value),
+// "reflect", "replicate" or "circular". See Note [Padding as an index map] (ops/pad.cpp).
+Tensor pad(const Tensor& x, const std::vector<int64_t>& padding, const std::string& mode = "constant",
+           double value = 0.0);
 
 // ---- neural-network functions (torch.nn.functional) -------------------------------------
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(),

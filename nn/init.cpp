@@ -1,10 +1,13 @@
 #include "nn/init.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"  // defines: where, lt, gt, sum (trunc_normal_'s redraws)
 #include "core/copy.h"
+#include "core/factory.h"
 #include "core/kernels.h"
 
 namespace loom::nn::init {
@@ -117,6 +120,29 @@ const Tensor& constant_(const Tensor& tensor, double value) {
 }
 const Tensor& zeros_(const Tensor& tensor) { return constant_(tensor, 0.0); }
 const Tensor& ones_(const Tensor& tensor) { return constant_(tensor, 1.0); }
+
+const Tensor& dirac_(const Tensor& tensor, int64_t groups) {
+  LOOM_CHECK(tensor.defined(), "nn::init::dirac_: the tensor is undefined");
+  LOOM_CHECK(tensor.dim() >= 3 && tensor.dim() <= 5, "nn::init::dirac_: only tensors with 3, 4, or 5 dimensions "
+             "are supported (a conv weight [out, in, k...]), got shape ", tensor.shape());
+  LOOM_CHECK(groups > 0 && tensor.size(0) % groups == 0, "nn::init::dirac_: dim 0 (", tensor.size(0),
+             ") must be divisible by groups (", groups, ")");
+  const int64_t out_per_group = tensor.size(0) / groups;
+  const int64_t in = tensor.size(1);
+  int64_t kernel_numel = 1, centre = 0;  // centre: the flat index of (k0/2, k1/2, ...) in the kernel
+  for (int64_t d = 2; d < tensor.dim(); ++d) {
+    centre = centre * tensor.size(d) + tensor.size(d) / 2;
+    kernel_numel *= tensor.size(d);
+  }
+  // Built on the CPU in float64 and copied in, whatever the tensor's device and dtype: the
+  // values are 0 and 1, exact in every dtype.
+  std::vector<double> values(static_cast<size_t>(tensor.numel()), 0.0);
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t d = 0; d < std::min(out_per_group, in); ++d)
+      values[static_cast<size_t>(((g * out_per_group + d) * in + d) * kernel_numel + centre)] = 1.0;
+  const Tensor source = from_vector(values, tensor.shape()).to(tensor.dtype());
+  return fill_in_place("dirac_", tensor, [&](Tensor& t) { copy_into(t, source); });
+}
 
 const Tensor& kaiming_uniform_(const Tensor& tensor, double a, const std::string& mode,
                                const std::string& nonlinearity, Generator* gen) {

@@ -48,6 +48,14 @@ const Tensor& kaiming_normal_(const Tensor& tensor, double a = 0.0, const std::s
 const Tensor& xavier_uniform_(const Tensor& tensor, double gain = 1.0, Generator* gen = nullptr);
 const Tensor& xavier_normal_(const Tensor& tensor, double gain = 1.0, Generator* gen = nullptr);
 
+// The identity convolution (Zagoruyko & Komodakis's DiracNets), as torch.nn.init.dirac_:
+// zeros, then weight[g * out_per_group + d, d, centre...] = 1 for each of `groups` groups and
+// d < min(out_channels / groups, in_channels). A 3-5-D weight [out, in, k...]; a conv so
+// initialised passes its input (its first channels) through unchanged. Even kernels put the
+// 1 at index k / 2, as PyTorch. airbench's convs apply it to their first in_channels filters:
+//   nn::init::dirac_(conv->weight.narrow(0, 0, conv->weight.size(1)));
+const Tensor& dirac_(const Tensor& tensor, int64_t groups = 1);
+
 // Note [Default layer initialisation]
 // PyTorch initialises Conv2d and Linear weights with kaiming_uniform_(a = sqrt(5)):
 // gain = sqrt(2 / (1 + 5)) = sqrt(1/3), std = gain / sqrt(fan_in), bound = sqrt(3) * std

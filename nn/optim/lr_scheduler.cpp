@@ -99,6 +99,35 @@ double LinearLR::lr_at(size_t group, int64_t epoch) const {
   return base_lrs_[group] * (start_factor + (end_factor - start_factor) * t);
 }
 
+// ---- LambdaLR ------------------------------------------------------------------------------
+
+LambdaLR::LambdaLR(Optimizer& optimizer, Lambda lr_lambda)
+    : LambdaLR(optimizer, std::vector<Lambda>(optimizer.param_groups().size(), lr_lambda)) {}
+
+LambdaLR::LambdaLR(Optimizer& optimizer, std::vector<Lambda> lr_lambdas_)
+    : LRScheduler(optimizer), lr_lambdas(std::move(lr_lambdas_)) {
+  LOOM_CHECK(lr_lambdas.size() == optimizer.param_groups().size(), "LambdaLR: expected ",
+             optimizer.param_groups().size(), " lr_lambdas (one per param group), got ", lr_lambdas.size());
+  for (size_t g = 0; g < lr_lambdas.size(); ++g)
+    LOOM_CHECK(static_cast<bool>(lr_lambdas[g]), "LambdaLR: lr_lambda for param group ", g, " is empty");
+  initial_step();
+}
+
+double LambdaLR::lr_at(size_t group, int64_t epoch) const { return base_lrs_[group] * lr_lambdas[group](epoch); }
+
+double interp(double x, const std::vector<double>& xs, const std::vector<double>& ys) {
+  LOOM_CHECK(!xs.empty() && xs.size() == ys.size(), "interp: expected as many ys as xs (at least one), got ",
+             xs.size(), " xs and ", ys.size(), " ys");
+  for (size_t i = 1; i < xs.size(); ++i)
+    LOOM_CHECK(xs[i] > xs[i - 1], "interp: xs must increase strictly, but xs[", i, "] = ", xs[i], " follows ",
+               xs[i - 1]);
+  if (x <= xs.front()) return ys.front();
+  if (x >= xs.back()) return ys.back();
+  const size_t i = static_cast<size_t>(std::upper_bound(xs.begin(), xs.end(), x) - xs.begin());  // xs[i-1] <= x < xs[i]
+  const double t = (x - xs[i - 1]) / (xs[i] - xs[i - 1]);
+  return ys[i - 1] + t * (ys[i] - ys[i - 1]);
+}
+
 // ---- SequentialLR ---------------------------------------------------------------------------
 
 SequentialLR::SequentialLR(Optimizer& optimizer, std::vector<std::shared_ptr<LRScheduler>> schedulers_,

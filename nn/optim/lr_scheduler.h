@@ -23,6 +23,7 @@
 // multiplicative ChainedScheduler is not provided.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -101,6 +102,24 @@ class LinearLR : public LRScheduler {
   double start_factor, end_factor;
   int64_t total_iters;
 };
+
+// base_lr * lr_lambda(epoch): any schedule as a function of the step (or epoch) count, one
+// function for every group or one per group, as torch.optim.lr_scheduler.LambdaLR. The
+// function must be pure (lr_at may call it for any epoch, and resuming calls it once).
+//   optim::LambdaLR sched(opt, [](int64_t step) { return std::min(1.0, (step + 1) / 100.0); });
+class LambdaLR : public LRScheduler {
+ public:
+  using Lambda = std::function<double(int64_t)>;
+  LambdaLR(Optimizer& optimizer, Lambda lr_lambda);
+  LambdaLR(Optimizer& optimizer, std::vector<Lambda> lr_lambdas);
+  double lr_at(size_t group, int64_t epoch) const override;
+  std::vector<Lambda> lr_lambdas;
+};
+
+// The piecewise-linear factor through (xs[i], ys[i]) at x, flat beyond the ends (numpy.interp);
+// xs strictly increasing. With LambdaLR it draws a triangular schedule:
+//   LambdaLR(opt, [=](int64_t s) { return interp(s, {0, 0.23 * T, T}, {0.2, 1.0, 0.07}); }).
+double interp(double x, const std::vector<double>& xs, const std::vector<double>& ys);
 
 // Runs schedulers[0] until milestones[0], then schedulers[1] restarted at its epoch 0, ...
 // The children must have been built on the same optimizer and must not be stepped

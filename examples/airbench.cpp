@@ -1,0 +1,132 @@
+// airbench: CIFAR-10 to 94% in the least wall time, with the airbench94 recipe
+// (examples/speedrun/airbench94.h lists the pieces; docs/speedrun.md the measurements).
+//   build/examples/airbench --threads 2                       # one run, seed 0
+//   build/examples/airbench --seed 3 --metrics-json run.json  # what bench/time_to_accuracy.py runs
+//   build/parallel/loomrun --standalone --nproc_per_node 2 build/examples/airbench --threads 1   # DDP
+// Prints the timed total (whitening + training + the final 6-view TTA evaluation) and the
+// test accuracy with and without TTA.
+#include <omp.h>               // defines: omp_set_num_threads
+#include <sys/resource.h>      // defines: getrusage (peak resident memory)
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "core/atomic_file.h"                  // defines: write_file_atomically
+#include "data/data_root.h"                    // defines: find_cifar10_root
+#include "examples/speedrun/airbench94.h"      // defines: run_airbench94, load_cifar10_tensors
+#include "examples/train/flags.h"              // defines: Flags
+#include "nn/json.h"                           // defines: json::Value, json::dump
+#include "parallel/comm/process_group.h"       // defines: init_process_group, default_group
+
+using namespace loom;
+
+namespace {
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown CPU";
+}
+
+json::Value metrics(const examples::Airbench94Result& r, const examples::Airbench94Config& c, int64_t threads,
+                    int64_t processes, int64_t batches_per_epoch) {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  json::Value::Array epochs;
+  for (const auto& e : r.per_epoch) {
+    json::Value row = json::Value::Object{};
+    row.set("epoch", e.epoch);
+    row.set("steps", e.steps);
+    row.set("train_loss", e.train_loss);
+    row.set("elapsed_s", e.elapsed_s);
+    if (e.accuracy >= 0) row.set("accuracy", e.accuracy);
+    epochs.push_back(row);
+  }
+  json::Value phases = json::Value::Object{};
+  phases.set("whitening", r.whitening_s);
+  phases.set("train", r.train_s);
+  phases.set("data", r.data_s);
+  phases.set("lookahead", r.lookahead_s);
+  phases.set("tta", r.tta_s);
+  json::Value out = json::Value::Object{};
+  out.set("framework", "loom");
+  out.set("version", "loom");
+  out.set("recipe", "airbench94");
+  out.set("seed", static_cast<int64_t>(c.seed));
+  out.set("threads", threads);
+  out.set("processes", processes);
+  out.set("amp", c.bf16 ? "bf16" : "none");
+  out.set("steps", r.steps);
+  out.set("epochs", static_cast<double>(r.steps) / static_cast<double>(batches_per_epoch));
+  out.set("tta_accuracy", r.tta_accuracy);
+  out.set("accuracy", r.accuracy);
+  out.set("wall_time_s", r.wall_time_s);
+  out.set("phases_s", phases);
+  out.set("train_loss_last", r.train_loss_last);
+  out.set("peak_rss_mib", static_cast<double>(usage.ru_maxrss) / 1024.0);
+  out.set("cpu", cpu_model());
+  out.set("per_epoch", epochs);
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  examples::Flags flags("airbench", "CIFAR-10 to 94% test accuracy with the airbench94 recipe, timed end to end.");
+  auto& data_dir = flags.add<std::string>("data", "", "the cifar-10-batches-bin folder (default: $LOOM_DATA, then data/)");
+  auto& seed = flags.add<int64_t>("seed", 0, "seed of the initial weights, the order and the augmentation");
+  auto& threads = flags.add<int64_t>("threads", 0, "compute threads per process (0: OpenMP's default)");
+  auto& steps = flags.add<int64_t>("steps", -1, "stop after N steps (-1: the whole run, 476 steps)");
+  auto& epochs = flags.add<double>("epochs", 9.9, "length of the run in epochs (the schedules scale with it)");
+  auto& amp = flags.add<std::string>("amp", "none", "none, or bf16: CPU autocast (needs AVX-512 bf16)");
+  auto& tta = flags.add<int64_t>("tta", 2, "test-time augmentation: 0 none, 1 mirror, 2 mirror + translate");
+  auto& eval_every_epoch = flags.add<bool>("eval-every-epoch", false, "untimed test accuracy after each epoch");
+  auto& channels_last = flags.add<bool>("channels-last", false, "feed the batches as NHWC");
+  auto& metrics_json = flags.add<std::string>("metrics-json", "", "write the run's figures to this JSON file");
+  flags.parse(argc, argv);
+  LOOM_CHECK(amp == "none" || amp == "bf16", "--amp: expected none or bf16, got '", amp, "'");
+  LOOM_CHECK(tta >= 0 && tta <= 2, "--tta: expected 0, 1 or 2, got ", tta);
+  LOOM_CHECK(threads >= 0, "--threads: expected 0 (OpenMP's default) or more, got ", threads);
+  if (threads > 0) omp_set_num_threads(static_cast<int>(threads));
+
+  examples::Airbench94Config config;
+  const char* world = std::getenv("WORLD_SIZE");
+  if (world && std::atoi(world) > 1) {
+    distributed::init_process_group("gloo", "env://");
+    config.process_group = distributed::default_group();
+  }
+  const bool rank0 = !config.process_group || config.process_group->rank() == 0;
+  config.seed = static_cast<uint64_t>(seed);
+  config.max_steps = steps;
+  config.epochs = epochs;
+  config.bf16 = amp == "bf16";
+  config.tta = static_cast<nn::TTA>(tta);
+  config.eval_every_epoch = eval_every_epoch;
+  config.memory_format = channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
+  if (rank0) config.log = [](const std::string& line) { std::printf("%s\n", line.c_str()), std::fflush(stdout); };
+
+  const std::string root = data::find_cifar10_root(data_dir.empty() ? std::nullopt : std::optional<std::string>(data_dir));
+  const examples::CifarTensors train = examples::load_cifar10_tensors(root, true);
+  const examples::CifarTensors test = examples::load_cifar10_tensors(root, false);
+  const examples::Airbench94Result r = examples::run_airbench94(config, train, test);
+
+  if (rank0) {
+    std::printf("tta_accuracy %.4f  accuracy %.4f  wall_time %.1f s (whitening %.2f, train %.1f [data %.1f, "
+                "lookahead %.2f], tta %.1f)\n",
+                r.tta_accuracy, r.accuracy, r.wall_time_s, r.whitening_s, r.train_s, r.data_s, r.lookahead_s, r.tta_s);
+    if (!metrics_json.empty()) {
+      const int64_t processes = config.process_group ? config.process_group->size() : 1;
+      const int64_t per_epoch = train.images.size(0) / config.batch_size;
+      write_file_atomically(metrics_json, json::dump(metrics(r, config, threads, processes, per_epoch)) + "\n",
+                            "--metrics-json");
+    }
+  }
+  if (config.process_group) distributed::destroy_process_group();
+  return 0;
+} catch (const Error& e) {
+  std::fprintf(stderr, "airbench: error: %s\n", e.what());
+  return 1;
+}
