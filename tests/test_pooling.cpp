@@ -260,3 +260,38 @@ TEST_CASE("pooling sizes are computed without overflow: a huge window is an erro
   CHECK_THROWS_WITH_AS(max_pool2d(x, {5}, {1}, {0}, {int64_t(1) << 62}),
                        doctest::Contains("is larger than the padded input"), Error);
 }
+
+TEST_CASE("max_pool2d without padding (the fast loops) picks the first maximum, as the general rule, on ties and NaN") {
+  // Small integers make ties common; a few NaN windows take the chain's rule (the last NaN wins).
+  for (int64_t k : {2, 3}) {
+    CAPTURE(k);
+    Generator gen(static_cast<uint64_t>(k));
+    Tensor x = randint(0, 3, {2, 3, 2 * k + 1, 3 * k + 2}, TensorOptions(kInt64), &gen).to(kFloat32);
+    std::vector<float> v = x.tolist<float>();
+    v[5] = std::numeric_limits<float>::quiet_NaN();
+    v[40] = std::numeric_limits<float>::quiet_NaN();
+    v[41] = std::numeric_limits<float>::quiet_NaN();
+    x = from_vector(v, x.shape());
+    Tensor xg = x.detach().requires_grad_(true);
+    Tensor y = max_pool2d(xg, {k, k});
+    const int64_t h = x.size(2), w = x.size(3), oh = h / k, ow = w / k;
+    const auto got = y.tolist<float>();
+    // The gradient of sum(y) marks each window's chosen element: the argmax.
+    sum(y).backward();
+    const auto marks = xg.grad().tolist<float>();
+    for (int64_t plane = 0; plane < 6; ++plane)
+      for (int64_t i = 0; i < oh; ++i)
+        for (int64_t j = 0; j < ow; ++j) {
+          float best = -std::numeric_limits<float>::infinity();
+          int64_t at = (i * k) * w + j * k;
+          for (int64_t a = i * k; a < i * k + k; ++a)
+            for (int64_t b = j * k; b < j * k + k; ++b) {
+              const float e = v[static_cast<size_t>(plane * h * w + a * w + b)];
+              if (e > best || std::isnan(e)) best = e, at = a * w + b;
+            }
+          const float out = got[static_cast<size_t>(plane * oh * ow + i * ow + j)];
+          CHECK(((std::isnan(best) && std::isnan(out)) || out == best));
+          CHECK(marks[static_cast<size_t>(plane * h * w + at)] >= 1.0f);
+        }
+  }
+}

@@ -70,6 +70,75 @@ class PlaneAccumulator {
   std::vector<T> buffer_;
 };
 
+// Note [Max pooling without padding]
+// With no padding and no dilation (MaxPool2d(k), the usual case) every window lies inside
+// the image (floor mode: (out - 1) * stride + kernel <= in), so the clipping arithmetic of
+// the general loop is dead weight; for a 2x2 window it cost more than the comparisons
+// (139 ms for [1024, 64, 31, 31] at 2 threads, the speedrun's first pool). This loop runs
+// the same comparisons in the same order (first strict maximum wins, NaN wins), so the
+// values and the argmax are those of the general loop, bit for bit. The comparisons are
+// written as selects: on real activations whether the next value is larger is a coin toss,
+// and as branches they mispredicted about once per window (the loop ran at 17 ns a window).
+// The 2x2 stride-2 window (every pool of the speedrun's net but its last) as two passes over
+// each output row: the maximum by max(), which vectorises, then the index of its first
+// occurrence by equality tests. The same answer as the comparison chain (the first strict
+// maximum), without its unpredictable branches; a window holding a NaN takes the chain.
+template <typename E>
+void max_pool2d_2x2_plane(const E* xp, E* yp, int64_t* ap, const PoolPlanes& g) {
+  using T = compute_t<E>;
+  for (int64_t oh = 0; oh < g.out_h; ++oh) {
+    const E* r0 = xp + 2 * oh * g.in_w;
+    const E* r1 = r0 + g.in_w;
+    E* y = yp + oh * g.out_w;
+    int64_t* a = ap + oh * g.out_w;
+    const int64_t base = 2 * oh * g.in_w;
+    for (int64_t ow = 0; ow < g.out_w; ++ow) {
+      const T v0 = widen(r0[2 * ow]), v1 = widen(r0[2 * ow + 1]), v2 = widen(r1[2 * ow]), v3 = widen(r1[2 * ow + 1]);
+      const T m = std::max(std::max(v0, v1), std::max(v2, v3));
+      y[ow] = narrow<E>(m);
+      const int64_t first = v0 == m ? 0 : v1 == m ? 1 : v2 == m ? g.in_w : g.in_w + 1;
+      a[ow] = base + 2 * ow + first;
+    }
+    for (int64_t ow = 0; ow < g.out_w; ++ow) {  // NaN: the chain's rule (the last NaN wins)
+      const T v[4] = {widen(r0[2 * ow]), widen(r0[2 * ow + 1]), widen(r1[2 * ow]), widen(r1[2 * ow + 1])};
+      if (!(std::isnan(v[0]) || std::isnan(v[1]) || std::isnan(v[2]) || std::isnan(v[3]))) continue;
+      const int64_t offsets[4] = {0, 1, g.in_w, g.in_w + 1};
+      T best = -std::numeric_limits<T>::infinity();
+      int64_t index = base + 2 * ow;
+      for (int k = 0; k < 4; ++k)
+        if (v[k] > best || std::isnan(v[k])) best = v[k], index = base + 2 * ow + offsets[k];
+      y[ow] = narrow<E>(best);
+      a[ow] = index;
+    }
+  }
+}
+
+template <typename E, int KH, int KW>
+void max_pool2d_unpadded_plane(const E* xp, E* yp, int64_t* ap, const PoolPlanes& g, int64_t sh, int64_t sw,
+                               int64_t kh_runtime, int64_t kw_runtime) {
+  using T = compute_t<E>;
+  const int64_t kh = KH > 0 ? KH : kh_runtime, kw = KW > 0 ? KW : kw_runtime;
+  for (int64_t oh = 0; oh < g.out_h; ++oh) {
+    const int64_t h0 = oh * sh;
+    for (int64_t ow = 0; ow < g.out_w; ++ow) {
+      const int64_t w0 = ow * sw;
+      T best = -std::numeric_limits<T>::infinity();
+      int64_t best_index = h0 * g.in_w + w0;
+      for (int64_t h = h0; h < h0 + kh; ++h) {
+        const E* row = xp + h * g.in_w;
+        for (int64_t w = w0; w < w0 + kw; ++w) {
+          const T v = widen(row[w]);
+          const bool take = (v > best) | (v != v);  // selects, not branches: random data mispredicts half
+          best = take ? v : best;
+          best_index = take ? h * g.in_w + w : best_index;
+        }
+      }
+      yp[oh * g.out_w + ow] = narrow<E>(best);
+      ap[oh * g.out_w + ow] = best_index;
+    }
+  }
+}
+
 template <typename E>
 void max_pool2d_forward_typed(const Tensor& in_any, const Pool2dParams& p, Tensor& out, Tensor& indices) {
   using T = compute_t<E>;
@@ -81,6 +150,22 @@ void max_pool2d_forward_typed(const Tensor& in_any, const Pool2dParams& p, Tenso
   const int64_t kh = p.kernel[0], kw = p.kernel[1], sh = p.stride[0], sw = p.stride[1];
   const int64_t ph = p.padding[0], pw = p.padding[1], dh = p.dilation[0], dw = p.dilation[1];
   const int64_t work = g.count * g.out_h * g.out_w * kh * kw;
+  const bool inside = ph == 0 && pw == 0 && dh == 1 && dw == 1 && (g.out_h - 1) * sh + kh <= g.in_h &&
+                      (g.out_w - 1) * sw + kw <= g.in_w;
+  if (inside) {  // See Note [Max pooling without padding]
+    const bool two = kh == 2 && kw == 2, three = kh == 3 && kw == 3;
+#pragma omp parallel for schedule(static) if (work > kPoolGrain && g.count > 1)
+    for (int64_t plane = 0; plane < g.count; ++plane) {
+      const E* xp = x + plane * g.in_h * g.in_w;
+      E* yp = y + plane * g.out_h * g.out_w;
+      int64_t* ap = arg + plane * g.out_h * g.out_w;
+      if (two && sh == 2 && sw == 2) max_pool2d_2x2_plane<E>(xp, yp, ap, g);
+      else if (two) max_pool2d_unpadded_plane<E, 2, 2>(xp, yp, ap, g, sh, sw, kh, kw);
+      else if (three) max_pool2d_unpadded_plane<E, 3, 3>(xp, yp, ap, g, sh, sw, kh, kw);
+      else max_pool2d_unpadded_plane<E, 0, 0>(xp, yp, ap, g, sh, sw, kh, kw);
+    }
+    return;
+  }
 
 #pragma omp parallel for schedule(static) if (work > kPoolGrain && g.count > 1)
   for (int64_t plane = 0; plane < g.count; ++plane) {
