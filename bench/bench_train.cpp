@@ -61,6 +61,7 @@
 #include "core/kernels.h"          // defines: the dispatch stubs --profile wraps
 #include "data/synthetic_cifar.h"  // defines: SyntheticCIFAR
 #include "data/transforms.h"       // defines: Compose, RandomCrop, ...
+#include "nn/airbench.h"  // defines: airbench94 (--model=airbench94)
 #include "nn/loss.h"               // defines: CrossEntropyLoss
 #include "nn/optim/sgd.h"          // defines: SGD
 #include "nn/resnet.h"             // defines: resnet18
@@ -86,6 +87,7 @@ struct Options {
   // --worker: measure one (mode, batch) of loom in this process and print a result line.
   bool worker = false;
   bool profile = false;  // with --worker: time per kernel
+  std::string model = "resnet18";  // with --worker: resnet18, or airbench94 (the speedrun's net, docs/speedrun.md)
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -105,7 +107,7 @@ std::vector<std::string> split(const std::string& s) {
                "bench_train: unknown argument '%s'\n"
                "usage: bench_train [--batches=128,32] [--modes=train,infer] [--amps=none,bf16] [--warmup=N] [--steps=N]\n"
                "                   [--repeat=N] [--threads=N] [--python=PYTHON] [--no-torch] [--no-augment]\n"
-               "       bench_train --worker [--profile] --mode=train|infer --batch=N [--amp=none|bf16] [--warmup=N]\n"
+               "       bench_train --worker [--profile] [--model=resnet18|airbench94] --mode=train|infer --batch=N [--amp=none|bf16] [--warmup=N]\n"
                "                   [--steps=N]\n"
                "  PYTHON runs bench/bench_train_torch.py (default $LOOM_PYTHON, else /usr/bin/python3)\n",
                arg);
@@ -140,6 +142,7 @@ Options parse(int argc, char** argv) {
     else if (arg == "--no-augment") o.augment = false;
     else if (arg == "--worker") o.worker = true;
     else if (arg == "--profile") o.profile = true;
+    else if (auto v = value("--model=")) o.model = *v;
     else usage(argv[i]);
   }
   for (const auto& m : o.modes)
@@ -260,7 +263,10 @@ int run_worker(const Options& o) {
   auto autocast_scope = [bf16] {
     return bf16 ? std::make_unique<autocast::Guard>(DeviceType::CPU, kBFloat16) : nullptr;
   };
-  auto model = nn::resnet18(10);
+  LOOM_CHECK(o.model == "resnet18" || o.model == "airbench94", "bench_train: --model=resnet18 or airbench94, got '",
+             o.model, "'");
+  std::shared_ptr<nn::Module> model = o.model == "airbench94" ? std::shared_ptr<nn::Module>(nn::airbench94())
+                                                              : std::shared_ptr<nn::Module>(nn::resnet18(10));
   Tensor images = randn({batch, 3, 32, 32});
   // The layout in which loom's convolutions need no reorders (Note [Channels-last on AVX2],
   // core/cpu/activation_layout.h), as train_cifar10 --memory-format auto: channels-last

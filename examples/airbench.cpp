@@ -84,7 +84,8 @@ int main(int argc, char** argv) try {
   auto& amp = flags.add<std::string>("amp", "none", "none, or bf16: CPU autocast (needs AVX-512 bf16)");
   auto& tta = flags.add<int64_t>("tta", 2, "test-time augmentation: 0 none, 1 mirror, 2 mirror + translate");
   auto& eval_every_epoch = flags.add<bool>("eval-every-epoch", false, "untimed test accuracy after each epoch");
-  auto& channels_last = flags.add<bool>("channels-last", false, "feed the batches as NHWC");
+  auto& memory_format = flags.add<std::string>("memory-format", "channels_last",
+                                                "channels_last (NHWC through the whole net: no reorders) or contiguous");
   auto& metrics_json = flags.add<std::string>("metrics-json", "", "write the run's figures to this JSON file");
   flags.parse(argc, argv);
   LOOM_CHECK(amp == "none" || amp == "bf16", "--amp: expected none or bf16, got '", amp, "'");
@@ -105,7 +106,9 @@ int main(int argc, char** argv) try {
   config.bf16 = amp == "bf16";
   config.tta = static_cast<nn::TTA>(tta);
   config.eval_every_epoch = eval_every_epoch;
-  config.memory_format = channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
+  LOOM_CHECK(memory_format == "channels_last" || memory_format == "contiguous",
+             "--memory-format: expected channels_last or contiguous, got '", memory_format, "'");
+  config.memory_format = memory_format == "channels_last" ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
   if (rank0) config.log = [](const std::string& line) { std::printf("%s\n", line.c_str()), std::fflush(stdout); };
 
   const std::string root = data::find_cifar10_root(data_dir.empty() ? std::nullopt : std::optional<std::string>(data_dir));

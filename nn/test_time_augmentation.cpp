@@ -7,7 +7,16 @@ namespace loom::nn {
 
 namespace {
 
-Tensor mirror_mean(Module& model, const Tensor& x) { return (model.forward(x) + model.forward(flip(x, {3}))) * 0.5; }
+// The views keep the images' layout (flip and pad make NCHW copies), so a channels-last
+// model sees channels-last input for every view.
+MemoryFormat layout_of(const Tensor& x) {
+  return x.dim() == 4 && !x.is_contiguous() && x.is_contiguous(MemoryFormat::ChannelsLast) ? MemoryFormat::ChannelsLast
+                                                                                          : MemoryFormat::Contiguous;
+}
+
+Tensor mirror_mean(Module& model, const Tensor& x) {
+  return (model.forward(x) + model.forward(flip(x, {3}).contiguous(layout_of(x)))) * 0.5;
+}
 
 }  // namespace
 
@@ -23,8 +32,8 @@ Tensor tta_logits(Module& model, const Tensor& images, TTA level) {
     case TTA::mirror_translate: {  // See Note [TTA weights]
       const int64_t h = images.size(2), w = images.size(3);
       const Tensor padded = pad(images, {1, 1, 1, 1}, "reflect");
-      const Tensor up_left = padded.narrow(2, 0, h).narrow(3, 0, w).contiguous();
-      const Tensor down_right = padded.narrow(2, 2, h).narrow(3, 2, w).contiguous();
+      const Tensor up_left = padded.narrow(2, 0, h).narrow(3, 0, w).contiguous(layout_of(images));
+      const Tensor down_right = padded.narrow(2, 2, h).narrow(3, 2, w).contiguous(layout_of(images));
       const Tensor centre = mirror_mean(model, images);
       const Tensor shifted = (mirror_mean(model, up_left) + mirror_mean(model, down_right)) * 0.5;
       return centre * 0.5 + shifted * 0.5;

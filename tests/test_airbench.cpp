@@ -325,6 +325,8 @@ TEST_CASE("TTA weighs the unshifted mirror pair 1/2 and each shifted pair 1/4") 
   CHECK(max_abs_diff(nn::tta_logits(probe, x, nn::TTA::mirror_translate), expected) < 1e-6);
   CHECK(max_abs_diff(nn::tta_logits(probe, x, nn::TTA::mirror), m(x)) < 1e-7);
   CHECK(max_abs_diff(nn::tta_logits(probe, x, nn::TTA::none), probe.forward(x)) == 0.0);
+  const Tensor x_nhwc = x.contiguous(MemoryFormat::ChannelsLast);
+  CHECK(max_abs_diff(nn::tta_logits(probe, x_nhwc, nn::TTA::mirror_translate), expected) < 1e-6);
   Tensor labels = argmax(nn::tta_logits(probe, x, nn::TTA::mirror_translate), 1);
   CHECK(nn::tta_accuracy(probe, x, labels, nn::TTA::mirror_translate, 2) == 1.0);
 }
@@ -354,6 +356,7 @@ TEST_CASE("airbench94: the net's shapes and parameter count; 30 steps of the rec
   config.epochs = 3;
   config.whiten_images = 500;
   config.eval_batch_size = 512;
+  config.memory_format = MemoryFormat::ChannelsLast;  // as examples/airbench runs it
   const examples::CifarTensors train{images, labels};
   const examples::CifarTensors test{images.narrow(0, 0, 512).contiguous(), labels.narrow(0, 0, 512).contiguous()};
   const auto result = examples::run_airbench94(config, train, test);

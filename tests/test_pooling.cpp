@@ -8,6 +8,7 @@
 
 #include "autograd/ops.h"
 #include "gradcheck.h"
+#include "tensor_compare.h"
 
 using namespace loom;
 using loom::testing::gradcheck;
@@ -294,4 +295,30 @@ TEST_CASE("max_pool2d without padding (the fast loops) picks the first maximum, 
           CHECK(marks[static_cast<size_t>(plane * h * w + at)] >= 1.0f);
         }
   }
+}
+
+TEST_CASE("max_pool2d keeps a channels-last input channels-last, with NCHW's values, indices and gradient") {
+  for (int64_t k : {2, 3}) {
+    CAPTURE(k);
+    Generator gen(static_cast<uint64_t>(10 + k));
+    Tensor x = randint(0, 4, {3, 5, 2 * k + 1, 3 * k}, TensorOptions(kInt64), &gen).to(kFloat32);
+    std::vector<float> v = x.tolist<float>();
+    v[7] = std::numeric_limits<float>::quiet_NaN();
+    x = from_vector(v, x.shape());
+    Tensor a = x.detach().requires_grad_(true);
+    Tensor b = x.contiguous(MemoryFormat::ChannelsLast).detach().requires_grad_(true);
+    Tensor ya = max_pool2d(a, {k, k}), yb = max_pool2d(b, {k, k});
+    CHECK(yb.is_contiguous(MemoryFormat::ChannelsLast));
+    const auto va = ya.tolist<float>(), vb = yb.tolist<float>();
+    for (size_t i = 0; i < va.size(); ++i) CHECK(((std::isnan(va[i]) && std::isnan(vb[i])) || va[i] == vb[i]));
+    Tensor w = randn(ya.shape(), {}, &gen);
+    sum(ya * w).backward();
+    sum(yb * w).backward();
+    CHECK(b.grad().is_contiguous(MemoryFormat::ChannelsLast));
+    CHECK(testing::max_abs_diff(a.grad(), b.grad()) == 0.0);
+  }
+  Tensor d = randn({2, 3, 6, 7}, TensorOptions(kFloat64)).requires_grad_(true);
+  testing::gradcheck(
+      [](const std::vector<Tensor>& in) { return max_pool2d(in[0].contiguous(MemoryFormat::ChannelsLast), {2, 2}); },
+      {d});
 }

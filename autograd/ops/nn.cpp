@@ -99,13 +99,22 @@ Tensor max_pool2d(const Tensor& input, std::vector<int64_t> kernel_size, std::ve
                   std::vector<int64_t> padding, std::vector<int64_t> dilation, bool ceil_mode) {
   const Pool2dParams p = pool_params("max_pool2d", input, kernel_size, stride, padding, dilation, ceil_mode, true);
   const Shape shape = pooled_shape("max_pool2d", input, p);
-  Tensor out = empty(shape, options_of(input));
-  Tensor indices = empty(shape, TensorOptions(kInt64).device(input.device()));
+  // A channels-last input keeps its layout (Note [Max pooling in channels-last], core/cpu/pooling.cpp),
+  // as PyTorch's max_pool2d does; every other input gives an NCHW output.
+  const bool channels_last = input.dim() == 4 && input.size(1) > 1 && input.device().is_cpu() &&
+                             (input.dtype() == kFloat32 || input.dtype() == kFloat64) && !input.is_contiguous() &&
+                             input.is_contiguous(MemoryFormat::ChannelsLast) && p.padding[0] == 0 &&
+                             p.padding[1] == 0 && p.dilation[0] == 1 && p.dilation[1] == 1 &&
+                             (shape[2] - 1) * p.stride[0] + p.kernel[0] <= input.size(2) &&
+                             (shape[3] - 1) * p.stride[1] + p.kernel[1] <= input.size(3);
+  const MemoryFormat format = channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
+  Tensor out = empty(shape, options_of(input), format);
+  Tensor indices = empty(shape, TensorOptions(kInt64).device(input.device()), format);
   max_pool2d_forward_kernel(input.device())(input, p, out, indices);
   if (any_requires_grad({input})) {
     // The argmax indices are private to this node: nothing can modify them in place.
-    record("MaxPool2DBackward", {input}, {out}, [indices, in_shape = input.shape()](const Grads& g) {
-      Tensor grad_in = empty(in_shape, options_of(g[0]));
+    record("MaxPool2DBackward", {input}, {out}, [indices, in_shape = input.shape(), format](const Grads& g) {
+      Tensor grad_in = empty(in_shape, options_of(g[0]), format);
       max_pool2d_backward_kernel(g[0].device())(g[0], indices, grad_in);
       return Grads{grad_in};
     });

@@ -196,13 +196,95 @@ void max_pool2d_forward_typed(const Tensor& in_any, const Pool2dParams& p, Tenso
   }
 }
 
+// Note [Max pooling in channels-last]
+// A channels-last [N, C, H, W] tensor holds each pixel's C values side by side, so a window's
+// maximum is C independent maxima over the same kh x kw pixels: one vector compare-and-select
+// per tap across the channels, with no reorder to NCHW and back. The indices are PyTorch's
+// (h * W + w within the channel's plane, whatever the layout) and the rule the same (the
+// first strict maximum; a NaN wins), so both layouts give the same values and indices.
+// Used for float32/float64 windows without padding or dilation; anything else reorders.
+bool max_pool2d_takes_channels_last(const Tensor& in, const Pool2dParams& p, const Tensor& out) {
+  return in.dim() == 4 && (in.dtype() == kFloat32 || in.dtype() == kFloat64) &&
+         in.is_contiguous(MemoryFormat::ChannelsLast) && out.is_contiguous(MemoryFormat::ChannelsLast) &&
+         p.padding[0] == 0 && p.padding[1] == 0 && p.dilation[0] == 1 && p.dilation[1] == 1 &&
+         (out.size(2) - 1) * p.stride[0] + p.kernel[0] <= in.size(2) &&
+         (out.size(3) - 1) * p.stride[1] + p.kernel[1] <= in.size(3);
+}
+
+template <typename T>
+void max_pool2d_forward_channels_last(const Tensor& in, const Pool2dParams& p, Tensor& out, Tensor& indices) {
+  const int64_t n = in.size(0), c = in.size(1), h = in.size(2), w = in.size(3), oh = out.size(2), ow = out.size(3);
+  const int64_t kh = p.kernel[0], kw = p.kernel[1], sh = p.stride[0], sw = p.stride[1];
+  const T* x = in.data_ptr<T>();
+  T* y = out.data_ptr<T>();
+  int64_t* arg = indices.data_ptr<int64_t>();
+#pragma omp parallel for collapse(2) schedule(static) if (n * oh * ow * c * kh * kw > kPoolGrain)
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t i = 0; i < oh; ++i)
+      for (int64_t j = 0; j < ow; ++j) {
+        T* yo = y + ((b * oh + i) * ow + j) * c;
+        int64_t* ao = arg + ((b * oh + i) * ow + j) * c;
+        const T* first = x + ((b * h + i * sh) * w + j * sw) * c;
+        const int64_t first_index = i * sh * w + j * sw;
+#pragma omp simd
+        for (int64_t ch = 0; ch < c; ++ch) {
+          yo[ch] = first[ch];
+          ao[ch] = first_index;
+        }
+        for (int64_t dy = 0; dy < kh; ++dy)
+          for (int64_t dx = dy == 0 ? 1 : 0; dx < kw; ++dx) {
+            const T* tap = x + ((b * h + i * sh + dy) * w + j * sw + dx) * c;
+            const int64_t index = (i * sh + dy) * w + j * sw + dx;
+#pragma omp simd
+            for (int64_t ch = 0; ch < c; ++ch) {
+              const T v = tap[ch];
+              const bool take = (v > yo[ch]) | (v != v);  // See Note [Max pooling in channels-last]
+              yo[ch] = take ? v : yo[ch];
+              ao[ch] = take ? index : ao[ch];
+            }
+          }
+      }
+}
+
+template <typename T>
+void max_pool2d_backward_channels_last(const Tensor& grad_out, const Tensor& indices, Tensor& grad_in) {
+  const int64_t n = grad_in.size(0), c = grad_in.size(1), h = grad_in.size(2), w = grad_in.size(3);
+  const int64_t oh = grad_out.size(2), ow = grad_out.size(3);
+  const T* gy = grad_out.data_ptr<T>();
+  const int64_t* arg = indices.data_ptr<int64_t>();
+  T* gx = grad_in.data_ptr<T>();
+#pragma omp parallel for schedule(static) if (n * (h * w + oh * ow) * c > kPoolGrain)
+  for (int64_t b = 0; b < n; ++b) {  // each image's gradient is its own: no two threads write one element
+    T* gxb = gx + b * h * w * c;
+    std::fill_n(gxb, h * w * c, T(0));
+    for (int64_t o = 0; o < oh * ow; ++o) {
+      const T* g = gy + (b * oh * ow + o) * c;
+      const int64_t* a = arg + (b * oh * ow + o) * c;
+      for (int64_t ch = 0; ch < c; ++ch)
+        if (a[ch] >= 0 && a[ch] < h * w) gxb[a[ch] * c + ch] += g[ch];
+    }
+  }
+}
+
 void max_pool2d_forward_cpu(const Tensor& in, const Pool2dParams& p, Tensor& out, Tensor& indices) {
+  if (max_pool2d_takes_channels_last(in, p, out) && indices.is_contiguous(MemoryFormat::ChannelsLast)) {
+    dispatch_floating(in.dtype(), "max_pool2d", [&]<typename T>() { max_pool2d_forward_channels_last<T>(in, p, out, indices); });
+    return;
+  }
   check_output_dense("max_pool2d", out);
   check_output_dense("max_pool2d", indices);
   dispatch_floating_16bit(in.dtype(), "max_pool2d", [&]<typename E>() { max_pool2d_forward_typed<E>(in, p, out, indices); });
 }
 
 void max_pool2d_backward_cpu(const Tensor& grad_out_any, const Tensor& indices_any, Tensor& grad_in) {
+  if (grad_in.dim() == 4 && (grad_in.dtype() == kFloat32 || grad_in.dtype() == kFloat64) &&
+      grad_in.is_contiguous(MemoryFormat::ChannelsLast) && indices_any.is_contiguous(MemoryFormat::ChannelsLast) &&
+      grad_out_any.dtype() == grad_in.dtype()) {  // See Note [Max pooling in channels-last]
+    const Tensor grad_out = grad_out_any.contiguous(MemoryFormat::ChannelsLast);
+    dispatch_floating(grad_in.dtype(), "max_pool2d_backward",
+                      [&]<typename T>() { max_pool2d_backward_channels_last<T>(grad_out, indices_any, grad_in); });
+    return;
+  }
   check_output_dense("max_pool2d_backward", grad_in);
   const Tensor grad_out = contiguous_input(grad_out_any);
   const Tensor indices = contiguous_input(indices_any);
