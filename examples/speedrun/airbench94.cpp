@@ -7,6 +7,7 @@
 #include "autograd/autocast.h"          // defines: autocast::Guard (--amp bf16)
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"               // defines: cross_entropy
+#include "core/factory.h"               // defines: scalar_tensor
 #include "core/generator.h"             // defines: manual_seed
 #include "data/cifar10.h"               // defines: CIFAR10
 #include "data/sampler.h"               // defines: sequential_indices
@@ -164,10 +165,16 @@ Airbench94Result run_airbench94(const Airbench94Config& config, const CifarTenso
   }
   result.steps = step;
 
-  {  // The final evaluation: test-time augmentation (nn/test_time_augmentation.h).
+  {  // The final evaluation: test-time augmentation (nn/test_time_augmentation.h). Under DDP
+     // each rank tests its own share of the images and the correct counts are summed.
     PhaseTimer timer{result.tta_s};
     net->eval();
-    result.tta_accuracy = nn::tta_accuracy(*net, test_images, test.labels, config.tta, config.eval_batch_size);
+    const int64_t n = test_images.size(0), first = n * rank / world_size, count = n * (rank + 1) / world_size - first;
+    const double share = nn::tta_accuracy(*net, test_images.narrow(0, first, count), test.labels.narrow(0, first, count),
+                                          config.tta, config.eval_batch_size);
+    Tensor correct = scalar_tensor(std::round(share * static_cast<double>(count)), kFloat64);
+    if (world_size > 1) config.process_group->all_reduce(correct)->wait();
+    result.tta_accuracy = correct.item<double>() / static_cast<double>(n);
   }
   result.wall_time_s = seconds_since(start) - untimed_s;
   net->eval();
