@@ -145,6 +145,27 @@ void map_contiguous(Out* out, int64_t n, F f, const In*... in) {
   for (int64_t i = 0; i < n; ++i) out[i] = f(in[i]...);
 }
 
+// Note [Dense tensors map as flat memory]
+// An elementwise map does not care in which order it visits elements, only that out[i] and
+// in[i] are the same element. Tensors with the same shape and strides whose elements fill
+// their memory without gaps or overlaps (NCHW-contiguous, channels-last, any permutation of
+// a contiguous layout) put element i at the same offset from each base, so the contiguous
+// loop runs over them as flat arrays. Without this a channels-last activation took the
+// strided loop, which does not vectorise (GELU forward and backward, 6% of the speedrun's step).
+inline bool dense_in_some_order(const Tensor& t) {
+  const int64_t d = t.dim();
+  std::vector<int64_t> order(static_cast<size_t>(d));
+  for (int64_t i = 0; i < d; ++i) order[static_cast<size_t>(i)] = i;
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return t.stride(a) < t.stride(b); });
+  int64_t expected = 1;
+  for (int64_t i : order) {
+    if (t.size(i) == 1) continue;
+    if (t.stride(i) != expected) return false;
+    expected *= t.size(i);
+  }
+  return true;
+}
+
 }  // namespace detail
 
 template <typename Out, typename... In, typename F, typename... Tensors>
@@ -157,6 +178,11 @@ void cpu_map_typed(Tensor& out, F f, const Tensors&... ins) {
 
   if ((out.is_contiguous() && ... && ins.is_contiguous())) {
     Out* out_ptr = out.data_ptr<Out>();  // See Note [The contiguous loop takes its pointers by value]
+    std::apply([&](const In*... in) { detail::map_contiguous<Out, In...>(out_ptr, n, f, in...); }, in_ptrs);
+    return;
+  }
+  if (((ins.shape() == out.shape() && ins.strides() == out.strides()) && ...) && detail::dense_in_some_order(out)) {
+    Out* out_ptr = out.data_ptr<Out>();  // See Note [Dense tensors map as flat memory]
     std::apply([&](const In*... in) { detail::map_contiguous<Out, In...>(out_ptr, n, f, in...); }, in_ptrs);
     return;
   }
