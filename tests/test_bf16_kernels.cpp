@@ -253,3 +253,18 @@ TEST_CASE("dropout on bfloat16 drops the same units as float32 with the same see
     CHECK(values(x16.grad()) == values(ne(y32, zeros_like(y32)).to(kFloat32) * static_cast<double>(scale)));
   }
 }
+
+TEST_CASE("gelu on bfloat16 (CPU autocast's activations): forward and backward are the float32 kernel's, rounded once") {
+  const Twin x = twin({2, 3, 5, 7}, 3);
+  for (const char* approximate : {"none", "tanh"}) {
+    INFO(approximate);
+    Tensor x16 = x.bf16.detach().requires_grad_(true), x32 = x.f32.detach().requires_grad_(true);
+    Tensor y16 = gelu(x16, approximate), y32 = gelu(x32, approximate);
+    CHECK(y16.dtype() == kBFloat16);
+    check_rounded(y16, y32);
+    const Twin g = twin(y32.shape(), 4);
+    y16.backward(g.bf16);
+    y32.backward(g.f32);
+    check_rounded(x16.grad(), x32.grad());
+  }
+}

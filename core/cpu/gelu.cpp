@@ -12,6 +12,7 @@
 // float32 and stay accurate on the negative side (Note [Vectorisable exp and erf]).
 #include <cmath>
 
+#include "core/cpu/bf16_convert.h"         // defines: dispatch_floating_16bit, widen, narrow
 #include "core/cpu/loops.h"                // defines: cpu_map_typed
 #include "core/cpu/transformer_kernels.h"  // declares: gelu_forward, gelu_backward
 #include "core/cpu/vector_math.h"          // defines: vector_exp, vector_erfc
@@ -54,21 +55,26 @@ T gelu_tanh_derivative(T x) {
 
 }  // namespace
 
+// bfloat16 (CPU autocast's activations) computes in float32 and rounds once per element
+// (Note [bfloat16 conversion in registers]).
 void gelu_forward(const Tensor& x, bool tanh_approximation, Tensor& out) {
-  dispatch_floating(x.dtype(), "gelu", [&]<typename T>() {
+  dispatch_floating_16bit(x.dtype(), "gelu", [&]<typename E>() {
+    using T = compute_t<E>;
     if (tanh_approximation)
-      cpu_map_typed<T, T>(out, [](T v) { return gelu_tanh(v); }, x);
+      cpu_map_typed<E, E>(out, [](E v) { return narrow<E>(gelu_tanh(widen(v))); }, x);
     else
-      cpu_map_typed<T, T>(out, [](T v) { return gelu_exact(v); }, x);
+      cpu_map_typed<E, E>(out, [](E v) { return narrow<E>(gelu_exact(static_cast<T>(widen(v)))); }, x);
   });
 }
 
 void gelu_backward(const Tensor& grad_out, const Tensor& x, bool tanh_approximation, Tensor& grad_x) {
-  dispatch_floating(x.dtype(), "gelu_backward", [&]<typename T>() {
+  dispatch_floating_16bit(x.dtype(), "gelu_backward", [&]<typename E>() {
     if (tanh_approximation)
-      cpu_map_typed<T, T, T>(grad_x, [](T g, T v) { return g * gelu_tanh_derivative(v); }, grad_out, x);
+      cpu_map_typed<E, E, E>(grad_x, [](E g, E v) { return narrow<E>(widen(g) * gelu_tanh_derivative(widen(v))); },
+                             grad_out, x);
     else
-      cpu_map_typed<T, T, T>(grad_x, [](T g, T v) { return g * gelu_exact_derivative(v); }, grad_out, x);
+      cpu_map_typed<E, E, E>(grad_x, [](E g, E v) { return narrow<E>(widen(g) * gelu_exact_derivative(widen(v))); },
+                             grad_out, x);
   });
 }
 
