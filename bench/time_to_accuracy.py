@@ -159,7 +159,8 @@ def run_one(a, kind, seed, data, index, total):
     os.makedirs(a.state, exist_ok=True)
     if os.path.exists(partial):
         os.remove(partial)
-    started, t0 = results_file.now(), time.perf_counter()
+    # The commit the run was built from: taken at its start, since commits may land while it runs.
+    started, commit, t0 = results_file.now(), results_file.commit(), time.perf_counter()
     log_path = os.path.join(a.state, name + ".log")
     with open(log_path, "w") as log:
         log.write(f"# {started}\n# {shown}\n")
@@ -183,7 +184,7 @@ def run_one(a, kind, seed, data, index, total):
     if missing or metrics["framework"] != framework or int(metrics["processes"]) != processes:
         sys.exit(f"time_to_accuracy: {partial} is not a {framework} run of {processes} process(es) "
                  f"(missing {missing}, framework {metrics.get('framework')}, processes {metrics.get('processes')})")
-    metrics.update({"kind": kind, "command": shown.strip(), "commit": results_file.commit(), "date": started,
+    metrics.update({"kind": kind, "command": shown.strip(), "commit": commit, "date": started,
                     "elapsed_s": time.perf_counter() - t0})
     write_json(final, metrics)
     os.remove(partial)
@@ -360,6 +361,39 @@ def draw(plt, doc, by_kind, path):
 
 # ------------------------------------------------------------------------------------- main
 
+CURVE_COLUMNS = [
+    {"key": "epoch", "title": "epoch"},
+    {"key": "steps", "title": "steps"},
+    {"key": "train_loss", "title": "train loss (per example)", "format": ".4f"},
+    {"key": "test_acc", "title": "test acc, one view (%)", "format": ".2f"},
+    {"key": "elapsed_s", "title": "timed seconds so far", "format": ".1f"},
+]
+
+
+def write_curve(a):
+    """The per-epoch rows of one kept run, and its final TTA accuracy as the last row."""
+    with open(os.path.expanduser(a.curve)) as f:
+        run = json.load(f)
+    epochs = run.get("per_epoch", [])
+    if not epochs or "accuracy" not in epochs[0]:
+        sys.exit(f"{a.curve}: no per-epoch test accuracy; make the run with --eval-every-epoch")
+    steps, rows = 0, []
+    for e in epochs:
+        steps += e["steps"]
+        rows.append({"epoch": e["epoch"], "steps": steps, "train_loss": e["train_loss"],
+                     "test_acc": 100 * e["accuracy"], "elapsed_s": e["elapsed_s"]})
+    rows.append({"epoch": "end (6-view TTA)", "steps": run["steps"], "test_acc": 100 * run["tta_accuracy"],
+                 "elapsed_s": run["wall_time_s"]})
+    title = (f"{run['framework']}'s airbench94 run, seed {run['seed']}, {run['threads']} threads, tested after every "
+             f"epoch (untimed) and with TTA at the end")
+    doc = results_file.document(title, "time_to_accuracy.py", CURVE_COLUMNS, rows, [], results_file.now(),
+                                a.conditions)
+    doc["commit"] = run.get("commit", doc["commit"])
+    doc["date"] = run.get("date", doc["date"])
+    results_file.write(a.curve_out, doc)
+    return 0
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=0, help="loom runs, single process (seeds seed-base, ...)")
@@ -386,7 +420,13 @@ def main():
     p.add_argument("--dry-run", action="store_true", help="print the commands only")
     p.add_argument("--aggregate-only", action="store_true", help="rebuild the results file and chart from --state")
     p.add_argument("--quiet", action="store_true", help="keep the programs' output in the logs only")
+    p.add_argument("--curve", metavar="RUN_JSON",
+                   help="instead of running: one run's per-epoch figures (a run made with --eval-every-epoch, "
+                        "e.g. ~/.cache/loom/time_to_94/loom-seed0.json) as the results file --curve-out")
+    p.add_argument("--curve-out", default=os.path.join(ROOT, "bench", "results", "speedrun_curve.json"))
     a = p.parse_args()
+    if a.curve:
+        return write_curve(a)
     a.torch_runs = a.runs if a.torch_runs is None else a.torch_runs
     a.state = os.path.abspath(os.path.expanduser(a.state))
     if os.path.commonpath([a.state, ROOT]) == ROOT:
