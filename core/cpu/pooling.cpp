@@ -92,13 +92,16 @@ void max_pool2d_2x2_plane(const E* xp, E* yp, int64_t* ap, const PoolPlanes& g) 
     E* y = yp + oh * g.out_w;
     int64_t* a = ap + oh * g.out_w;
     const int64_t base = 2 * oh * g.in_w;
+    bool any_nan = false;
     for (int64_t ow = 0; ow < g.out_w; ++ow) {
       const T v0 = widen(r0[2 * ow]), v1 = widen(r0[2 * ow + 1]), v2 = widen(r1[2 * ow]), v3 = widen(r1[2 * ow + 1]);
       const T m = std::max(std::max(v0, v1), std::max(v2, v3));
       y[ow] = narrow<E>(m);
       const int64_t first = v0 == m ? 0 : v1 == m ? 1 : v2 == m ? g.in_w : g.in_w + 1;
       a[ow] = base + 2 * ow + first;
+      any_nan |= (v0 != v0) | (v1 != v1) | (v2 != v2) | (v3 != v3);
     }
+    if (!any_nan) continue;  // the row again only when it holds a NaN
     for (int64_t ow = 0; ow < g.out_w; ++ow) {  // NaN: the chain's rule (the last NaN wins)
       const T v[4] = {widen(r0[2 * ow]), widen(r0[2 * ow + 1]), widen(r1[2 * ow]), widen(r1[2 * ow + 1])};
       if (!(std::isnan(v[0]) || std::isnan(v[1]) || std::isnan(v[2]) || std::isnan(v[3]))) continue;

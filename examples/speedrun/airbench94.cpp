@@ -106,7 +106,6 @@ Airbench94Result run_airbench94(const Airbench94Config& config, const CifarTenso
   int64_t step = 0;
   double untimed_s = 0;  // per-epoch evaluation, left out of the timed total
   for (int64_t epoch = 0; step < steps; ++epoch) {
-    net->whiten->bias.requires_grad_(step < whiten_bias_steps);
     model->train();
     Airbench94Epoch record{.epoch = epoch};
     double loss_sum = 0;
