@@ -54,6 +54,7 @@
 #include <vector>
 
 #include "autograd/autocast.h"     // defines: autocast::Guard, for --amp=bf16
+#include "core/cpu/kernel_benchmark.h"  // defines: backends::cpu::set_benchmark (--conv-benchmark)
 #include "autograd/grad_mode.h"    // defines: NoGradGuard
 #include "autograd/ops.h"          // defines: randn, randint
 #include "core/allocator.h"        // defines: memory_stats
@@ -88,6 +89,9 @@ struct Options {
   bool worker = false;
   bool profile = false;  // with --worker: time per kernel
   std::string model = "resnet18";  // with --worker: resnet18, or airbench94 (the speedrun's net, docs/speedrun.md)
+  // loom::backends::cpu::benchmark (Note [Kernel autotuning]): on, or off for the fixed
+  // rules; the warm-up steps absorb the search.
+  std::string conv_benchmark = "on";
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -106,8 +110,8 @@ std::vector<std::string> split(const std::string& s) {
   std::fprintf(stderr,
                "bench_train: unknown argument '%s'\n"
                "usage: bench_train [--batches=128,32] [--modes=train,infer] [--amps=none,bf16] [--warmup=N] [--steps=N]\n"
-               "                   [--repeat=N] [--threads=N] [--python=PYTHON] [--no-torch] [--no-augment]\n"
-               "       bench_train --worker [--profile] [--model=resnet18|airbench94] --mode=train|infer --batch=N [--amp=none|bf16] [--warmup=N]\n"
+               "                   [--repeat=N] [--threads=N] [--python=PYTHON] [--no-torch] [--no-augment] [--conv-benchmark=on|off]\n"
+               "       bench_train --worker [--profile] [--model=resnet18|airbench94] [--conv-benchmark=on|off] --mode=train|infer --batch=N [--amp=none|bf16] [--warmup=N]\n"
                "                   [--steps=N]\n"
                "  PYTHON runs bench/bench_train_torch.py (default $LOOM_PYTHON, else /usr/bin/python3)\n",
                arg);
@@ -143,10 +147,12 @@ Options parse(int argc, char** argv) {
     else if (arg == "--worker") o.worker = true;
     else if (arg == "--profile") o.profile = true;
     else if (auto v = value("--model=")) o.model = *v;
+    else if (auto v = value("--conv-benchmark=")) o.conv_benchmark = *v;
     else usage(argv[i]);
   }
   for (const auto& m : o.modes)
     if (m != "train" && m != "infer") usage(("--modes=" + m).c_str());
+  if (o.conv_benchmark != "on" && o.conv_benchmark != "off") usage(("--conv-benchmark=" + o.conv_benchmark).c_str());
   for (const auto& a : o.amps)
     if (a != "none" && a != "bf16") usage(("--amps=" + a).c_str());
   return o;
@@ -256,6 +262,7 @@ MemoryFormat bench_memory_format(DType dtype) {
 
 int run_worker(const Options& o) {
   omp_set_num_threads(o.threads);
+  backends::cpu::set_benchmark(o.conv_benchmark == "on");
   manual_seed(0);
   const std::string mode = o.modes.at(0);
   const int64_t batch = o.batches.at(0);
@@ -438,10 +445,11 @@ int run_driver(const Options& o) {
         const std::string args = " --mode=" + mode + " --batch=" + std::to_string(batch) +
                                  " --warmup=" + std::to_string(o.warmup) + " --steps=" + std::to_string(o.steps) +
                                  " --threads=" + std::to_string(o.threads);
+        const std::string loom_args = args + " --conv-benchmark=" + o.conv_benchmark;
         std::string script;
         if (o.torch) script = o.python + " " LOOM_BENCH_DIR "/bench_train_torch.py" + args + " --amp=" + amp;
         auto results = measure_interleaved(
-            o, {script, o.torch ? std::string(kTunedEnv) + " " + script : "", self + " --worker" + args + " --amp=" + amp});
+            o, {script, o.torch ? std::string(kTunedEnv) + " " + script : "", self + " --worker" + loom_args + " --amp=" + amp});
         if (!results) return 1;
         const Result &torch = (*results)[0], &tuned = (*results)[1], &loom = (*results)[2];
         if (mode == "train" && amp == "none") train_rate[batch] = loom.img_per_s;

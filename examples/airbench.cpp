@@ -16,6 +16,8 @@
 #include "core/atomic_file.h"                  // defines: write_file_atomically
 #include "data/data_root.h"                    // defines: find_cifar10_root
 #include "examples/speedrun/airbench94.h"      // defines: run_airbench94, load_cifar10_tensors
+#include "core/cpu/kernel_benchmark.h"           // defines: backends::cpu::benchmark (reported)
+#include "examples/train/conv_benchmark.h"    // defines: --conv-benchmark (Note [Kernel autotuning])
 #include "examples/train/flags.h"              // defines: Flags
 #include "nn/json.h"                           // defines: json::Value, json::dump
 #include "parallel/comm/process_group.h"       // defines: init_process_group, default_group
@@ -59,6 +61,7 @@ json::Value metrics(const examples::Airbench94Result& r, const examples::Airbenc
   out.set("threads", threads);
   out.set("processes", processes);
   out.set("amp", c.bf16 ? "bf16" : "none");
+  out.set("conv_benchmark", backends::cpu::benchmark() ? "on" : "off");
   out.set("steps", r.steps);
   out.set("epochs", static_cast<double>(r.steps) / static_cast<double>(batches_per_epoch));
   out.set("tta_accuracy", r.tta_accuracy);
@@ -87,7 +90,9 @@ int main(int argc, char** argv) try {
   auto& memory_format = flags.add<std::string>("memory-format", "channels_last",
                                                 "channels_last (NHWC through the whole net: no reorders) or contiguous");
   auto& metrics_json = flags.add<std::string>("metrics-json", "", "write the run's figures to this JSON file");
+  const examples::ConvBenchmarkFlags conv_benchmark = examples::add_conv_benchmark_flags(flags);
   flags.parse(argc, argv);
+  examples::apply_conv_benchmark_flags(conv_benchmark);
   LOOM_CHECK(amp == "none" || amp == "bf16", "--amp: expected none or bf16, got '", amp, "'");
   LOOM_CHECK(tta >= 0 && tta <= 2, "--tta: expected 0, 1 or 2, got ", tta);
   LOOM_CHECK(threads >= 0, "--threads: expected 0 (OpenMP's default) or more, got ", threads);

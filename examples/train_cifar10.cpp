@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/error.h"                  // defines: loom::Error, reported as one line
+#include "examples/train/conv_benchmark.h"  // defines: --conv-benchmark (Note [Kernel autotuning])
 #include "examples/train/flags.h"        // defines: Flags (--help is generated)
 #include "examples/train/trainer.h"      // defines: TrainConfig, train_cifar10
 
@@ -140,7 +141,9 @@ int main(int argc, char** argv) {
         "never under --pp, where a stage's units stay gathered through the step's micro-batches)");
     auto& shard_group_size = flags.add<int64_t>("shard-group-size", c.shard_group_size,
                                                 "fsdp hybrid_shard: ranks per shard group (divides the world)");
+    const ConvBenchmarkFlags conv_benchmark = add_conv_benchmark_flags(flags);
     flags.parse(argc, argv);
+    apply_conv_benchmark_flags(conv_benchmark);
 
     if (!data.empty()) c.data = data;
     c.model = model;

@@ -64,6 +64,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <random>
+#include <cmath>
+#include <omp.h>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -78,6 +81,7 @@
 
 #include "core/cpu/contiguous.h"  // defines: contiguous_input (NCHW copies for the direct loops)
 #include "core/cpu/conv2d_reference.h"
+#include "core/cpu/kernel_benchmark.h"  // defines: autotune::choose, backends::cpu::benchmark (Note [Kernel autotuning])
 #include "core/cpu/cpu_isa.h"          // defines: onednn_has_avx512 (Note [CPU ISA switch])
 #include "core/cpu/winograd_conv2d.h"  // defines: winograd_forward, winograd_backward_* (loom's own)
 #include "core/copy.h"
@@ -265,9 +269,12 @@ std::shared_ptr<const Plan> build_plan_with(const PlanKey& key, dnnl::algorithm 
 // Note [Conv2d algorithm]: Winograd for float32 3x3 stride-1 convolutions where oneDNN
 // implements it for this shape and CPU, the direct algorithm otherwise (and for bf16:
 // Note [Conv2d in bfloat16]).
+// Algorithm::Winograd (a candidate of Note [Conv2d autotuning]) is strict: where oneDNN has
+// no Winograd for the key, building fails and the candidate is left out.
 std::shared_ptr<const Plan> build_plan(const PlanKey& key) {
+  if (key.algorithm == Algorithm::Winograd) return build_plan_with(key, dnnl::algorithm::convolution_winograd);
   const Conv2dGeometry& g = key.geometry;
-  const bool winograd = key.algorithm == Algorithm::Winograd && key.dtype == memory::data_type::f32 && g.kh == 3 &&
+  const bool winograd = key.algorithm == Algorithm::Auto && key.dtype == memory::data_type::f32 && g.kh == 3 &&
                         g.kw == 3 && g.sh == 1 && g.sw == 1 && g.dh == 1 && g.dw == 1 && g.groups == 1;
   if (winograd) {
     try {
@@ -411,7 +418,7 @@ PlanKey make_key(Pass pass, bool with_bias, const Conv2dGeometry& geometry, DTyp
                  DType grad_dtype = DType::Float32) {
   const memory::data_type dt = onednn::data_type(dtype);
   const memory::data_type gdt = pass == Pass::BackwardWeights ? onednn::data_type(grad_dtype) : dt;
-  const Algorithm algorithm = algorithm_from_env() == Algorithm::Direct ? Algorithm::Direct : Algorithm::Winograd;
+  const Algorithm algorithm = algorithm_from_env() == Algorithm::Direct ? Algorithm::Direct : Algorithm::Auto;
   return PlanKey{pass, channels_last, layout_policy(channels_last, dtype), algorithm, dt, gdt, with_bias, geometry};
 }
 
@@ -444,6 +451,231 @@ void check_grad_dtype(const char* which, const Tensor& grad, DType dtype) {
              grad.dtype());
 }
 
+// Note [Conv2d autotuning]
+// With loom::backends::cpu::benchmark on (Note [Kernel autotuning], core/cpu/
+// kernel_benchmark.h) each pass of each convolution shape runs the fastest of these,
+// searched for the first time the shape is met (LOOM_CONV2D_ALGO=winograd|direct or
+// LOOM_CONV2D_LAYOUT, when set, decide instead):
+// - onednn_winograd_blocked: oneDNN's Winograd (AVX-512 only), channels blocked;
+// - onednn_direct_blocked, onednn_direct_nhwc: oneDNN's direct kernels in either layout;
+// - loom_winograd: loom's own, on loom's layout as it is (3x3, stride 1, padding 1);
+// - float32, for bfloat16 only: the pass in float32 (conversions both ways, then the
+//   float32 pass's own choice), where this CPU's bf16 kernels lose to its float32 ones:
+//   oneDNN 2.6's bf16 convolutions ran at 0.43x float32 on one Intel Xeon. Autocast
+//   trades precision for speed and should never cost speed; each layer that keeps
+//   float32 is named once on stderr.
+// A candidate's reorders between loom's layout (NCHW or channels-last) and the one it
+// computes in are part of its timing; so the layout is chosen with the algorithm, per
+// pass. Without benchmark the fixed rules of Note [Conv2d algorithm] decide.
+constexpr const char* kOnednnWinogradBlocked = "onednn_winograd_blocked";
+constexpr const char* kOnednnDirectBlocked = "onednn_direct_blocked";
+constexpr const char* kOnednnDirectNhwc = "onednn_direct_nhwc";
+constexpr const char* kLoomWinograd = "loom_winograd";
+constexpr const char* kFloat32Kernel = "float32";
+
+// The tensors of one pass: forward (x, w, b -> y), input gradient (gy, w -> gx), weight
+// gradient (x, gy -> gw, gb). Handles: writing through them writes the caller's tensors.
+struct Operands {
+  Tensor x, w, b, y, gy, gx, gw, gb;
+  DType dtype(Pass pass) const { return pass == Pass::BackwardData ? gy.dtype() : x.dtype(); }
+};
+
+void run_pass(Pass pass, const Conv2dGeometry& g, bool channels_last, Operands& t, ReorderedInputs& reordered);
+
+Tensor float32_in_layout(const Tensor& t, bool channels_last) {
+  if (!t.defined()) return Tensor();
+  const MemoryFormat format = channels_last && t.dim() == 4 ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
+  Tensor out = empty(t.shape(), TensorOptions(kFloat32), format);
+  copy_into(out, t);
+  return out;
+}
+
+// One pass with the named algorithm.
+void run_pass_with(Pass pass, const std::string& algo, const Conv2dGeometry& g, bool channels_last, Operands& t,
+                   ReorderedInputs& reordered) {
+  if (algo == kFloat32Kernel) {  // bfloat16 operands, float32 arithmetic and choices
+    Operands f;
+    for (auto [from, to] : {std::pair{&t.x, &f.x}, {&t.w, &f.w}, {&t.b, &f.b}, {&t.gy, &f.gy}})
+      *to = float32_in_layout(*from, channels_last);
+    f.y = float32_in_layout(t.y, channels_last);  // outputs: allocated only
+    f.gx = float32_in_layout(t.gx, channels_last);
+    f.gw = t.gw.defined() && t.gw.dtype() == kFloat32 ? t.gw : float32_in_layout(t.gw, false);
+    f.gb = t.gb.defined() && t.gb.dtype() == kFloat32 ? t.gb : float32_in_layout(t.gb, false);
+    ReorderedInputs own;
+    run_pass(pass, g, channels_last, f, own);
+    for (auto [from, to] : {std::pair{&f.y, &t.y}, {&f.gx, &t.gx}, {&f.gw, &t.gw}, {&f.gb, &t.gb}})
+      if (to->defined() && !to->is_same(*from)) cpu::round_into(*from, *to);
+    return;
+  }
+  const float* no_bias = nullptr;
+  if (algo == kLoomWinograd) {
+    switch (pass) {
+      case Pass::Forward:
+        return winograd_forward(g, t.x.data_ptr<float>(), t.w.data_ptr<float>(),
+                                t.b.defined() ? t.b.data_ptr<float>() : no_bias, t.y.data_ptr<float>(), channels_last);
+      case Pass::BackwardData:
+        return winograd_backward_data(g, t.gy.data_ptr<float>(), t.w.data_ptr<float>(), t.gx.data_ptr<float>(),
+                                      channels_last);
+      case Pass::BackwardWeights:
+        return winograd_backward_weights(g, t.x.data_ptr<float>(), t.gy.data_ptr<float>(), t.gw.data_ptr<float>(),
+                                         t.gb.defined() ? t.gb.data_ptr<float>() : nullptr, channels_last);
+    }
+  }
+  const DType dtype = t.dtype(pass);
+  PlanKey key = make_key(pass, pass == Pass::Forward ? t.b.defined() : t.gb.defined(), g, dtype, channels_last,
+                         pass == Pass::BackwardWeights ? t.gw.dtype() : dtype);
+  if (algo != "fixed") {
+    key.layout = algo == kOnednnDirectNhwc ? Layout::Nhwc : Layout::Blocked;
+    key.algorithm = algo == kOnednnWinogradBlocked ? Algorithm::Winograd : Algorithm::Direct;
+  }
+  switch (pass) {
+    case Pass::Forward: return run_plan(key, *get_plan(key), {&t.x, &t.w, &t.y, &t.b}, reordered);
+    case Pass::BackwardData: return run_plan(key, *get_plan(key), {&t.gy, &t.w, &t.gx}, reordered);
+    case Pass::BackwardWeights: return run_plan(key, *get_plan(key), {&t.x, &t.gy, &t.gw, &t.gb}, reordered);
+  }
+}
+
+Tensor random_float64(const Shape& shape, std::mt19937& rng, double scale) {
+  Tensor t = empty(shape, TensorOptions(kFloat64));
+  std::normal_distribution<double> normal(0.0, scale);
+  double* p = t.data_ptr<double>();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = normal(rng);
+  return t;
+}
+
+// max |result - exact| / max |exact|.
+double relative_error(const Tensor& result, const Tensor& exact) {
+  const Tensor r = result.to(kFloat64).contiguous();
+  const double *a = r.data_ptr<double>(), *b = exact.data_ptr<double>();
+  double diff = 0, scale = 0;
+  for (int64_t i = 0; i < exact.numel(); ++i) diff = std::max(diff, std::abs(a[i] - b[i])), scale = std::max(scale, std::abs(b[i]));
+  return diff / scale;
+}
+
+// Note [Kernel autotuning]'s numerics guard: the pass with `algo` on one image of g's
+// shape, in the call's dtypes and layout, against float64 on the same (rounded) values.
+// Its own random numbers, so that turning benchmark on leaves the global generator's alone.
+double candidate_error(Pass pass, const std::string& algo, const Conv2dGeometry& geometry, bool channels_last,
+                       const Operands& like) {
+  Conv2dGeometry g = geometry;
+  g.n = 1;
+  const DType dtype = like.dtype(pass);
+  const MemoryFormat format = channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
+  std::mt19937 rng(20261206);
+  // Each operand rounded to its dtype: the float64 copy the reference reads, the one the candidate reads.
+  auto operand = [&](const Shape& shape, DType type, double scale, bool activation) {
+    Tensor rounded = random_float64(shape, rng, scale).to(type);
+    return std::pair{rounded.to(kFloat64).contiguous(), activation ? rounded.contiguous(format) : rounded.contiguous()};
+  };
+  const Shape in_shape{1, g.c, g.h, g.w}, out_shape{1, g.o, g.oh, g.ow}, w_shape = like.w.defined() ? like.w.shape() : like.gw.shape();
+  const auto [x64, x] = operand(in_shape, dtype, 1.0, true);
+  const auto [w64, w] = operand(w_shape, dtype, 1.0 / std::sqrt(double(g.c / g.groups * g.kh * g.kw)), false);
+  const auto [b64, b] = operand({g.o}, dtype, 1.0, false);
+  const auto [gy64, gy] = operand(out_shape, dtype, 1.0, true);
+  Operands t;
+  ReorderedInputs reordered;
+  std::vector<std::pair<Tensor, Tensor>> results;  // (candidate's, exact)
+  switch (pass) {
+    case Pass::Forward: {
+      t.x = x, t.w = w, t.b = like.b.defined() ? b : Tensor(), t.y = empty(out_shape, TensorOptions(dtype), format);
+      run_pass_with(pass, algo, g, channels_last, t, reordered);
+      Tensor exact = empty(out_shape, TensorOptions(kFloat64));
+      conv2d_reference_forward<double>(g, x64.data_ptr<double>(), w64.data_ptr<double>(),
+                                       t.b.defined() ? b64.data_ptr<double>() : nullptr, exact.data_ptr<double>());
+      results.push_back({t.y, exact});
+      break;
+    }
+    case Pass::BackwardData: {
+      t.gy = gy, t.w = w, t.gx = empty(in_shape, TensorOptions(dtype), format);
+      run_pass_with(pass, algo, g, channels_last, t, reordered);
+      Tensor exact = empty(in_shape, TensorOptions(kFloat64));
+      conv2d_reference_backward_data<double>(g, gy64.data_ptr<double>(), w64.data_ptr<double>(), exact.data_ptr<double>());
+      results.push_back({t.gx, exact});
+      break;
+    }
+    case Pass::BackwardWeights: {
+      t.x = x, t.gy = gy, t.gw = empty(w_shape, TensorOptions(like.gw.dtype()));
+      if (like.gb.defined()) t.gb = empty({g.o}, TensorOptions(like.gb.dtype()));
+      run_pass_with(pass, algo, g, channels_last, t, reordered);
+      Tensor exact = empty(w_shape, TensorOptions(kFloat64));
+      conv2d_reference_backward_weights<double>(g, gy64.data_ptr<double>(), x64.data_ptr<double>(), exact.data_ptr<double>());
+      results.push_back({t.gw, exact});
+      if (t.gb.defined()) {
+        Tensor exact_bias = empty({g.o}, TensorOptions(kFloat64));
+        conv2d_reference_backward_bias<double>(g, gy64.data_ptr<double>(), exact_bias.data_ptr<double>());
+        results.push_back({t.gb, exact_bias});
+      }
+      break;
+    }
+  }
+  double error = 0;
+  for (const auto& [result, exact] : results) error = std::max(error, relative_error(result, exact));
+  return error;
+}
+
+// Note [Kernel autotuning]'s numerics guard. float32: 2.5x the bound tests/test_winograd.cpp
+// holds on its shapes (4e-6, up to 64 channels), because wider layers add rounding: on
+// airbench94's 256-channel 7x7 layer, one image, both Winograds measured 3.4-4.2e-6 and
+// the direct kernels up to 2.1e-6. A wrong transform entry gives ~0.2 and a bfloat16
+// operand ~4e-3, both far outside. bfloat16 keeps 8 bits, so its results are off by up
+// to ~2^-8 relative before any algorithm's share.
+double error_bound(DType dtype) { return dtype == kFloat32 ? 1e-5 : 1.6e-2; }
+
+// The algorithm the search chose for this pass and shape (searching now if it is new),
+// or nothing where the fixed rules decide: benchmark off, or forced by the environment.
+std::optional<std::string> tuned_algorithm(Pass pass, const Conv2dGeometry& g, bool channels_last, Operands& t) {
+  if (!backends::cpu::benchmark()) return std::nullopt;
+  const char* layout_env = std::getenv("LOOM_CONV2D_LAYOUT");
+  if (algorithm_from_env() != Algorithm::Auto || (layout_env != nullptr && *layout_env != '\0')) return std::nullopt;
+  const DType dtype = t.dtype(pass);
+  std::vector<std::string> names;
+  const bool winograd_shape = g.kh == 3 && g.kw == 3 && g.sh == 1 && g.sw == 1 && g.dh == 1 && g.dw == 1 && g.groups == 1;
+  if (dtype == kFloat32 && winograd_shape && onednn_has_avx512()) names.push_back(kOnednnWinogradBlocked);
+  names.push_back(kOnednnDirectBlocked);
+  names.push_back(kOnednnDirectNhwc);
+  if (dtype == kFloat32 && winograd_applies(g)) names.push_back(kLoomWinograd);
+  if (dtype == kBFloat16) names.push_back(kFloat32Kernel);
+  const DType grad_dtype = pass == Pass::BackwardWeights ? t.gw.dtype() : dtype;
+  const std::string what = detail::str("conv2d ", pass_name(pass), " ", dtype_name(onednn::data_type(dtype)),
+                                       channels_last ? " channels-last" : "", " ", g.str());
+  const bool with_bias = pass == Pass::Forward ? t.b.defined() : t.gb.defined();
+  const std::string key = detail::str("conv2d ", pass_name(pass), " ", dtype, " ", grad_dtype, " ",
+                                      channels_last ? "nhwc" : "nchw", with_bias ? " bias " : " ", g.str(),
+                                      " threads ", omp_get_max_threads());
+  std::vector<autotune::Candidate> candidates;
+  for (const std::string& name : names) {
+    candidates.push_back({name,
+                          [&, name] {
+                            ReorderedInputs own;  // each timed run reorders its own inputs
+                            run_pass_with(pass, name, g, channels_last, t, own);
+                          },
+                          [&, name] { return candidate_error(pass, name, g, channels_last, t); }});
+  }
+  const std::string chosen = autotune::choose(key, what, candidates, error_bound(dtype));
+  if (chosen == kFloat32Kernel) {
+    static std::mutex mutex;
+    static std::set<std::string> told;
+    std::lock_guard<std::mutex> lock(mutex);
+    if (told.insert(key).second)
+      std::fprintf(stderr,
+                   "loom: %s runs in float32 (bfloat16 in and out): on this CPU its float32 kernel measured faster "
+                   "than the bfloat16 ones (Note [Conv2d autotuning]).\n",
+                   what.c_str());
+  }
+  return chosen;
+}
+
+// One pass, by the search's choice or the fixed rules (Note [Conv2d algorithm]).
+void run_pass(Pass pass, const Conv2dGeometry& g, bool channels_last, Operands& t, ReorderedInputs& reordered) {
+  if (std::optional<std::string> algo = tuned_algorithm(pass, g, channels_last, t))
+    return run_pass_with(pass, *algo, g, channels_last, t, reordered);
+  if (runs_loom_winograd(g, t.dtype(pass))) {
+    report_loom_winograd(pass_name(pass), g);
+    return run_pass_with(pass, kLoomWinograd, g, channels_last, t, reordered);
+  }
+  run_pass_with(pass, "fixed", g, channels_last, t, reordered);
+}
+
 void conv2d_forward_cpu(const Tensor& input, const Tensor& weight, const Tensor& bias, const Conv2dParams& params,
                         Tensor& out) {
   const Conv2dGeometry g(input.shape(), weight.shape(), params);
@@ -466,14 +698,10 @@ void conv2d_forward_cpu(const Tensor& input, const Tensor& weight, const Tensor&
     conv2d_forward_cpu(cpu::float32_copy(input), cpu::float32_copy(weight), cpu::float32_copy(bias), params, out32);
     return cpu::round_into(out32, out);
   }
-  if (runs_loom_winograd(g, input.dtype())) {
-    report_loom_winograd("forward", g);
-    return winograd_forward(g, input.data_ptr<float>(), weight.data_ptr<float>(),
-                            bias.defined() ? bias.data_ptr<float>() : nullptr, out.data_ptr<float>(), channels_last);
-  }
-  const PlanKey key = make_key(Pass::Forward, bias.defined(), g, input.dtype(), channels_last);
+  Operands t;
+  t.x = input, t.w = weight, t.b = bias, t.y = out;
   ReorderedInputs reordered;
-  run_plan(key, *get_plan(key), {&input, &weight, &out, &bias}, reordered);
+  run_pass(Pass::Forward, g, channels_last, t, reordered);
 }
 
 void conv2d_backward_cpu(const Tensor& grad_out, const Tensor& input, const Tensor& weight,
@@ -516,24 +744,11 @@ void conv2d_backward_cpu(const Tensor& grad_out, const Tensor& input, const Tens
     cpu::round_into(gb, grad_bias);
     return;
   }
-  if (runs_loom_winograd(g, input.dtype())) {
-    const float* gy = grad_out.data_ptr<float>();
-    if (grad_input.defined()) {
-      report_loom_winograd("backward (input gradient)", g);
-      winograd_backward_data(g, gy, weight.data_ptr<float>(), grad_input.data_ptr<float>(), channels_last);
-    }
-    if (grad_weight.defined() || grad_bias.defined()) {
-      report_loom_winograd("backward (weight gradient)", g);
-      Tensor weight_sink = grad_weight.defined() ? grad_weight : empty(weight.shape(), TensorOptions(kFloat32));
-      winograd_backward_weights(g, input.data_ptr<float>(), gy, weight_sink.data_ptr<float>(),
-                                grad_bias.defined() ? grad_bias.data_ptr<float>() : nullptr, channels_last);
-    }
-    return;
-  }
-  ReorderedInputs reordered;  // grad_out is reordered once for both passes
+  ReorderedInputs reordered;  // grad_out is reordered once for both passes where they share a layout
   if (grad_input.defined()) {
-    const PlanKey key = make_key(Pass::BackwardData, false, g, input.dtype(), channels_last);
-    run_plan(key, *get_plan(key), {&grad_out, &weight, &grad_input}, reordered);
+    Operands t;
+    t.gy = grad_out, t.w = weight, t.gx = grad_input;
+    run_pass(Pass::BackwardData, g, channels_last, t, reordered);
   }
   if (grad_weight.defined() || grad_bias.defined()) {
     // oneDNN computes the bias gradient only together with the weight gradient, and
@@ -542,10 +757,10 @@ void conv2d_backward_cpu(const Tensor& grad_out, const Tensor& input, const Tens
     LOOM_CHECK(!grad_weight.defined() || !grad_bias.defined() || grad_weight.dtype() == grad_bias.dtype(),
                "conv2d backward: expected the weight and bias gradients in one dtype, got ", grad_weight.dtype(),
                " and ", grad_bias.dtype());
-    Tensor weight_sink = grad_weight.defined() ? grad_weight : empty(weight.shape(), TensorOptions(grad_dtype));
-    const PlanKey key =
-        make_key(Pass::BackwardWeights, grad_bias.defined(), g, input.dtype(), channels_last, grad_dtype);
-    run_plan(key, *get_plan(key), {&input, &grad_out, &weight_sink, &grad_bias}, reordered);
+    Operands t;
+    t.x = input, t.gy = grad_out, t.gb = grad_bias;
+    t.gw = grad_weight.defined() ? grad_weight : empty(weight.shape(), TensorOptions(grad_dtype));
+    run_pass(Pass::BackwardWeights, g, channels_last, t, reordered);
   }
 }
 

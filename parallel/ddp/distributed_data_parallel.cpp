@@ -1,5 +1,8 @@
 #include "parallel/ddp/distributed_data_parallel.h"
 
+#include "core/cpu/kernel_benchmark.h"          // defines: backends::cpu::benchmark
+#include "parallel/kernel_choice_agreement.h"  // defines: agree_on_kernel_choices
+
 #include <algorithm>
 #include <cstdio>
 
@@ -77,8 +80,11 @@ Tensor DistributedDataParallel::forward(const Tensor& input) {
   // As PyTorch: buffers are broadcast if the previous forward was a synchronised training
   // one (so also by the first forward of an evaluation right after training).
   if (options_.broadcast_buffers && require_forward_param_sync_ && !buffers_.empty()) sync_buffers();
-  Tensor output = (*module_)(input);  // module(x): its forward hooks run, as PyTorch's self.module(*inputs)
   const bool sync = GradMode::is_enabled() && require_backward_grad_sync_;
+  // Note [Kernel autotuning] (core/cpu/kernel_benchmark.h): at the second training
+  // forward every rank has met a whole step's shapes; from here on all use rank 0's choices.
+  if (sync && ++synchronized_forwards_ == 2 && backends::cpu::benchmark()) distributed::agree_on_kernel_choices(*comm_);
+  Tensor output = (*module_)(input);  // module(x): its forward hooks run, as PyTorch's self.module(*inputs)
   if (sync) {
     reducer_->prepare_for_backward(options_.find_unused_parameters ? std::vector<Tensor>{output}
                                                                    : std::vector<Tensor>{});

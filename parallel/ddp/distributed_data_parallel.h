@@ -106,6 +106,7 @@ class DistributedDataParallel : public nn::Module {
   // Whether the next forward broadcasts buffers: true after a synchronised training
   // forward, false after one under no_grad or no_sync (PyTorch's require_forward_param_sync).
   bool require_forward_param_sync_ = true;
+  int64_t synchronized_forwards_ = 0;  // training forwards so far (Note [Kernel autotuning])
 };
 
 }  // namespace loom::ddp

@@ -1,0 +1,118 @@
+// loom::backends::cpu::benchmark: PyTorch's torch.backends.cudnn.benchmark for loom's CPU
+// kernels. The fastest algorithm for a shape is measured, not guessed.
+//
+//   loom::backends::cpu::set_benchmark(true);              // search once per shape
+//   loom::backends::cpu::set_benchmark_cache("conv.txt");  // ... or reuse an earlier run's choices
+//
+// Note [Kernel autotuning]
+// A kernel with several algorithms (conv2d: Note [Conv2d autotuning], core/cpu/conv2d.cpp)
+// names each one a *candidate*. With benchmark on, the first call for a key (the op, its
+// pass, shapes, strides, dtype, layout and the thread count) runs every candidate on the
+// call's own tensors: once to warm up (building its plan), then timed. The fastest
+// one is recorded for the key and used from then on, so choices are fixed within a run.
+// The timings include whatever the candidate does around its kernel (reorders between
+// loom's layout and the kernel's, bf16 <-> float32 conversions), since they are paid
+// every step too.
+//
+// Two guards keep the search from buying speed with a wrong answer:
+// - Numerics: before it is timed, each candidate computes the same pass on a one-image
+//   problem of the key's shape and is compared with float64; one whose relative error
+//   (max |diff| / max |exact|) exceeds the bound is never chosen. The float32 bound is
+//   the one loom's Winograd tests hold (4e-6, tests/test_winograd.cpp); a wrong
+//   transform entry gives ~0.2.
+// - Agreement: with benchmark on, the timings of two data-parallel ranks can pick
+//   different algorithms for the same shape, so that replicas round differently.
+//   agree_on_kernel_choices (parallel/kernel_choice_agreement.h) hands every rank rank
+//   0's table; DDP calls it once, at its second training forward, when every rank has
+//   met the shapes of a whole step (as rank 0's pipeline balance is broadcast). A
+//   thread world gives each rank thread its own table (ScopedKernelChoices), so this
+//   is tested with threads too.
+//
+// The table can be kept in a file (set_benchmark_cache): it is loaded when set and
+// rewritten atomically after every search, so a later run on the same machine searches
+// nothing. The file names the CPU's instruction set, and a file made on another is
+// refused: its timings say nothing about this CPU.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace loom::backends::cpu {
+
+// Whether kernels with several algorithms search for the fastest (Note [Kernel
+// autotuning]). Off by default, as cudnn.benchmark is; loom's trainer, examples and
+// benches turn it on (--conv-benchmark on|off).
+void set_benchmark(bool enabled);
+bool benchmark();
+
+// Loads the choices in `path` if the file exists (a loom::Error if it was written for
+// another instruction set or is not such a file), and rewrites it after every new
+// search. An empty path stops writing.
+void set_benchmark_cache(const std::string& path);
+
+// What oneDNN and LOOM_CPU_ISA let loom's kernels use here ("avx512_core_bf16",
+// "avx2", ...): the part of a key that is the same for the whole process.
+std::string cpu_isa_name();
+
+// A table of choices: key -> the chosen candidate's name. Thread-safe.
+class KernelChoices {
+ public:
+  std::optional<std::string> find(const std::string& key) const;
+  void set(const std::string& key, const std::string& choice);
+  std::map<std::string, std::string> entries() const;
+  void clear();
+
+  // "loom kernel choices v1 isa=<isa>" then one "key<TAB>choice" line per entry.
+  std::string serialize() const;
+  // Sets every entry of a serialize()d text; a loom::Error naming `source` if it is not
+  // one, or (unless any_isa) was made on another instruction set.
+  void adopt(const std::string& text, const std::string& source, bool any_isa = false);
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<std::string, std::string> choices_;
+};
+
+// The table this thread records in: one a ScopedKernelChoices installed, else the process's.
+KernelChoices& kernel_choices();
+
+// Installs `table` for this thread for the guard's lifetime (a rank thread of a thread
+// world, so that each rank searches and agrees like a process would).
+class ScopedKernelChoices {
+ public:
+  explicit ScopedKernelChoices(KernelChoices& table);
+  ~ScopedKernelChoices();
+  ScopedKernelChoices(const ScopedKernelChoices&) = delete;
+  ScopedKernelChoices& operator=(const ScopedKernelChoices&) = delete;
+
+ private:
+  KernelChoices* previous_;
+};
+
+}  // namespace loom::backends::cpu
+
+namespace loom::cpu::autotune {
+
+// One way to compute a pass (Note [Kernel autotuning]).
+struct Candidate {
+  std::string name;
+  std::function<void()> run;     // on the call's own tensors
+  std::function<double()> error;  // relative error against float64 on a one-image problem
+};
+
+// The name of the candidate to use for `key`: the table's choice, or else the fastest
+// candidate within `error_bound`, searched for now and recorded. `what` names the call
+// in reports and errors ("conv2d forward float32 [...]"). A loom::Error if no candidate
+// is within the bound. LOOM_CONV2D_VERBOSE=1 prints each search.
+std::string choose(const std::string& key, const std::string& what, const std::vector<Candidate>& candidates,
+                   double error_bound);
+
+// Tests only: every timing this thread measures passes through `adjust(candidate, seconds)`
+// (a rank whose clock is slowed, to show that agreement overrides it). Empty: none.
+void set_timing_adjustment_for_testing(std::function<double(const std::string&, double)> adjust);
+
+}  // namespace loom::cpu::autotune
