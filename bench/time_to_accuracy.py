@@ -122,7 +122,7 @@ def command(a, kind, seed, data, metrics):
         return ([a.torch_python, "bench/airbench_torch.py", *common, "--threads",
                  str(a.threads), "--metrics-json", metrics, *steps, *shlex.split(a.torch_args)],
                 {"GLIBC_TUNABLES": TUNED, "OMP_NUM_THREADS": str(a.threads)})
-    loom = [*shlex.split(a.loom), *common]
+    loom = [*shlex.split(a.loom), *common, "--conv-benchmark", a.conv_benchmark]
     extra = [*steps, *shlex.split(a.loom_args)]
     if kind == "loom":
         return [*loom, "--threads", str(a.threads), "--metrics-json", metrics, *extra], \
@@ -414,6 +414,10 @@ def main():
                    help="loom's airbench program, from the repository (a command line: words split as by a shell)")
     p.add_argument("--loomrun", default="build/parallel/loomrun", help="the launcher of the DDP runs")
     p.add_argument("--torch-python", default="/usr/bin/python3", help="a python with torch (Debian's python3-torch)")
+    p.add_argument("--conv-benchmark", choices=["on", "off"], default="off",
+                   help="loom's kernel search (Note [Kernel autotuning]); off by default: on the AMD EPYC the "
+                        "series ran on it chose kernels as fast as the fixed rules' (1.00x per step) and its "
+                        "search cost ~27 s of each run")
     p.add_argument("--loom-args", default="", help="more arguments for loom's airbench")
     p.add_argument("--torch-args", default="", help="more arguments for bench/airbench_torch.py")
     p.add_argument("--conditions", default="", help="how quiet the machine was, for the results file")
