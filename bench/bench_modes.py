@@ -15,8 +15,11 @@ allocator's high-water mark on the process's first device, cpu:0, or on rank 0: 
 peak_memory_mib; the pipeline's checkpointing rows trade speed for
 it), rank 0's model state (parameters + gradients + optimizer state, model_state_mib: what
 ZeRO-1 shards; docs/sharding.md), rank 0's bytes moved by collectives per step (every kind,
-comm_mib_per_step; docs/communication.md), and the PyTorch rows against their loom counterparts (median of per-repeat ratios: configurations of one repeat run minutes apart
-at most). PyTorch 1.13's DataParallel needs GPUs, so it has no row; its Pipe keeps one
+comm_mib_per_step; docs/communication.md), and the PyTorch rows against their loom counterparts.
+Every ratio, in the table and in the list under it, is the ratio of the two medians shown
+(so that the bars and the ratios beside them agree; bench/docs_checks.py checks it), with
+the spread of the per-repeat ratios beside it (configurations of one repeat run minutes
+apart at most). PyTorch 1.13's DataParallel needs GPUs, so it has no row; its Pipe keeps one
 worker per device, so with both stages on the CPU it runs GPipe's schedule on one worker.
 Needs a built loom (build/) and, for the PyTorch rows, python3-torch (--torch-python).
 
@@ -97,7 +100,7 @@ def summarise(results):
     for name, runs in results.items():
         ips = [r["img_per_s"] for r in runs]
         row = {"mode": name, "img_per_s": round(statistics.median(ips), 2),
-               "speedup_vs_single": round(statistics.median(x / s for x, s in zip(ips, single)), 3),
+               "speedup_vs_single": round(statistics.median(ips) / statistics.median(single), 3),
                "peak_mib": None, "model_state_mib": None, "comm_mib_per_step": None, "torch_img_per_s": None,
                "img_per_s_runs": [round(x, 2) for x in ips]}
         for key in ("peak_mib", "model_state_mib", "comm_mib_per_step"):
@@ -120,8 +123,8 @@ COLUMNS = [{"key": "mode", "title": "configuration"}, {"key": "img_per_s", "titl
            {"key": "torch_img_per_s", "title": "PyTorch counterpart img/s", "format": ".1f"},
            {"key": "img_per_s_runs", "title": "img/s of each repeat", "format": ".1f"}]
 
-# Paired ratios worth a name: (this row, against that row). Each is the median of the
-# per-repeat ratios, robust to the machine's drift between repeats.
+# Paired ratios worth a name: (this row, against that row). Each is the ratio of the two
+# rows' medians, with the range of the per-repeat ratios (the machine's drift) beside it.
 PAIRS = [("loom mp", "loom single"), ("loom pipeline 1f1b", "loom pipeline gpipe"),
          ("loom ddp+zero1", "loom ddp"), ("loom fsdp full_shard", "loom ddp"), ("loom fsdp shard_grad_op", "loom ddp"),
          ("loom pp processes gpipe", "loom pipeline gpipe"), ("loom pp processes 1f1b", "loom pipeline 1f1b"),
@@ -130,11 +133,27 @@ PAIRS = [("loom mp", "loom single"), ("loom pipeline 1f1b", "loom pipeline gpipe
 
 
 def paired_ratios(rows):
-    """[{"name": "A / B", "value": median over repeats of A's img/s / B's}] for every pair present."""
+    """[{"name": "A / B (...)", "value": A's median img/s / B's}] for every pair present."""
     runs = {r["mode"]: r["img_per_s_runs"] for r in rows}
-    return [{"name": f"{mine} / {theirs}",
-             "value": round(statistics.median(x / y for x, y in zip(runs[mine], runs[theirs])), 2)}
-            for mine, theirs in PAIRS if mine in runs and theirs in runs]
+    ratios = []
+    for mine, theirs in PAIRS:
+        if mine not in runs or theirs not in runs:
+            continue
+        each = [x / y for x, y in zip(runs[mine], runs[theirs])]
+        ratios.append({"name": f"{mine} / {theirs} (ratio of the medians; repeats {min(each):.2f}-{max(each):.2f})",
+                       "value": round(statistics.median(runs[mine]) / statistics.median(runs[theirs]), 2)})
+    return ratios
+
+
+def resummarise(document):
+    """A results file's ratios again, by this script's rule, from the repeats it keeps."""
+    rows = document["rows"]
+    single = next(r for r in rows if r["mode"] == "loom single")["img_per_s_runs"]
+    for row in rows:
+        row["img_per_s"] = round(statistics.median(row["img_per_s_runs"]), 2)
+        row["speedup_vs_single"] = round(statistics.median(row["img_per_s_runs"]) / statistics.median(single), 3)
+    document["ratios"] = paired_ratios(rows)
+    return document
 
 
 def results_document(rows, header, started):
@@ -207,7 +226,17 @@ def main():
     parser.add_argument("--out", help="write the results file (JSON; bench/report.py renders it into docs/)")
     parser.add_argument("--chart", help="draw the results as FILE.png and FILE.svg")
     parser.add_argument("--from", dest="from_file", help="with --chart: redraw this results file, run nothing")
+    parser.add_argument("--resummarise", metavar="FILE",
+                        help="recompute FILE's ratios from the repeats it keeps, in place (run nothing)")
     args = parser.parse_args()
+    if args.resummarise:
+        with open(args.resummarise) as f:
+            document = resummarise(json.load(f))
+        with open(args.resummarise, "w") as f:  # its provenance (command, commit, date) stays the run's
+            json.dump(document, f, indent=1)
+            f.write("\n")
+        print(f"rewrote {args.resummarise}'s ratios")
+        return
     if args.from_file:
         with open(args.from_file) as f:
             draw_chart(args.chart, json.load(f))
@@ -303,7 +332,7 @@ def main():
               f"{' '.join(f'{x:.1f}' for x in row['img_per_s_runs'])}")
     document = results_document(rows, header, started)
     for ratio in document["ratios"]:
-        print(f"{ratio['name']} = {ratio['value']:.2f} (median of per-repeat ratios)")
+        print(f"{ratio['name']} = {ratio['value']:.2f}")
     if args.out:
         results_file.write(args.out, document)
     if args.chart:

@@ -24,6 +24,8 @@ relative link [text](path#anchor) must name a file or folder that exists, and a 
 heading where it names one; each `Note [Name]` cited
 must be defined by a comment `// Note [Name]` (or `# Note [Name]`) in the sources; and pages
 and Notes named in prose must be links ([ddp.md](ddp.md), [Note [Name]](../path/file.h)).
+bench/docs_checks.py adds three: docs/limitations.md's commands still fail as it says, no
+other page states a limitation, and every "<row> / <row>" ratio equals its rows' figures.
 Standard library only: the test suite runs it (meson test test_docs).
 """
 import argparse
@@ -33,6 +35,8 @@ import os
 import re
 import subprocess
 import sys
+
+import docs_checks  # bench/docs_checks.py: limitations as tests, no limitation elsewhere, one ratio per comparison
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BLOCK = re.compile(r"(<!-- results: (?P<path>\S+) -->\n)(?P<body>.*?)(<!-- end results -->)", re.S)
@@ -161,6 +165,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 on any difference")
     parser.add_argument("--root", default=ROOT, help="the repository (default: this script's)")
+    parser.add_argument("--build", help="the build the limitations' commands run from (default: ROOT/build)")
+    parser.add_argument("--no-limitations", action="store_true", help="skip running docs/limitations.md's commands")
     args = parser.parse_args()
     root = os.path.abspath(args.root)
     notes = defined_notes(root)
@@ -183,6 +189,16 @@ def main():
         check_links(page, fresh, root, problems)
         check_notes(page, fresh, notes, root, problems)
         check_citations_are_links(page, fresh, root, problems)  # every page links what it names
+        docs_checks.check_phrases(page, fresh, root, problems)
+    ratios = 0
+    for name in sorted(os.listdir(os.path.join(root, "bench", "results"))):
+        if name.endswith(".json"):
+            with open(os.path.join(root, "bench", "results", name)) as f:
+                ratios += docs_checks.check_ratios(json.load(f), os.path.join("bench", "results", name), problems)
+    limitations = 0
+    if not args.no_limitations:
+        limitations = docs_checks.check_limitations(root, os.path.abspath(args.build or os.path.join(root, "build")),
+                                                    problems)
     for diff in stale:
         print(diff)
     if stale:
@@ -194,7 +210,8 @@ def main():
         print("warning:", warning)
     verdict = "OK" if not (stale or problems) else "FAILED"
     print(f"docs check {verdict}: {blocks} results blocks, {len(markdown_pages(root))} pages, "
-          f"{len(notes)} Notes defined; {len(stale)} stale pages, {len(problems)} other problems, {len(warnings)} warnings")
+          f"{len(notes)} Notes defined, {ratios} ratios against their rows, {limitations} limitations run; "
+          f"{len(stale)} stale pages, {len(problems)} other problems, {len(warnings)} warnings")
     return 1 if (args.check and (stale or problems)) else 0
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gpu_check.sh: everything loom checks on a GPU, as one time-boxed script for the lent
 # GPU machine (one H100/H200, 16 cores, python3 with torch + CUDA, no internet). Target:
-# under 8 minutes in all. How to run it: docs/benchmarks.md, "On a lent GPU".
+# under 8 minutes in all. How to run it: docs/gpu.md.
 #
 #   1. machine   nvidia-smi, nvcc, torch: what we are running on
 #   2. deps      loom's CPU libraries (OpenBLAS, oneDNN, doctest, Gloo) from the system, or

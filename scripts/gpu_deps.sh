@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Gathers the Debian 12 packages loom builds against into .gpu_debs/, for a machine that
 # has CUDA, a compiler, meson and ninja but no internet and none of loom's CPU libraries
-# -- the lent GPU machine (docs/benchmarks.md, "On a lent GPU"). Run it here, once, from
+# -- the lent GPU machine (docs/gpu.md). Run it here, once, from
 # the repository root; then name .gpu_debs in the device tool's `carry`, and
 # scripts/gpu_check.sh unpacks them into a private prefix (never into /) where the
 # machine lacks a library. .gpu_debs/ is git-ignored; about 25 MiB.
