@@ -238,6 +238,10 @@ def analyse(events, step):
             # A comm track is named by its communicator's rank in its group (a pp x dp stage's
             # replicas are ranks 0 and 1 of theirs); the row says the process's rank.
             label = f"rank {pid}: {track}" if not track.startswith("comm") else re.sub(r"\(rank \d+", f"(rank {pid}", track)
+        if "dtensor" in track:
+            # A DTensor collective runs on the training thread itself (it blocks it): its row
+            # is that thread's communication, drawn apart so that it can be seen.
+            label = f"rank {pid}: train thread's collectives"
         stages = {m.group(3) for e in row for m in [ACTION.match(e["name"])] if m}
         if len(stages) == 1 and "stage" not in track:  # the trainer's thread runs stage 0
             label += f" (stage {stages.pop()})"
@@ -434,7 +438,7 @@ def draw_png(rows, windows, offsets, step, out, title, relative=False):
         if r["hidden"] is not None:
             stat += f"\nhidden {100 * r['hidden']:.0f}%"
         elif "pipeline_bubble" in r:
-            stat += f"\nbubble {100 * r['pipeline_bubble']:.0f}% in pipe"
+            stat += f"\npipeline bubble {100 * r['pipeline_bubble']:.0f}%"
         ax.text(1.005, (y + 0.5) / n, stat, transform=ax.transAxes, fontsize=7, va="center")
     for pid, (t0, t1) in windows.items():
         for t in (t0, t1):
@@ -448,6 +452,8 @@ def draw_png(rows, windows, offsets, step, out, title, relative=False):
     from matplotlib.patches import Patch
     handles = [Patch(facecolor=c, label=k, hatch="//" if k == "waiting" else None) for k, c in KINDS.items()
                if k in present]
+    if any(kind(e["name"]) == "group" for r in rows for e in r["spans"]):  # the thin grey bars
+        handles.append(Patch(facecolor="#999999", label="grouping span (gradient hooks, a pipeline pass)"))
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
     ax.set_title(title, fontsize=9)
     ax.grid(axis="x", color="#EEEEEE")
