@@ -1,12 +1,12 @@
 // ddp_minimal: PyTorch's examples/reference/train_ddp.py in loom, line for line (each block: the Python it mirrors).
-//   build/parallel/loomrun --standalone --nproc_per_node 2 build/examples/ddp_minimal [--steps N --synthetic]
+//   build/parallel/loomrun --standalone --nproc_per_node 2 build/examples/ddp_minimal [--max-steps N --synthetic]
 #include <cstdio>
 #include <cstdlib>  // defines: getenv, atoi
 
 #include "cuda/device.h"                             // defines: cuda::is_available
 #include "data/dataloader.h"                         // defines: DataLoader
 #include "data/distributed_sampler.h"                // defines: DistributedSampler
-#include "examples/minimal.h"                        // defines: --steps N, --synthetic, cifar10_train_set
+#include "examples/minimal.h"                        // defines: --max-steps N, --synthetic, cifar10_train_set
 #include "nn/loss.h"                                 // defines: CrossEntropyLoss
 #include "nn/optim/sgd.h"                            // defines: SGD
 #include "nn/resnet.h"                               // defines: resnet18
@@ -39,7 +39,7 @@ int main(int argc, char** argv) try {
   optim::SGD optimizer(ddp->parameters(), {.lr = 0.1, .momentum = 0.9});
   // criterion = nn.CrossEntropyLoss()
   nn::CrossEntropyLoss criterion;
-  int64_t step = 0;  // for --steps
+  int64_t step = 0;  // for --max-steps
   // for epoch in range(3):
   for (int64_t epoch = 0; epoch < 3; ++epoch) {
     //   sampler.set_epoch(epoch)        # else every epoch repeats epoch 0's order
@@ -57,9 +57,9 @@ int main(int argc, char** argv) try {
       loss.backward();  // returns with every rank's gradients averaged
       optimizer.step();
     }
-    //   if dist.get_rank() == 0: print(f"epoch {epoch} loss {loss.item():.4f}")
+    //   if dist.get_rank() == 0: print(f"epoch {epoch + 1} loss {loss.item():.4f}")
     if (distributed::get_rank() == 0 && loss.defined())
-      std::printf("epoch %lld loss %.4f\n", static_cast<long long>(epoch), loss.item<float>());
+      std::printf("epoch %lld loss %.4f\n", static_cast<long long>(epoch + 1), loss.item<float>());
   }
   // dist.destroy_process_group()
   distributed::destroy_process_group();

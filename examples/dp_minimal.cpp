@@ -1,5 +1,5 @@
 // dp_minimal: DataParallel, one process driving several devices: PyTorch's nn.DataParallel.
-//   build/examples/dp_minimal [--steps N --synthetic]
+//   build/examples/dp_minimal [--max-steps N --synthetic]
 //
 // The training loop is the single-device one. Each forward scatters the batch over the
 // devices, runs a replica of the model on each (one thread per device), and gathers the
@@ -10,7 +10,7 @@
 
 #include "cuda/device.h"               // defines: cuda::device_count
 #include "data/dataloader.h"           // defines: DataLoader
-#include "examples/minimal.h"          // defines: --steps N, --synthetic, cifar10_train_set
+#include "examples/minimal.h"          // defines: --max-steps N, --synthetic, cifar10_train_set
 #include "nn/loss.h"                   // defines: CrossEntropyLoss
 #include "nn/optim/sgd.h"              // defines: SGD
 #include "nn/resnet.h"                 // defines: resnet18
@@ -39,7 +39,7 @@ int main(int argc, char** argv) try {
   optim::SGD optimizer(model->parameters(), {.lr = 0.1, .momentum = 0.9});
   nn::CrossEntropyLoss criterion;
 
-  int64_t step = 0;  // for --steps
+  int64_t step = 0;  // for --max-steps
   for (int64_t epoch = 0; epoch < 3; ++epoch) {
     Tensor loss;
     for (data::Batch& batch : loader) {
@@ -52,7 +52,7 @@ int main(int argc, char** argv) try {
       loss.backward();  // every replica's gradients, summed into model's parameters
       optimizer.step();
     }
-    if (loss.defined()) std::printf("epoch %lld loss %.4f\n", static_cast<long long>(epoch), loss.item<float>());
+    if (loss.defined()) std::printf("epoch %lld loss %.4f\n", static_cast<long long>(epoch + 1), loss.item<float>());
   }
   return 0;
 } catch (const Error& e) {

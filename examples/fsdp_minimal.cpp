@@ -1,12 +1,12 @@
 // fsdp_minimal: ddp_minimal with FullyShardedDataParallel in place of DDP, as PyTorch's FSDP
 // tutorial changes examples/reference/train_ddp.py: each rank keeps 1/N of the parameters, gradients and
 // optimizer state (docs/fsdp.md, docs/sharding.md). What differs from ddp_minimal is marked.
-//   build/parallel/loomrun --standalone --nproc_per_node 2 build/examples/fsdp_minimal [--steps N --synthetic]
+//   build/parallel/loomrun --standalone --nproc_per_node 2 build/examples/fsdp_minimal [--max-steps N --synthetic]
 #include <cstdio>
 
 #include "data/dataloader.h"                           // defines: DataLoader
 #include "data/distributed_sampler.h"                  // defines: DistributedSampler
-#include "examples/minimal.h"                          // defines: --steps N, --synthetic, cifar10_train_set
+#include "examples/minimal.h"                          // defines: --max-steps N, --synthetic, cifar10_train_set
 #include "nn/loss.h"                                   // defines: CrossEntropyLoss
 #include "nn/optim/sgd.h"                              // defines: SGD
 #include "nn/resnet.h"                                 // defines: resnet18
@@ -38,7 +38,7 @@ int main(int argc, char** argv) try {
   optim::SGD optimizer(fsdp->parameters(), {.lr = 0.1, .momentum = 0.9});
   // criterion = nn.CrossEntropyLoss()
   nn::CrossEntropyLoss criterion;
-  int64_t step = 0;  // for --steps
+  int64_t step = 0;  // for --max-steps
   // for epoch in range(3):
   for (int64_t epoch = 0; epoch < 3; ++epoch) {
     //   sampler.set_epoch(epoch)
@@ -54,9 +54,9 @@ int main(int argc, char** argv) try {
       loss.backward();  // each unit's gradients reduce-scattered into this rank's shard
       optimizer.step();  // steps 1/N of the model
     }
-    //   if dist.get_rank() == 0: print(f"epoch {epoch} loss {loss.item():.4f}")
+    //   if dist.get_rank() == 0: print(f"epoch {epoch + 1} loss {loss.item():.4f}")
     if (distributed::get_rank() == 0 && loss.defined())
-      std::printf("epoch %lld loss %.4f\n", static_cast<long long>(epoch), loss.item<float>());
+      std::printf("epoch %lld loss %.4f\n", static_cast<long long>(epoch + 1), loss.item<float>());
   }
   // with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT): state = model.state_dict()   <- a collective
   OrderedDict<Tensor> state = fsdp::full_state_dict(*fsdp);

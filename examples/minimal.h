@@ -1,6 +1,8 @@
 // What every examples/*_minimal.cpp program shares. Two flags, so that the test suite can
 // run each one for a few steps without the CIFAR-10 files:
-//   --steps N     at most N optimizer steps in all (default: every epoch in full)
+//   --max-steps N at most N optimizer steps in all (default: every epoch in full), as
+//                 train_cifar10's flag; --steps N is the same
+// They print "epoch E loss L" counting epochs from 1, as train_cifar10 does.
 //   --synthetic   data::SyntheticCIFAR (random CIFAR-shaped images) instead of CIFAR10
 // Anything else is an error naming the argument: these programs are meant to be read,
 // so their knobs are constants in the code, as in the Python they mirror.
@@ -35,12 +37,12 @@ inline MinimalFlags parse_minimal_flags(int argc, char** argv) {
     const std::string arg = argv[i];
     if (arg == "--synthetic") {
       flags.synthetic = true;
-    } else if (arg == "--steps" && i + 1 < argc) {
+    } else if ((arg == "--max-steps" || arg == "--steps") && i + 1 < argc) {
       char* end = nullptr;
       flags.steps = std::strtoll(argv[++i], &end, 10);
-      LOOM_CHECK(*end == '\0' && flags.steps >= 0, "--steps: expected a count of 0 or more, got '", argv[i], "'");
+      LOOM_CHECK(*end == '\0' && flags.steps >= 0, arg, ": expected a count of 0 or more, got '", argv[i], "'");
     } else {
-      LOOM_FAIL(argv[0], ": unexpected argument '", arg, "'; the flags are --steps N and --synthetic");
+      LOOM_FAIL(argv[0], ": unexpected argument '", arg, "'; the flags are --max-steps N and --synthetic");
     }
   }
   return flags;

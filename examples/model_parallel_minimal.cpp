@@ -1,7 +1,7 @@
 // model_parallel_minimal: one model cut into two stages on two devices, one batch at a
 // time: the "model doesn't fit on one device" recipe of PyTorch's model-parallel tutorial
 // (layers placed with .to('cuda:1'), the activation moved between them in forward).
-//   build/examples/model_parallel_minimal [--steps N --synthetic]
+//   build/examples/model_parallel_minimal [--max-steps N --synthetic]
 //
 // Only one device works at any moment (stage 0 forward, stage 1 forward, stage 1
 // backward, stage 0 backward): the point is memory, each device holds half the model.
@@ -10,7 +10,7 @@
 
 #include "cuda/device.h"               // defines: cuda::device_count
 #include "data/dataloader.h"           // defines: DataLoader
-#include "examples/minimal.h"          // defines: --steps N, --synthetic, cifar10_train_set
+#include "examples/minimal.h"          // defines: --max-steps N, --synthetic, cifar10_train_set
 #include "nn/loss.h"                   // defines: CrossEntropyLoss
 #include "nn/optim/sgd.h"              // defines: SGD
 #include "nn/resnet.h"                 // defines: resnet18, ResNet::sequential
@@ -39,7 +39,7 @@ int main(int argc, char** argv) try {
   optim::SGD optimizer(model->parameters(), {.lr = 0.1, .momentum = 0.9});
   nn::CrossEntropyLoss criterion;
 
-  int64_t step = 0;  // for --steps
+  int64_t step = 0;  // for --max-steps
   for (int64_t epoch = 0; epoch < 3; ++epoch) {
     Tensor loss;
     for (data::Batch& batch : loader) {
@@ -52,7 +52,7 @@ int main(int argc, char** argv) try {
       loss.backward();  // back through stage 1, the copy, then stage 0
       optimizer.step();
     }
-    if (loss.defined()) std::printf("epoch %lld loss %.4f\n", static_cast<long long>(epoch), loss.item<float>());
+    if (loss.defined()) std::printf("epoch %lld loss %.4f\n", static_cast<long long>(epoch + 1), loss.item<float>());
   }
   return 0;
 } catch (const Error& e) {

@@ -6,7 +6,7 @@
 //   build/examples/pipeline_minimal
 //       one process, each stage on its own thread and device (cpu:0, cpu:1 or two GPUs):
 //       torchgpipe's GPipe(model, balance=[7, 7], chunks=4).
-// Both take [--steps N --synthetic]. While stage 1 works on micro-batch m, stage 0 already
+// Both take [--max-steps N --synthetic]. While stage 1 works on micro-batch m, stage 0 already
 // works on m + 1, so both are busy except in the bubble at the start and end of a step:
 // (S - 1) / (M + S - 1) of it with S stages and M micro-batches, 1/5 here (docs/pipeline.md).
 #include <cstdio>
@@ -15,7 +15,7 @@
 
 #include "cuda/device.h"                      // defines: cuda::device_count
 #include "data/dataloader.h"                  // defines: DataLoader
-#include "examples/minimal.h"                 // defines: --steps N, --synthetic, cifar10_train_set
+#include "examples/minimal.h"                 // defines: --max-steps N, --synthetic, cifar10_train_set
 #include "nn/loss.h"                          // defines: CrossEntropyLoss
 #include "nn/optim/sgd.h"                     // defines: SGD
 #include "nn/resnet.h"                        // defines: resnet18, ResNet::sequential
@@ -65,7 +65,7 @@ int main(int argc, char** argv) try {
                           {.batch_size = 128, .shuffle = true, .num_workers = 2, .pin_memory = true});
   optim::SGD optimizer(stages->parameters(), {.lr = 0.1, .momentum = 0.9});
 
-  int64_t taken = 0;  // for --steps
+  int64_t taken = 0;  // for --max-steps
   for (int64_t epoch = 0; epoch < 3; ++epoch) {
     Tensor loss;
     for (data::Batch& batch : loader) {
@@ -77,7 +77,7 @@ int main(int argc, char** argv) try {
       optimizer.step();  // .grad(): the whole batch's mean-loss gradient
     }
     if (main_process && loss.defined())
-      std::printf("epoch %lld loss %.4f\n", static_cast<long long>(epoch), loss.to(kFloat64).item<double>());
+      std::printf("epoch %lld loss %.4f\n", static_cast<long long>(epoch + 1), loss.to(kFloat64).item<double>());
   }
   if (launched) distributed::destroy_process_group();
   return 0;

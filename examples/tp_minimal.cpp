@@ -2,12 +2,12 @@
 // parallel tutorial splits a model with parallelize_module: each rank holds 1/N of every
 // block's two 3x3 convolutions and computes 1/N of their channels, and both ranks train the
 // one model on the same batches (docs/tensor_parallel.md). What differs from ddp_minimal is marked.
-//   build/parallel/loomrun --standalone --nproc_per_node 2 build/examples/tp_minimal [--steps N --synthetic]
+//   build/parallel/loomrun --standalone --nproc_per_node 2 build/examples/tp_minimal [--max-steps N --synthetic]
 #include <cstdio>
 
 #include "data/dataloader.h"                     // defines: DataLoader
 #include "data/distributed_sampler.h"            // defines: DistributedSampler
-#include "examples/minimal.h"                    // defines: --steps N, --synthetic, cifar10_train_set
+#include "examples/minimal.h"                    // defines: --max-steps N, --synthetic, cifar10_train_set
 #include "nn/loss.h"                             // defines: CrossEntropyLoss
 #include "nn/optim/sgd.h"                        // defines: SGD
 #include "nn/resnet.h"                           // defines: resnet18
@@ -44,7 +44,7 @@ int main(int argc, char** argv) try {
   optim::SGD optimizer(model->parameters(), {.lr = 0.1, .momentum = 0.9});
   // criterion = nn.CrossEntropyLoss()
   nn::CrossEntropyLoss criterion;
-  int64_t step = 0;  // for --steps
+  int64_t step = 0;  // for --max-steps
   // for epoch in range(3):
   for (int64_t epoch = 0; epoch < 3; ++epoch) {
     //   sampler.set_epoch(epoch)
@@ -60,9 +60,9 @@ int main(int argc, char** argv) try {
       loss.backward();  // each block's input gradient all-reduced; no gradient is reduced after
       optimizer.step();
     }
-    //   if dist.get_rank() == 0: print(f"epoch {epoch} loss {loss.item():.4f}")
+    //   if dist.get_rank() == 0: print(f"epoch {epoch + 1} loss {loss.item():.4f}")
     if (get_rank() == 0 && loss.defined())
-      std::printf("epoch %lld loss %.4f\n", static_cast<long long>(epoch), loss.item<float>());
+      std::printf("epoch %lld loss %.4f\n", static_cast<long long>(epoch + 1), loss.item<float>());
   }
   // state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))   <- a collective
   OrderedDict<Tensor> state = full_state_dict(*model, placements);

@@ -45,10 +45,12 @@ static void parse_balance(const std::string& text, TrainConfig& c) {
 int main(int argc, char** argv) {
   try {
     TrainConfig c;
-    Flags flags("train_cifar10", "Trains ResNet18 (CIFAR variant) on CIFAR-10, as examples/reference/train_ddp.py does with PyTorch.");
+    Flags flags("train_cifar10", "Trains a model on CIFAR-10 (ResNet18, CIFAR variant, by default; other ResNets and "
+                "ViTs with --model) in any parallel mode, as examples/reference/train_ddp.py does with PyTorch.");
     std::string& data = flags.add<std::string>("data", "", "CIFAR-10 binary folder (else $LOOM_DATA, else data/, else ../shared/data/)");
     auto& model = flags.add<std::string>("model", c.model,
-        "resnet18 | resnet34 | resnet50 | resnet101 | resnet152 | wide_resnet50_2 | tiny (nn/models.h; CIFAR stem) "
+        "resnet18 | resnet34 | resnet50 | resnet101 | resnet152 | wide_resnet50_2 | wide_resnet101_2 | tiny "
+        "(nn/models.h; CIFAR stem) "
         "| vit_tiny | vit_small");
     auto& epochs = flags.add<int64_t>("epochs", c.epochs, "passes over the training set");
     auto& max_steps = flags.add<int64_t>("max-steps", c.max_steps, "stop after this many optimizer steps (-1: no limit)");

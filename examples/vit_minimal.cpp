@@ -3,12 +3,12 @@
 // biases, norms and positions, a linear warm-up into a cosine schedule, and gradient
 // clipping (docs/transformer.md). Each line of the PyTorch program it mirrors is above its
 // C++; `model` is timm's vit_tiny_patch4_32 shape, nn::vit_tiny here.
-//   build/examples/vit_minimal [--steps N --synthetic]
+//   build/examples/vit_minimal [--max-steps N --synthetic]
 #include <cstdio>
 
 #include "autograd/grad_mode.h"     // defines: NoGradGuard
 #include "data/dataloader.h"        // defines: DataLoader
-#include "examples/minimal.h"       // defines: --steps N, --synthetic, cifar10_train_set
+#include "examples/minimal.h"       // defines: --max-steps N, --synthetic, cifar10_train_set
 #include "nn/loss.h"                // defines: CrossEntropyLoss
 #include "nn/optim/adamw.h"         // defines: AdamW, param_groups_weight_decay
 #include "nn/optim/clip_grad.h"     // defines: clip_grad_norm_
@@ -38,7 +38,7 @@ int main(int argc, char** argv) try {
   optim::SequentialLR scheduler(optimizer, {warmup, cosine}, {warmup_epochs});
   // criterion = nn.CrossEntropyLoss(label_smoothing=0.1)
   nn::CrossEntropyLoss criterion(Tensor(), Reduction::Mean, -100, 0.1);
-  int64_t step = 0;  // for --steps
+  int64_t step = 0;  // for --max-steps
   // for epoch in range(epochs):
   for (int64_t epoch = 0; epoch < epochs; ++epoch) {
     Tensor loss;
@@ -57,8 +57,8 @@ int main(int argc, char** argv) try {
     }
     //   scheduler.step()
     scheduler.step();
-    //   print(f"epoch {epoch} loss {loss.item():.4f}")
-    if (loss.defined()) std::printf("epoch %lld loss %.4f\n", static_cast<long long>(epoch), loss.item<float>());
+    //   print(f"epoch {epoch + 1} loss {loss.item():.4f}")
+    if (loss.defined()) std::printf("epoch %lld loss %.4f\n", static_cast<long long>(epoch + 1), loss.item<float>());
   }
   return 0;
 } catch (const Error& e) {

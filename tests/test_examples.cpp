@@ -17,17 +17,17 @@ using namespace loom::testing;
 namespace {
 
 // One optimizer step in all (the epochs after the first run none), on random images.
-const std::string kFewSteps = " --steps 1 --synthetic";
+const std::string kFewSteps = " --max-steps 1 --synthetic";
 
-// Runs `command`, which must succeed and print rank 0's "epoch 0 loss <x>" line, once.
+// Runs `command`, which must succeed and print rank 0's "epoch 1 loss <x>" line, once.
 Result check_trains(const std::string& command) {
   CAPTURE(command);
   const Result r = Launch(command).finish();
   INFO(r.output);
   CHECK(r.code == 0);
-  const auto first = r.output.find("epoch 0 loss ");
+  const auto first = r.output.find("epoch 1 loss ");
   CHECK(first != std::string::npos);
-  CHECK(r.output.find("epoch 0 loss ", first + 1) == std::string::npos);  // ddp: rank 0 alone prints
+  CHECK(r.output.find("epoch 1 loss ", first + 1) == std::string::npos);  // ddp: rank 0 alone prints
   CHECK(!contains(r.output, "nan"));
   return r;
 }
@@ -63,7 +63,7 @@ TEST_CASE("dp_minimal, model_parallel_minimal, pipeline_minimal (its stages on t
 TEST_CASE("the minimal programs refuse an unknown flag, naming the two they take") {
   const Result r = Launch(path_from_env("DP_MINIMAL") + " --epochs 3").finish();
   CHECK(r.code == 1);
-  CHECK(contains(r.output, "unexpected argument '--epochs'; the flags are --steps N and --synthetic"));
+  CHECK(contains(r.output, "unexpected argument '--epochs'; the flags are --max-steps N and --synthetic"));
   const Result bad = Launch(path_from_env("DP_MINIMAL") + " --steps many").finish();
   CHECK(bad.code == 1);
   CHECK(contains(bad.output, "--steps: expected a count of 0 or more, got 'many'"));

@@ -552,12 +552,19 @@ double relative_error(const Tensor& result, const Tensor& exact) {
   return diff / scale;
 }
 
-// Note [Kernel autotuning]'s numerics guard: the pass with `algo` on one image of g's
-// shape, in the call's dtypes and layout, against float64 on the same (rounded) values.
-// Its own random numbers, so that turning benchmark on leaves the global generator's alone.
-double candidate_error(Pass pass, const std::string& algo, const Conv2dGeometry& geometry, bool channels_last,
-                       const Operands& like) {
-  Conv2dGeometry g = geometry;
+// Note [Kernel autotuning]'s numerics guard: one image of g's shape, in the call's dtypes
+// and layout, and the pass's float64 result on the same (rounded) values, computed once
+// per search and shared by its candidates. Its own random numbers, so that turning
+// benchmark on leaves the global generator's alone.
+struct GuardProblem {
+  Conv2dGeometry g;
+  Operands inputs;             // the candidate's operands, outputs unallocated
+  std::vector<Tensor> exact;   // float64, per output of the pass
+};
+
+GuardProblem guard_problem(Pass pass, const Conv2dGeometry& geometry, bool channels_last, const Operands& like) {
+  GuardProblem p{geometry, {}, {}};
+  Conv2dGeometry& g = p.g;
   g.n = 1;
   const DType dtype = like.dtype(pass);
   const MemoryFormat format = channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
@@ -567,49 +574,79 @@ double candidate_error(Pass pass, const std::string& algo, const Conv2dGeometry&
     Tensor rounded = random_float64(shape, rng, scale).to(type);
     return std::pair{rounded.to(kFloat64).contiguous(), activation ? rounded.contiguous(format) : rounded.contiguous()};
   };
-  const Shape in_shape{1, g.c, g.h, g.w}, out_shape{1, g.o, g.oh, g.ow}, w_shape = like.w.defined() ? like.w.shape() : like.gw.shape();
+  const Shape in_shape{1, g.c, g.h, g.w}, out_shape{1, g.o, g.oh, g.ow};
+  const Shape w_shape = like.w.defined() ? like.w.shape() : like.gw.shape();
   const auto [x64, x] = operand(in_shape, dtype, 1.0, true);
   const auto [w64, w] = operand(w_shape, dtype, 1.0 / std::sqrt(double(g.c / g.groups * g.kh * g.kw)), false);
   const auto [b64, b] = operand({g.o}, dtype, 1.0, false);
   const auto [gy64, gy] = operand(out_shape, dtype, 1.0, true);
-  Operands t;
-  ReorderedInputs reordered;
-  std::vector<std::pair<Tensor, Tensor>> results;  // (candidate's, exact)
+  Operands& t = p.inputs;
   switch (pass) {
     case Pass::Forward: {
-      t.x = x, t.w = w, t.b = like.b.defined() ? b : Tensor(), t.y = empty(out_shape, TensorOptions(dtype), format);
-      run_pass_with(pass, algo, g, channels_last, t, reordered);
+      t.x = x, t.w = w, t.b = like.b.defined() ? b : Tensor();
       Tensor exact = empty(out_shape, TensorOptions(kFloat64));
       conv2d_reference_forward<double>(g, x64.data_ptr<double>(), w64.data_ptr<double>(),
                                        t.b.defined() ? b64.data_ptr<double>() : nullptr, exact.data_ptr<double>());
-      results.push_back({t.y, exact});
+      p.exact.push_back(exact);
       break;
     }
     case Pass::BackwardData: {
-      t.gy = gy, t.w = w, t.gx = empty(in_shape, TensorOptions(dtype), format);
-      run_pass_with(pass, algo, g, channels_last, t, reordered);
+      t.gy = gy, t.w = w;
       Tensor exact = empty(in_shape, TensorOptions(kFloat64));
       conv2d_reference_backward_data<double>(g, gy64.data_ptr<double>(), w64.data_ptr<double>(), exact.data_ptr<double>());
-      results.push_back({t.gx, exact});
+      p.exact.push_back(exact);
       break;
     }
     case Pass::BackwardWeights: {
-      t.x = x, t.gy = gy, t.gw = empty(w_shape, TensorOptions(like.gw.dtype()));
-      if (like.gb.defined()) t.gb = empty({g.o}, TensorOptions(like.gb.dtype()));
-      run_pass_with(pass, algo, g, channels_last, t, reordered);
+      t.x = x, t.gy = gy;
       Tensor exact = empty(w_shape, TensorOptions(kFloat64));
       conv2d_reference_backward_weights<double>(g, gy64.data_ptr<double>(), x64.data_ptr<double>(), exact.data_ptr<double>());
-      results.push_back({t.gw, exact});
-      if (t.gb.defined()) {
+      p.exact.push_back(exact);
+      if (like.gb.defined()) {
         Tensor exact_bias = empty({g.o}, TensorOptions(kFloat64));
         conv2d_reference_backward_bias<double>(g, gy64.data_ptr<double>(), exact_bias.data_ptr<double>());
-        results.push_back({t.gb, exact_bias});
+        p.exact.push_back(exact_bias);
       }
       break;
     }
   }
+  return p;
+}
+
+// Set while a guard runs a candidate: a pass nested in it (the float32 candidate's) takes
+// the fixed rules instead of searching one-image shapes of its own.
+thread_local bool t_in_guard = false;
+
+// The candidate's relative error on the guard's problem: max over the pass's outputs.
+double candidate_error(Pass pass, const std::string& algo, bool channels_last, const GuardProblem& p,
+                       const Operands& like) {
+  const MemoryFormat format = channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
+  const Conv2dGeometry& g = p.g;
+  const DType dtype = like.dtype(pass);
+  Operands t = p.inputs;
+  std::vector<Tensor> results;
+  switch (pass) {
+    case Pass::Forward: results.push_back(t.y = empty({1, g.o, g.oh, g.ow}, TensorOptions(dtype), format)); break;
+    case Pass::BackwardData: results.push_back(t.gx = empty({1, g.c, g.h, g.w}, TensorOptions(dtype), format)); break;
+    case Pass::BackwardWeights:
+      results.push_back(t.gw = empty(like.gw.shape(), TensorOptions(like.gw.dtype())));
+      if (like.gb.defined()) results.push_back(t.gb = empty({g.o}, TensorOptions(like.gb.dtype())));
+      break;
+  }
+  {
+    const bool outer = t_in_guard;
+    t_in_guard = true;
+    ReorderedInputs reordered;
+    try {
+      run_pass_with(pass, algo, g, channels_last, t, reordered);
+    } catch (...) {
+      t_in_guard = outer;
+      throw;
+    }
+    t_in_guard = outer;
+  }
   double error = 0;
-  for (const auto& [result, exact] : results) error = std::max(error, relative_error(result, exact));
+  for (size_t i = 0; i < results.size(); ++i) error = std::max(error, relative_error(results[i], p.exact[i]));
   return error;
 }
 
@@ -624,7 +661,7 @@ double error_bound(DType dtype) { return dtype == kFloat32 ? 1e-5 : 1.6e-2; }
 // The algorithm the search chose for this pass and shape (searching now if it is new),
 // or nothing where the fixed rules decide: benchmark off, or forced by the environment.
 std::optional<std::string> tuned_algorithm(Pass pass, const Conv2dGeometry& g, bool channels_last, Operands& t) {
-  if (!backends::cpu::benchmark()) return std::nullopt;
+  if (!backends::cpu::benchmark() || t_in_guard) return std::nullopt;
   const char* layout_env = std::getenv("LOOM_CONV2D_LAYOUT");
   if (algorithm_from_env() != Algorithm::Auto || (layout_env != nullptr && *layout_env != '\0')) return std::nullopt;
   const DType dtype = t.dtype(pass);
@@ -642,6 +679,7 @@ std::optional<std::string> tuned_algorithm(Pass pass, const Conv2dGeometry& g, b
   const std::string key = detail::str("conv2d ", pass_name(pass), " ", dtype, " ", grad_dtype, " ",
                                       channels_last ? "nhwc" : "nchw", with_bias ? " bias " : " ", g.str(),
                                       " threads ", omp_get_max_threads());
+  std::optional<GuardProblem> problem;  // built by the first candidate's guard, if there is a search
   std::vector<autotune::Candidate> candidates;
   for (const std::string& name : names) {
     candidates.push_back({name,
@@ -649,7 +687,10 @@ std::optional<std::string> tuned_algorithm(Pass pass, const Conv2dGeometry& g, b
                             ReorderedInputs own;  // each timed run reorders its own inputs
                             run_pass_with(pass, name, g, channels_last, t, own);
                           },
-                          [&, name] { return candidate_error(pass, name, g, channels_last, t); }});
+                          [&, name] {
+                            if (!problem) problem = guard_problem(pass, g, channels_last, t);
+                            return candidate_error(pass, name, channels_last, *problem, t);
+                          }});
   }
   const std::string chosen = autotune::choose(key, what, candidates, error_bound(dtype));
   if (chosen == kFloat32Kernel) {

@@ -424,9 +424,14 @@ class Trainer {
     const bool finished = step_in_epoch == data_.steps_per_epoch;
     if (!out_of_steps || finished) result_.epochs = epoch + 1;
     if (dist_.is_main()) {
-      std::printf("epoch %lld/%lld  %s  %s  time %.1fs  %.1f img/s\n", static_cast<long long>(epoch + 1),
+      // A run cut short by --max-steps says so: "epoch 1/3" alone reads as a third of the plan done.
+      const std::string stopped =
+          out_of_steps && !finished ? detail::str("  (stopped by --max-steps ", config_.max_steps, " after step ",
+                                                  step_in_epoch, " of ", data_.steps_per_epoch, " in this epoch)")
+                                    : std::string();
+      std::printf("epoch %lld/%lld  %s  %s  time %.1fs  %.1f img/s%s\n", static_cast<long long>(epoch + 1),
                   static_cast<long long>(config_.epochs), metrics.str("train").c_str(), tested.str("test").c_str(),
-                  seconds, images / std::max(seconds, 1e-9));
+                  seconds, images / std::max(seconds, 1e-9), stopped.c_str());
       std::fflush(stdout);
     }
     checkpointer_.save(finished ? TrainingPosition{epoch + 1, 0, position_.global_step, {}}
