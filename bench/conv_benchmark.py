@@ -5,6 +5,7 @@ the search itself costs.
     meson compile -C build bench/bench_train
     python3 bench/conv_benchmark.py                     # airbench94 at 1024 and ResNet18 at 128, float32 and bf16
     python3 bench/conv_benchmark.py --rounds 5 --models resnet18:128 --amps none
+    python3 bench/conv_benchmark.py --isas native,avx2  # and with every library held to AVX2
 
 Each (model, batch, amp) runs bench_train's loom worker (one process, --threads threads,
 --warmup steps that absorb the search, then --steps timed) `--rounds` times with the search
@@ -14,7 +15,11 @@ the search's cost (median wall time of a whole worker on minus off: the search h
 per shape, in the first steps) and the peak memory of each. The airbench94 rows use the
 speedrun's channels-last activations (LOOM_BENCH_MEMORY_FORMAT=channels_last). A bf16 row
 also gives bf16 / float32 with the search on (the float32 figure from its own row): autocast
-should never cost speed, and the search's float32 fallback is what stands for that.
+should never cost speed: the search's float32 fallback per pass, and autocast's per layer
+(Note [Autocast precision by measurement]), are what stand for that. Its two workers (bf16
+and float32, search on) take turns in the same rounds. --isas avx2 rows run as
+bench_isa.py's AVX2 rows (Note [CPU ISA switch]: LOOM_CPU_ISA=avx2, ONEDNN_MAX_CPU_ISA=AVX2,
+OPENBLAS_CORETYPE=Haswell), float32 only: AVX2 has no bfloat16 arithmetic.
 """
 import argparse
 import os
@@ -28,9 +33,12 @@ import results_file
 ROOT = results_file.ROOT
 
 
-def worker(a, model, batch, amp, conv_benchmark):
+AVX2 = {"LOOM_CPU_ISA": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "OPENBLAS_CORETYPE": "Haswell"}
+
+
+def worker(a, model, batch, amp, conv_benchmark, isa="native"):
     """(img/s, peak MiB, wall seconds) of one bench_train worker."""
-    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
+    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), **(AVX2 if isa == "avx2" else {}))
     if model == "airbench94":
         env["LOOM_BENCH_MEMORY_FORMAT"] = "channels_last"
     cmd = [a.bench_train, "--worker", f"--model={model}", "--mode=train", f"--batch={batch}",
@@ -52,6 +60,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default="airbench94:1024,resnet18:128", help="model:batch, comma-separated")
     p.add_argument("--amps", default="none,bf16")
+    p.add_argument("--isas", default="native", help="native and/or avx2, comma-separated")
     p.add_argument("--rounds", type=int, default=3, help="interleaved off/on pairs per row")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--warmup", type=int, default=2)
@@ -63,27 +72,29 @@ def main():
     if not os.path.exists(a.bench_train):
         sys.exit(f"conv_benchmark: {a.bench_train} does not exist; meson compile -C build bench/bench_train")
     started = results_file.now()
-    rows, float32_on = [], {}
-    for spec in a.models.split(","):
-        model, batch = spec.split(":")
-        for amp in a.amps.split(","):
-            runs = {"off": [], "on": []}
+    rows = []
+    for isa in a.isas.split(","):
+        for spec in a.models.split(","):
+            model, batch = spec.split(":")
+            amps = [amp for amp in a.amps.split(",") if isa == "native" or amp == "none"]
+            # (amp, search) cells of this model, in the order each round runs them.
+            cells = [(amp, mode) for amp in amps for mode in ("off", "on")]
+            runs = {cell: [] for cell in cells}
             for r in range(a.rounds):
-                for mode in ("off", "on"):
-                    runs[mode].append(worker(a, model, int(batch), amp, mode))
-                    rate, peak, wall = runs[mode][-1]
-                    print(f"{model} batch {batch} amp {amp} search {mode} round {r + 1}: {rate:.1f} img/s, "
+                for amp, mode in cells:
+                    runs[(amp, mode)].append(worker(a, model, int(batch), amp, mode, isa))
+                    rate, peak, wall = runs[(amp, mode)][-1]
+                    print(f"{isa} {model} batch {batch} amp {amp} search {mode} round {r + 1}: {rate:.1f} img/s, "
                           f"peak {peak:.0f} MiB, {wall:.1f} s", flush=True)
-            med = {m: [statistics.median(x[i] for x in runs[m]) for i in range(3)] for m in runs}
-            row = {"model": model, "batch": int(batch), "amp": amp, "off": med["off"][0], "on": med["on"][0],
-                   "ratio": med["on"][0] / med["off"][0], "search_s": med["on"][2] - med["off"][2],
-                   "peak_off": med["off"][1], "peak_on": med["on"][1]}
-            if amp == "none":
-                float32_on[(model, batch)] = med["on"][0]
-            elif (model, batch) in float32_on:
-                row["bf16_vs_f32"] = med["on"][0] / float32_on[(model, batch)]
-            rows.append(row)
-    columns = [{"key": "model", "title": "model"}, {"key": "batch", "title": "batch"},
+            med = {cell: [statistics.median(x[i] for x in runs[cell]) for i in range(3)] for cell in cells}
+            for amp in amps:
+                off, on = med[(amp, "off")], med[(amp, "on")]
+                row = {"isa": isa, "model": model, "batch": int(batch), "amp": amp, "off": off[0], "on": on[0],
+                       "ratio": on[0] / off[0], "search_s": on[2] - off[2], "peak_off": off[1], "peak_on": on[1]}
+                if amp != "none" and ("none", "on") in med:
+                    row["bf16_vs_f32"] = on[0] / med[("none", "on")][0]
+                rows.append(row)
+    columns = [{"key": "isa", "title": "instruction set"}, {"key": "model", "title": "model"}, {"key": "batch", "title": "batch"},
                {"key": "amp", "title": "amp"},
                {"key": "off", "title": "search off (img/s)", "format": ".1f"},
                {"key": "on", "title": "search on (img/s)", "format": ".1f"},

@@ -56,11 +56,18 @@ def cell(value, fmt=None):
     return str(value)
 
 
+def commit_phrase(commit):
+    """"at commit `abc1234`"; a run from a working tree that differed from its commit
+    (results_file's "-dirty") says so in words rather than in git's jargon."""
+    phrase = f"at commit `{commit.replace('-dirty', '')}`"
+    return phrase + (" (the working tree had changes beyond it)" if "-dirty" in commit else "")
+
+
 def render(results):
     """The Markdown a results file stands for: its provenance, the table, then the ratios."""
     machine = results["machine"]
     lines = [f"*{results['title']}.* Made by `{results['command']}` on {machine['cpu']}, "
-             f"{machine['cores']} cores, at commit `{results['commit']}`, {results['date']}."]
+             f"{machine['cores']} cores, {commit_phrase(results['commit'])}, {results['date']}."]
     if results.get("conditions"):
         lines[0] += f" {results['conditions']}"
     columns = [c for c in results["columns"]  # a column no row fills is left out

@@ -1,7 +1,8 @@
 // loom::backends::cpu::benchmark (Note [Kernel autotuning], core/cpu/kernel_benchmark.h):
 // the search keeps the fastest candidate and never a wrong one, the choice table survives
 // a file and refuses one from another CPU, convolutions under it stay within float32's
-// bound of float64, bfloat16 falls back to float32 where float32 is faster, and the
+// bound of float64, bfloat16 falls back to float32 where float32 is faster (per pass, and
+// under autocast per layer with its casts), and the
 // ranks of a DDP thread world end with rank 0's choices even where their clocks disagree.
 #include <doctest/doctest.h>
 
@@ -12,6 +13,7 @@
 #include <string>
 #include <thread>
 
+#include "autograd/autocast.h"           // defines: autocast::Guard
 #include "autograd/ops.h"                // defines: conv2d, randn
 #include "core/cpu/bf16_path.h"          // defines: bf16_path (whether bf16 convolutions are native)
 #include "core/cpu/kernel_benchmark.h"   // defines: backends::cpu, autotune::choose
@@ -164,6 +166,47 @@ TEST_CASE("bfloat16 convolutions fall back to float32 where its kernels are fast
   // The same numbers as the float32 convolution rounded once to bfloat16.
   Tensor expected = conv2d(x.to(kFloat32), w.to(kFloat32), Tensor(), {1}, {1}).to(kBFloat16);
   CHECK(y.to(kFloat32).tolist<float>() == expected.to(kFloat32).tolist<float>());
+}
+
+TEST_CASE("autocast keeps a convolution in float32 where it measured faster, casts included, and casts it where not") {
+  // Note [Autocast precision by measurement]: the layer-level choice, on top of the per-pass one.
+  Tensor x0 = randn({2, 8, 8, 8}), w0 = randn({8, 8, 3, 3}) * 0.1, b0 = randn({8});
+  for (const bool bf16_slow : {true, false}) {
+    CAPTURE(bf16_slow);
+    KernelChoices table;
+    ScopedKernelChoices scope(table);
+    BenchmarkOn on;
+    // The layer's candidates are named by dtype; slowing "float32" also slows the
+    // per-pass float32 fallback of bfloat16 passes, which only keeps them in bfloat16.
+    cpu::autotune::set_timing_adjustment_for_testing([bf16_slow](const std::string& name, double seconds) {
+      return name == (bf16_slow ? "bfloat16" : "float32") ? seconds * 100 : seconds;
+    });
+    Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
+    Tensor y;
+    {
+      autocast::Guard guard(DeviceType::CPU, kBFloat16);
+      y = conv2d(x, w, b, {1}, {1});
+    }
+    CHECK(y.dtype() == (bf16_slow ? kFloat32 : kBFloat16));
+    int layer_keys = 0;
+    for (const auto& [key, choice] : table.entries()) {
+      if (key.rfind("autocast ", 0) != 0) continue;
+      ++layer_keys;
+      CHECK(choice == (bf16_slow ? "float32" : "bfloat16"));
+    }
+    CHECK(layer_keys == 1);
+    y.to(kFloat32).sum().backward();
+    CHECK(w.grad().dtype() == kFloat32);
+    if (bf16_slow) {  // exactly the float32 layer, forward and gradients (the same table's kernels)
+      Tensor xe = x0.clone().requires_grad_(true), we = w0.clone().requires_grad_(true), be = b0.clone().requires_grad_(true);
+      Tensor expected = conv2d(xe, we, be, {1}, {1});
+      expected.sum().backward();
+      CHECK(y.tolist<float>() == expected.tolist<float>());
+      CHECK(x.grad().tolist<float>() == xe.grad().tolist<float>());
+      CHECK(w.grad().tolist<float>() == we.grad().tolist<float>());
+      CHECK(b.grad().tolist<float>() == be.grad().tolist<float>());
+    }
+  }
 }
 
 TEST_CASE("DDP ranks whose clocks disagree end with rank 0's choices after the second training forward") {

@@ -8,6 +8,7 @@
 #include "autograd/autocast.h"  // defines: autocast::apply (Note [Autocast at op entry])
 #include "autograd/ops.h"
 #include "autograd/ops/common.h"
+#include "autograd/ops/conv_precision.h"  // defines: autocast_conv2d_keeps_float32
 #include "core/flop_counter.h"     // defines: FlopCounterMode (counted for balance_by_cost_model)
 
 namespace loom {
@@ -42,7 +43,6 @@ void check_shapes(const Tensor& input, const Tensor& weight, const Tensor& bias,
              weight.size(1) * groups, " input channels (weight.size(1) * groups = ", weight.size(1), " * ", groups,
              ") but input ", input.shape(), " has ", channels);
   if (bias.defined()) {
-    ops::check_same_device_dtype("conv2d (bias)", input, bias);
     LOOM_CHECK(bias.dim() == 1 && bias.size(0) == out_channels, "conv2d: expected bias of shape [", out_channels,
                "] (one per output channel of weight ", weight.shape(), "), got ", bias.shape());
   }
@@ -77,42 +77,63 @@ struct GradTargets {
   Tensor weight, bias;  // the tensors the weight and bias gradients go to
 };
 
+// The parameters in kernel form and the output's shape; validated (shapes only: under
+// autocast the dtypes are checked after the casts, in conv2d_impl).
+struct Conv2dCall {
+  Conv2dParams params;
+  Shape out_shape;
+};
+
+Conv2dCall prepare(const Tensor& input, const Tensor& weight, const Tensor& bias, const std::vector<int64_t>& stride,
+                   const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation, int64_t groups) {
+  check_shapes(input, weight, bias, groups);
+  Conv2dCall call;
+  call.params.groups = groups;
+  expand_pair("stride", stride, 1, call.params.stride);
+  expand_pair("padding", padding, 0, call.params.padding);
+  expand_pair("dilation", dilation, 1, call.params.dilation);
+  call.out_shape = {input.size(0), weight.size(0), output_extent(input, weight, call.params, 0),
+                    output_extent(input, weight, call.params, 1)};
+  return call;
+}
+
 Tensor conv2d_impl(const Tensor& input, const Tensor& weight, const Tensor& bias, const GradTargets& targets,
-                   std::vector<int64_t> stride, std::vector<int64_t> padding, std::vector<int64_t> dilation,
-                   int64_t groups);
+                   const Conv2dCall& call);
 
 }  // namespace
 
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, std::vector<int64_t> stride,
               std::vector<int64_t> padding, std::vector<int64_t> dilation, int64_t groups) {
+  const Conv2dCall call = prepare(input, weight, bias, stride, padding, dilation, groups);
   if (autocast::any_enabled()) {  // See Note [Autocast at op entry]
+    if (ops::autocast_conv2d_keeps_float32(input, weight, bias, call.params, call.out_shape)) {
+      // Note [Autocast precision by measurement]: this layer runs in float32, as if
+      // outside the scope; a 16-bit input (an earlier layer's) is widened first.
+      autocast::Guard float32(DeviceType::CPU, std::nullopt, /*enabled=*/false);
+      const Tensor x = input.dtype() == kFloat32 ? input : input.to(kFloat32);
+      return conv2d_impl(x, weight, bias, GradTargets{weight, bias}, call);
+    }
     Tensor cx = input, cw = weight, cb = bias;
     if (autocast::apply("conv2d", {&cx, &cw, &cb})) {
       // See Note [Autocast conv2d weight gradients].
       const bool float32_grads = !cw.is_same(weight) && weight.dtype() == kFloat32 &&
                                  (!bias.defined() || (!cb.is_same(bias) && bias.dtype() == kFloat32));
       const GradTargets targets = float32_grads ? GradTargets{weight, bias} : GradTargets{cw, cb};
-      return conv2d_impl(cx, cw, cb, targets, stride, padding, dilation, groups);
+      return conv2d_impl(cx, cw, cb, targets, call);
     }
   }
-  return conv2d_impl(input, weight, bias, GradTargets{weight, bias}, stride, padding, dilation, groups);
+  return conv2d_impl(input, weight, bias, GradTargets{weight, bias}, call);
 }
 
 namespace {
 
 Tensor conv2d_impl(const Tensor& input, const Tensor& weight, const Tensor& bias, const GradTargets& targets,
-                   std::vector<int64_t> stride, std::vector<int64_t> padding, std::vector<int64_t> dilation,
-                   int64_t groups) {
+                   const Conv2dCall& call) {
   ops::check_same_device_dtype("conv2d", input, weight);
   ops::check_floating("conv2d", input);
-  check_shapes(input, weight, bias, groups);
-  Conv2dParams params;
-  params.groups = groups;
-  expand_pair("stride", stride, 1, params.stride);
-  expand_pair("padding", padding, 0, params.padding);
-  expand_pair("dilation", dilation, 1, params.dilation);
-  const Shape out_shape = {input.size(0), weight.size(0), output_extent(input, weight, params, 0),
-                           output_extent(input, weight, params, 1)};
+  if (bias.defined()) ops::check_same_device_dtype("conv2d (bias)", input, bias);
+  const Conv2dParams& params = call.params;
+  const Shape& out_shape = call.out_shape;
 
   // Kernels take dense activations, NCHW or (on the CPU) channels-last, which the output
   // and the input gradient then share (Note [Channels-last activations]), and OIHW

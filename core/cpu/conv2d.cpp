@@ -463,7 +463,9 @@ void check_grad_dtype(const char* which, const Tensor& grad, DType dtype) {
 //   float32 pass's own choice), where this CPU's bf16 kernels lose to its float32 ones:
 //   oneDNN 2.6's bf16 convolutions ran at 0.43x float32 on one Intel Xeon. Autocast
 //   trades precision for speed and should never cost speed; each layer that keeps
-//   float32 is named once on stderr.
+//   float32 is named once on stderr. (Under autocast the whole layer, casts included,
+//   is also timed both ways before it is cast: Note [Autocast precision by
+//   measurement], autograd/ops/conv_precision.h.)
 // A candidate's reorders between loom's layout (NCHW or channels-last) and the one it
 // computes in are part of its timing; so the layout is chosen with the algorithm, per
 // pass. Without benchmark the fixed rules of Note [Conv2d algorithm] decide.
@@ -634,16 +636,13 @@ double candidate_error(Pass pass, const std::string& algo, bool channels_last, c
       break;
   }
   {
-    const bool outer = t_in_guard;
-    t_in_guard = true;
+    struct InGuard {  // t_in_guard for this scope, restored however it ends
+      bool outer = t_in_guard;
+      InGuard() { t_in_guard = true; }
+      ~InGuard() { t_in_guard = outer; }
+    } in_guard;
     ReorderedInputs reordered;
-    try {
-      run_pass_with(pass, algo, g, channels_last, t, reordered);
-    } catch (...) {
-      t_in_guard = outer;
-      throw;
-    }
-    t_in_guard = outer;
+    run_pass_with(pass, algo, g, channels_last, t, reordered);
   }
   double error = 0;
   for (size_t i = 0; i < results.size(); ++i) error = std::max(error, relative_error(results[i], p.exact[i]));
