@@ -107,11 +107,14 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, std
   const Conv2dCall call = prepare(input, weight, bias, stride, padding, dilation, groups);
   if (autocast::any_enabled()) {  // See Note [Autocast at op entry]
     if (ops::autocast_conv2d_keeps_float32(input, weight, bias, call.params, call.out_shape)) {
-      // Note [Autocast precision by measurement]: this layer runs in float32, as if
-      // outside the scope; a 16-bit input (an earlier layer's) is widened first.
+      // Note [Autocast precision by measurement]: this layer computes in float32, as if
+      // outside the scope; a 16-bit input (an earlier layer's) is widened first, and the
+      // output is narrowed to autocast's dtype, as every conv2d under autocast returns
+      // (the next op may add it to a 16-bit residual).
+      const DType low = *autocast::target_dtype(autocast::CastPolicy::LowerPrecision, DeviceType::CPU);
       autocast::Guard float32(DeviceType::CPU, std::nullopt, /*enabled=*/false);
       const Tensor x = input.dtype() == kFloat32 ? input : input.to(kFloat32);
-      return conv2d_impl(x, weight, bias, GradTargets{weight, bias}, call);
+      return conv2d_impl(x, weight, bias, GradTargets{weight, bias}, call).to(low);
     }
     Tensor cx = input, cw = weight, cb = bias;
     if (autocast::apply("conv2d", {&cx, &cw, &cb})) {

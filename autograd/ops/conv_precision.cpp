@@ -19,10 +19,11 @@
 namespace loom::ops {
 namespace {
 
-// One training (or evaluation) use of the layer in `dtype`, with the casts it implies.
-// Gradient values do not change a kernel's time, so the forward's output stands in for
-// the output gradient (same dtype and layout as the real one).
-void run_layer_in(DType dtype, const Tensor& input, const Tensor& weight, const Tensor& bias,
+// One training (or evaluation) use of the layer in `dtype`, with the casts it implies:
+// the input's and parameters' to `dtype`, and, since the layer's output is autocast's
+// `low` either way, the output's to `low` and its gradient's back. Gradient values do not
+// change a kernel's time, so the forward's output stands in for the output gradient.
+void run_layer_in(DType dtype, DType low, const Tensor& input, const Tensor& weight, const Tensor& bias,
                   const Conv2dParams& params, const Shape& out_shape, bool need_input_grad, bool need_weight_grad,
                   bool need_bias_grad) {
   NoGradGuard no_grad;
@@ -32,7 +33,9 @@ void run_layer_in(DType dtype, const Tensor& input, const Tensor& weight, const 
   const Tensor b = bias.defined() ? bias.detach().to(dtype).contiguous() : Tensor();
   Tensor y = empty(out_shape, TensorOptions(dtype).device(input.device()), format);
   conv2d_forward_kernel(input.device())(x, w, b, params, y);
+  if (dtype != low) (void)y.to(low);  // the output cast
   if (!need_input_grad && !need_weight_grad && !need_bias_grad) return;
+  if (dtype != low) (void)y.to(low).to(dtype);  // the output gradient, cast back (the output cast's backward)
   const TensorOptions float32 = TensorOptions(kFloat32).device(input.device());
   Tensor gx = need_input_grad ? empty_like(x, format) : Tensor();
   Tensor gw = need_weight_grad ? empty(weight.shape(), float32) : Tensor();
@@ -69,7 +72,7 @@ bool autocast_conv2d_keeps_float32(const Tensor& input, const Tensor& weight, co
   for (const DType dtype : {*low, kFloat32}) {
     candidates.push_back({detail::str(dtype),
                           [&, dtype] {
-                            run_layer_in(dtype, input, weight, bias, params, out_shape, need_input_grad,
+                            run_layer_in(dtype, *low, input, weight, bias, params, out_shape, need_input_grad,
                                          need_weight_grad, need_bias_grad);
                           },
                           // Either is within autocast's precision: each 16-bit pass was

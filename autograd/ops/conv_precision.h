@@ -19,15 +19,17 @@
 //   16-bit:  input to 16 bits (if it is float32), weight and bias to 16 bits, forward;
 //            in training both backward passes (float32 weight gradients, Note [Autocast
 //            conv2d weight gradients]) and the input gradient back to float32;
-//   float32: input to float32 (if a 16-bit layer made it), forward, both backward
-//            passes, the input gradient back to 16 bits.
+//   float32: input to float32 (if a 16-bit layer made it), forward, the output to 16
+//            bits; the output gradient back to float32, both backward passes, the
+//            input gradient back to 16 bits.
 // and keeps the faster for the key, as autotune::choose does for kernels: in the
 // choice table, the cache file and the ranks' agreement with it (Note [Kernel
 // autotuning], core/cpu/kernel_benchmark.h). A layer that keeps float32 is named once
-// on stderr. Its output is then float32, so the ops after it (batch norm, GELU,
-// pooling) run in float32 too: a cost or a saving this layer-by-layer choice does not
-// see, and the reason autocast's speed is measured on whole networks as well
-// (bench/conv_benchmark.py's bf16 rows).
+// on stderr. Its output is 16-bit either way, as PyTorch's autocast promises for every
+// op on its lower-precision list: the ops after it see the dtype they would have seen
+// (a residual add of a 16-bit shortcut and a float32 convolution output would be an
+// error). Whole networks are measured too (bench/conv_benchmark.py's bf16 rows): the
+// layer-by-layer choice does not see what its casts cost the ops around it.
 //
 // The choice is precision's, not only speed's: a layer kept in float32 computes more
 // exactly than autocast asked, never less. Off (benchmark off, the default outside
