@@ -415,9 +415,9 @@ def main():
     p.add_argument("--loomrun", default="build/parallel/loomrun", help="the launcher of the DDP runs")
     p.add_argument("--torch-python", default="/usr/bin/python3", help="a python with torch (Debian's python3-torch)")
     p.add_argument("--conv-benchmark", choices=["on", "off"], default="off",
-                   help="loom's kernel search (Note [Kernel autotuning]); off by default: on the AMD EPYC the "
-                        "series ran on it chose kernels as fast as the fixed rules' (1.00x per step) and its "
-                        "search cost ~27 s of each run")
+                   help="loom's kernel search (Note [Kernel autotuning]); off by default, as the series in "
+                        "bench/results/time_to_94.json ran: on its AMD EPYC the search gains 1.04-1.08x a step "
+                        "for ~24 s once (bench/results/conv_benchmark.json)")
     p.add_argument("--loom-args", default="", help="more arguments for loom's airbench")
     p.add_argument("--torch-args", default="", help="more arguments for bench/airbench_torch.py")
     p.add_argument("--conditions", default="", help="how quiet the machine was, for the results file")
