@@ -6,6 +6,7 @@
 
 #include "autograd/grad_mode.h"   // defines: NoGradGuard
 #include "autograd/ops.h"
+#include "core/cpu/kernel_benchmark.h"  // defines: backends::cpu::FixedKernelRules
 #include "core/error.h"
 #include "core/factory.h"         // defines: ones_like
 #include "core/flop_counter.h"    // defines: FlopCounterMode (Note [Counted, not timed])
@@ -94,6 +95,8 @@ std::vector<LayerCost> count_layer_costs(nn::Sequential& module, const Tensor& s
   const int64_t batch = sample.size(0);
   ModuleStateGuard keep(module);
   NoGradGuard no_grad;  // the counts are the forward's; backward's are the formula's
+  // Every rank must count alike: Note [Fixed rules where every rank must count alike].
+  backends::cpu::FixedKernelRules fixed;
   Tensor one = sample.narrow(0, 0, 1);
   Tensor two = cat({one, one}, 0);
   std::vector<LayerCost> costs;

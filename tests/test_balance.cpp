@@ -16,6 +16,7 @@
 
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
+#include "core/cpu/kernel_benchmark.h"     // defines: backends::cpu::set_benchmark, KernelChoices
 #include "core/flop_counter.h"              // defines: FlopCounterMode
 #include "nn/nn.h"
 #include "parallel/balance.h"               // defines: balance_by_cost, count_layer_costs, ...
@@ -95,6 +96,38 @@ TEST_CASE("count_layer_costs: FLOPs, activation and parameter bytes per layer, s
   }
   CHECK_THROWS_WITH_AS(parallel::count_layer_costs(*seq, zeros({0, 3, 16, 16})),
                        doctest::Contains("expected a sample batch of at least one example"), Error);
+}
+
+TEST_CASE("count_layer_costs counts with the fixed rules: the kernel search on, whatever its clock, counts alike") {
+  // Note [Fixed rules where every rank must count alike]: with the search inside the count,
+  // 4 ranks of --pp 2 --dp-shard 2 cut ResNet18 as 9,5 and 8,6 and refused to start.
+  auto seq = nn::resnet18(10)->sequential();
+  const Tensor sample = zeros({8, 3, 32, 32});
+  const auto fixed = parallel::count_layer_costs(*seq, sample);
+  struct SearchOn {
+    SearchOn() { backends::cpu::set_benchmark(true); }
+    ~SearchOn() {
+      backends::cpu::set_benchmark(false);
+      cpu::autotune::set_timing_adjustment_for_testing(nullptr);
+    }
+  } on;
+  for (const char* slowed : {"onednn_winograd_blocked", "onednn_direct_blocked"}) {
+    CAPTURE(slowed);
+    backends::cpu::KernelChoices table;  // a fresh search each time, as on a new rank
+    backends::cpu::ScopedKernelChoices scope(table);
+    cpu::autotune::set_timing_adjustment_for_testing([slowed](const std::string& name, double seconds) {
+      return name == slowed ? seconds * 100 : seconds;
+    });
+    const auto searched = parallel::count_layer_costs(*seq, sample);
+    REQUIRE(searched.size() == fixed.size());
+    for (size_t i = 0; i < fixed.size(); ++i) {
+      CAPTURE(i);
+      CHECK(searched[i].flops == fixed[i].flops);
+      CHECK(searched[i].activation_bytes == fixed[i].activation_bytes);
+      CHECK(searched[i].parameter_bytes == fixed[i].parameter_bytes);
+    }
+    CHECK(table.entries().empty());  // nothing was searched while counting
+  }
 }
 
 TEST_CASE("balance_by_cost_model: ResNet18 cut the same way every time, under load too, and by work, not parameters") {

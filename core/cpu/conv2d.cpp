@@ -615,10 +615,6 @@ GuardProblem guard_problem(Pass pass, const Conv2dGeometry& geometry, bool chann
   return p;
 }
 
-// Set while a guard runs a candidate: a pass nested in it (the float32 candidate's) takes
-// the fixed rules instead of searching one-image shapes of its own.
-thread_local bool t_in_guard = false;
-
 // The candidate's relative error on the guard's problem: max over the pass's outputs.
 double candidate_error(Pass pass, const std::string& algo, bool channels_last, const GuardProblem& p,
                        const Operands& like) {
@@ -636,11 +632,9 @@ double candidate_error(Pass pass, const std::string& algo, bool channels_last, c
       break;
   }
   {
-    struct InGuard {  // t_in_guard for this scope, restored however it ends
-      bool outer = t_in_guard;
-      InGuard() { t_in_guard = true; }
-      ~InGuard() { t_in_guard = outer; }
-    } in_guard;
+    // A pass nested in the candidate (the float32 candidate's) takes the fixed rules
+    // instead of searching one-image shapes of its own.
+    backends::cpu::FixedKernelRules fixed;
     ReorderedInputs reordered;
     run_pass_with(pass, algo, g, channels_last, t, reordered);
   }
@@ -660,7 +654,7 @@ double error_bound(DType dtype) { return dtype == kFloat32 ? 1e-5 : 1.6e-2; }
 // The algorithm the search chose for this pass and shape (searching now if it is new),
 // or nothing where the fixed rules decide: benchmark off, or forced by the environment.
 std::optional<std::string> tuned_algorithm(Pass pass, const Conv2dGeometry& g, bool channels_last, Operands& t) {
-  if (!backends::cpu::benchmark() || t_in_guard) return std::nullopt;
+  if (!backends::cpu::benchmark()) return std::nullopt;
   const char* layout_env = std::getenv("LOOM_CONV2D_LAYOUT");
   if (algorithm_from_env() != Algorithm::Auto || (layout_env != nullptr && *layout_env != '\0')) return std::nullopt;
   const DType dtype = t.dtype(pass);

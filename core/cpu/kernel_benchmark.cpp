@@ -31,13 +31,17 @@ KernelChoices& process_table() {
   return table;
 }
 thread_local KernelChoices* t_table = nullptr;  // See ScopedKernelChoices
+thread_local bool t_fixed_rules = false;          // See FixedKernelRules
 
 constexpr const char* kHeader = "loom kernel choices v1 isa=";
 
 }  // namespace
 
 void set_benchmark(bool enabled) { g_benchmark.store(enabled); }
-bool benchmark() { return g_benchmark.load(); }
+bool benchmark() { return g_benchmark.load() && !t_fixed_rules; }
+
+FixedKernelRules::FixedKernelRules() : previous_(t_fixed_rules) { t_fixed_rules = true; }
+FixedKernelRules::~FixedKernelRules() { t_fixed_rules = previous_; }
 
 std::string cpu_isa_name() {
   std::string name;

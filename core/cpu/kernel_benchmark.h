@@ -47,7 +47,27 @@ namespace loom::backends::cpu {
 // autotuning]). Off by default, as cudnn.benchmark is; loom's trainer, examples and
 // benches turn it on (--conv-benchmark on|off).
 void set_benchmark(bool enabled);
+// set_benchmark's setting, unless a FixedKernelRules guard is alive on this thread.
 bool benchmark();
+
+// Note [Fixed rules where every rank must count alike]
+// While alive, benchmark() is false on this thread: kernels take the fixed rules and no
+// search runs. For work whose result must not depend on one rank's clock: the pipeline's
+// cost model (parallel/balance.cpp) counts FLOPs and allocated bytes per layer, and a
+// search inside it would add its candidates' buffers and its guard's float64 problem to
+// the count, and its timings pick per rank which kernel's workspace is counted; the
+// ranks then cut the model differently. And the search's own numerics guard, whose
+// nested passes must not start searches of their own (Note [Conv2d autotuning]).
+class FixedKernelRules {
+ public:
+  FixedKernelRules();
+  ~FixedKernelRules();
+  FixedKernelRules(const FixedKernelRules&) = delete;
+  FixedKernelRules& operator=(const FixedKernelRules&) = delete;
+
+ private:
+  bool previous_;
+};
 
 // Loads the choices in `path` if the file exists (a loom::Error if it was written for
 // another instruction set or is not such a file), and rewrites it after every new
