@@ -458,7 +458,9 @@ def draw_png(rows, windows, offsets, step, out, title, relative=False):
     ax.set_title(title, fontsize=9)
     ax.grid(axis="x", color="#EEEEEE")
     ax.set_axisbelow(True)
-    fig.savefig(out, dpi=90)
+    # bbox "tight" grows the canvas to whatever text runs past the margins (a long row
+    # label, a title, "pipeline bubble NN%") instead of cutting it off.
+    fig.savefig(out, dpi=90, bbox_inches="tight", pad_inches=0.1)
     plt.close(fig)
 
 
