@@ -3,9 +3,6 @@
 
 #include <omp.h>
 
-#include <cstdio>
-#include <mutex>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -82,14 +79,9 @@ bool autocast_conv2d_keeps_float32(const Tensor& input, const Tensor& weight, co
   }
   const std::string chosen = cpu::autotune::choose(key, "autocast " + what, candidates, /*error_bound=*/0.0);
   if (chosen != detail::str(kFloat32)) return false;
-  static std::mutex mutex;
-  static std::set<std::string> told;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (told.insert(key).second)
-    std::fprintf(stderr,
-                 "loom: autocast keeps %s in float32: on this CPU it measured faster in float32 than in %s, casts "
-                 "included (Note [Autocast precision by measurement]).\n",
-                 what.c_str(), detail::str(*low).c_str());
+  cpu::autotune::tell_once(key, "loom: autocast keeps " + what + " in float32: on this CPU it measured faster in "
+                                "float32 than in " + detail::str(*low) + ", casts included (Note [Autocast precision "
+                                "by measurement]).");
   return true;
 }
 

@@ -686,16 +686,9 @@ std::optional<std::string> tuned_algorithm(Pass pass, const Conv2dGeometry& g, b
                           }});
   }
   const std::string chosen = autotune::choose(key, what, candidates, error_bound(dtype));
-  if (chosen == kFloat32Kernel) {
-    static std::mutex mutex;
-    static std::set<std::string> told;
-    std::lock_guard<std::mutex> lock(mutex);
-    if (told.insert(key).second)
-      std::fprintf(stderr,
-                   "loom: %s runs in float32 (bfloat16 in and out): on this CPU its float32 kernel measured faster "
-                   "than the bfloat16 ones (Note [Conv2d autotuning]).\n",
-                   what.c_str());
-  }
+  if (chosen == kFloat32Kernel)
+    autotune::tell_once(key, "loom: " + what + " runs in float32 (bfloat16 in and out): on this CPU its float32 "
+                             "kernel measured faster than the bfloat16 ones (Note [Conv2d autotuning]).");
   return chosen;
 }
 

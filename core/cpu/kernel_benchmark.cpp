@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <set>
 #include <sstream>
 
 #include "core/atomic_file.h"  // defines: write_file_atomically, read_whole_file
@@ -159,6 +160,13 @@ double seconds_of(const std::function<void()>& run) {
 }
 
 }  // namespace
+
+void tell_once(const std::string& key, const std::string& message) {
+  static std::mutex mutex;
+  static std::set<std::string> told;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (told.insert(key).second) std::fprintf(stderr, "%s\n", message.c_str());
+}
 
 void set_timing_adjustment_for_testing(std::function<double(const std::string&, double)> adjust) {
   t_adjust = std::move(adjust);

@@ -131,6 +131,10 @@ struct Candidate {
 std::string choose(const std::string& key, const std::string& what, const std::vector<Candidate>& candidates,
                    double error_bound);
 
+// Prints `message` on stderr the first time `key` is told in this process, never again:
+// how a search says that it kept float32 where 16 bits were asked for.
+void tell_once(const std::string& key, const std::string& message);
+
 // Tests only: every timing this thread measures passes through `adjust(candidate, seconds)`
 // (a rank whose clock is slowed, to show that agreement overrides it). Empty: none.
 void set_timing_adjustment_for_testing(std::function<double(const std::string&, double)> adjust);
