@@ -213,9 +213,10 @@ TEST_CASE("Lookahead averages weights and BatchNorm statistics, leaves counters,
   for (const auto& [name, t] : net.state_dict()) moved[name] = t.to(kFloat64).tolist<double>();
   const double decay = 0.7;
   lookahead.update(decay);
-  for (const auto& [name, t] : net.state_dict()) {
+  for (const auto& entry : net.state_dict()) {  // Note [doctest messages name no structured binding]
+    const std::string& name = entry.first;
     CAPTURE(name);
-    const auto now = t.to(kFloat64).tolist<double>();
+    const auto now = entry.second.to(kFloat64).tolist<double>();
     if (name.ends_with("num_batches_tracked")) {
       CHECK(now == moved[name]);  // integers: the model's own count
       continue;
