@@ -72,8 +72,17 @@ TEST_CASE("--tp 2 with --dp-replicate 2 and with --dp-shard 2 train as DDP on th
 }
 
 TEST_CASE("--tp 2 with --pp 2 trains as the pipeline alone") {
+  // One step, not two. tp sums each block's input gradient over its ranks, so the
+  // weights after step 1 agree with the pipeline's to rounding (3e-8), and step 2 starts
+  // from weights an ulp apart. In the clang (sanitizer) build, step 2 then left
+  // conv1.weight and bn1.bias 1.2e-4 and 6.7e-5 apart while every other tensor stayed
+  // within 3e-7 and bn1.weight was equal: the mark of a stem ReLU whose input sat at
+  // its kink and flipped with an ulp (micro-batches of 4 images make such a unit
+  // likely). Whether a kink is crossed is the compiler's rounding luck; one step
+  // compares the arithmetic.
   TempDir dir("loom_tp_pp");
-  check_trains_alike(dir, 2, "--pp 2 --microbatches 2 --balance 5,5", 4, "--pp 2 --microbatches 2 --balance 5,5 --tp 2");
+  check_trains_alike(dir, 2, "--pp 2 --microbatches 2 --balance 5,5 --max-steps 1", 4,
+                     "--pp 2 --microbatches 2 --balance 5,5 --tp 2 --max-steps 1");
 }
 
 TEST_CASE("--model vit_tiny --tp 3 (attention by its 3 heads, the MLP by features) trains as one process, "
