@@ -46,7 +46,8 @@ if [ "$kind" = thread ]; then
           test_store_robustness test_rendezvous test_launch_env test_loomrun test_sync_batch_norm test_trace
           test_pipeline_stage test_pipeline_ddp test_zero_redundancy_optimizer test_fsdp
           test_distributed_checkpoint test_balance test_parallel_dims test_pipeline_sharding test_comm_traffic
-          test_traffic_modes test_dtensor test_tensor_parallel test_activation_checkpoint test_kernel_benchmark)
+          test_traffic_modes test_dtensor test_tensor_parallel test_activation_checkpoint test_kernel_benchmark
+          test_fully_shard)
   targets=$(printf 'tests/%s ' "${wanted[@]}")" parallel/loomrun tests/loomrun_worker"
 else
   wanted=($(meson introspect "$dir" --tests | python3 -c 'import json,sys; print(" ".join(t["name"] for t in json.load(sys.stdin)))'))

@@ -18,6 +18,7 @@
 #include "parallel/fsdp/fully_sharded_data_parallel.h"
 #include "parallel/fsdp/state_dict.h"
 #include "parallel/sync_batch_norm.h"
+#include "fsdp_harness.h"   // defines: Batches, sgd_steps, ddp_reference, fsdp_run, max_state_diff
 #include "rank_threads.h"   // defines: run_ranks, run_rank_threads, max_abs_diff
 #include "transparency.h"   // defines: small_net
 
@@ -47,84 +48,6 @@ TEST_CASE("plan_units: each policy stage is a unit; the runs between are the ste
   CHECK(parse_sharding_strategy("FULL_shard") == ShardingStrategy::FULL_SHARD);
   CHECK_THROWS_WITH_AS(parse_sharding_strategy("zero3"), doctest::Contains("expected full_shard"), Error);
 }
-
-namespace {
-
-struct Batches {
-  std::vector<Tensor> images, labels;  // one global batch per step
-};
-
-Batches make_batches(int steps, int64_t global_batch, DType dtype) {
-  Batches b;
-  for (int s = 0; s < steps; ++s) {
-    b.images.push_back(randn({global_batch, 3, 8, 8}).to(dtype));
-    b.labels.push_back(randint(0, 10, {global_batch}));
-  }
-  return b;
-}
-
-Tensor shard(const Tensor& global, int rank, int world) {
-  const int64_t per_rank = global.size(0) / world;
-  return global.narrow(0, rank * per_rank, per_rank);
-}
-
-void sgd_steps(nn::Module& model, const std::vector<Tensor>& params, const Batches& data, int rank, int world) {
-  optim::SGD opt(params, {.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-3});
-  for (size_t s = 0; s < data.images.size(); ++s) {
-    Tensor loss = cross_entropy(model(shard(data.images[s], rank, world)), shard(data.labels[s], rank, world));
-    opt.zero_grad();
-    loss.backward();
-    opt.step();
-  }
-}
-
-// Conv2d and Linear as units: small_net then has three units with parameters and two
-// without, so prefetching and freeing happen between units.
-const ModuleWrapPolicy kSmallNetPolicy{{"Conv2d", "Linear"}};
-
-// DDP's weights and buffers after the steps, on each of `world` ranks: the reference.
-// (BatchNorm's running statistics are rank 0's after each broadcast, then updated by
-// the rank's own last forward, so they differ by rank.)
-std::vector<OrderedDict<Tensor>> ddp_reference(const std::shared_ptr<nn::Module>& start, const Batches& data, int world) {
-  std::vector<std::shared_ptr<nn::Module>> replicas;
-  for (int r = 0; r < world; ++r) replicas.push_back(start->clone());
-  require_no_errors(run_ranks(world, [&](std::shared_ptr<Communicator> comm) {
-    ddp::DistributedDataParallel ddp(replicas[comm->rank()], comm);
-    sgd_steps(ddp, ddp.parameters(), data, comm->rank(), world);
-  }));
-  std::vector<OrderedDict<Tensor>> states;
-  for (const auto& replica : replicas) states.push_back(replica->state_dict());
-  return states;
-}
-
-double max_state_diff(const OrderedDict<Tensor>& a, const OrderedDict<Tensor>& b) {
-  REQUIRE(a.keys() == b.keys());
-  double m = 0;
-  for (const auto& [key, value] : a) {
-    if (!is_floating(value.dtype())) {
-      CHECK(value.tolist<int64_t>() == b.find(key)->tolist<int64_t>());
-      continue;
-    }
-    m = std::max(m, max_abs_diff(value, *b.find(key)));
-  }
-  return m;
-}
-
-// Every rank's full state dict after the steps under FSDP.
-std::vector<OrderedDict<Tensor>> fsdp_run(const std::shared_ptr<nn::Module>& start, const Batches& data, int world,
-                                          FSDPOptions options) {
-  std::vector<std::shared_ptr<nn::Module>> replicas;
-  for (int r = 0; r < world; ++r) replicas.push_back(start->clone());
-  std::vector<OrderedDict<Tensor>> states(world);
-  require_no_errors(run_ranks(world, [&](std::shared_ptr<Communicator> comm) {
-    FullyShardedDataParallel fsdp(replicas[comm->rank()], comm, options);
-    sgd_steps(fsdp, fsdp.parameters(), data, comm->rank(), world);
-    states[comm->rank()] = full_state_dict(fsdp, /*rank0_only=*/false);
-  }));
-  return states;
-}
-
-}  // namespace
 
 TEST_CASE("transparency: FULL_SHARD, SHARD_GRAD_OP and NO_SHARD end with DDP's weights (small net, float64)") {
   manual_seed(3);
@@ -191,17 +114,9 @@ TEST_CASE("transparency: HYBRID_SHARD on 4 ranks as 2 replicas x 2 shards ends w
     for (int r = 0; r < world; ++r) replicas.push_back(start->clone());
     std::vector<OrderedDict<Tensor>> states(world);
     require_no_errors(run_rank_threads(world, [&](int r, std::shared_ptr<distributed::TCPStore> store) {
-      omp_set_num_threads(1);
-      distributed::GlooOptions options;
-      options.timeout = std::chrono::seconds(20);
-      // Row-major 2 x 2 mesh (replicate, shard): ranks {0, 1} and {2, 3} are replicas.
-      auto shard = std::make_shared<distributed::GlooCommunicator>(store, "shard" + std::to_string(r / 2), r % 2, 2,
-                                                                   options);
-      auto replicate = std::make_shared<distributed::GlooCommunicator>(store, "replicate" + std::to_string(r % 2),
-                                                                       r / 2, 2, options);
       FSDPOptions fsdp_options{.sharding_strategy = ShardingStrategy::HYBRID_SHARD};
       if (!resnet) fsdp_options.auto_wrap_policy = kSmallNetPolicy;
-      FullyShardedDataParallel fsdp(replicas[r], std::pair{shard, replicate}, fsdp_options);
+      FullyShardedDataParallel fsdp(replicas[r], hybrid_2x2_groups(r, store), fsdp_options);
       sgd_steps(fsdp, fsdp.parameters(), data, r, world);
       states[r] = full_state_dict(fsdp, /*rank0_only=*/false);
     }));

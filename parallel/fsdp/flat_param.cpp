@@ -110,7 +110,7 @@ size_t FlatParameter::gathered_resident_bytes() const {
 }
 
 FlatParameter::FlatParameter(std::vector<Tensor> params, std::vector<std::string> names,
-                             std::shared_ptr<distributed::Communicator> shard_group)
+                             std::shared_ptr<distributed::Communicator> shard_group, bool per_parameter)
     : params_(std::move(params)), names_(std::move(names)), group_(std::move(shard_group)) {
   LOOM_CHECK(!params_.empty(), "FlatParameter: a unit needs at least one parameter");
   LOOM_CHECK(names_.size() == params_.size(), "FlatParameter: ", params_.size(), " parameters but ", names_.size(),
@@ -128,16 +128,24 @@ FlatParameter::FlatParameter(std::vector<Tensor> params, std::vector<std::string
   const int world = group_ ? group_->size() : 1;
   const int rank = group_ ? group_->rank() : 0;
   layout_ = flat_param_layout(numels, world);
+  if (per_parameter) {  // See Note [Per-parameter shards]
+    pieces_ = per_parameter_layout(shapes_, world);
+    layout_.shard_size = pieces_->shard_size;
+    layout_.padded = pieces_->shard_size * world;
+  }
   ready_.assign(params_.size(), 0);
 
   NoGradGuard no_grad;
   const TensorOptions options = TensorOptions(dtype).device(device);
-  Tensor flat = zeros({layout_.padded}, options);
+  Tensor flat = zeros({full_numel()}, options);
   for (size_t i = 0; i < params_.size(); ++i)
     flat.narrow(0, layout_.offsets[i], numels[i]).view(shapes_[i]).copy_(params_[i].contiguous());
   if (!sharded()) {
+    // (With one rank the per-parameter layout is the flat one: every piece is its whole
+    // parameter, at its offset in the flat buffer.)
     shard_ = nn::Parameter(flat);
     point_params_at(shard_.detach());  // NO_SHARD: the module's parameters are the flat buffer, for good
+    make_local_shards(0);
     gathered_ = true;
     return;
   }
@@ -148,18 +156,35 @@ FlatParameter::FlatParameter(std::vector<Tensor> params, std::vector<std::string
   // into a staging area first (Note [Symmetric all_gather], shm_collectives.cpp). Where
   // the backend has none (NCCL, TCP), this is an ordinary tensor.
   Tensor shard = group_->zeros_symmetric({layout_.shard_size}, options);
-  shard.copy_(flat.narrow(0, rank * layout_.shard_size, layout_.shard_size));
+  if (pieces_) pack_shard(*pieces_, flat, rank, shard);
+  else shard.copy_(flat.narrow(0, rank * layout_.shard_size, layout_.shard_size));
   shard_ = nn::Parameter(shard);
+  make_local_shards(rank);
   full_releasable_ = device.is_cpu();
   if (full_releasable_) {
-    full_ = map_releasable(layout_.padded, dtype, device);
-    full_chunks_ = full_.chunk(world);
+    full_ = map_releasable(full_numel(), dtype, device);
+    if (!pieces_) full_chunks_ = full_.chunk(world);
   }
   gathered_ = true;  // the parameters still hold their full values: release() empties them
   release();
 }
 
 FlatParameter::~FlatParameter() { drain(); }
+
+void FlatParameter::make_local_shards(int rank) {
+  if (!pieces_) return;
+  const Tensor shard = shard_.detach();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Shape local = pieces_->local_shape(i, shapes_[i], rank);
+    locals_.push_back(nn::Parameter(shard.narrow(0, pieces_->pieces[i].offset, numel(local)).view(local)));
+  }
+}
+
+const PerParameterLayout& FlatParameter::pieces() const {
+  LOOM_CHECK(pieces_.has_value(), "FlatParameter::pieces: this unit has the flat layout; only a per-parameter one "
+             "(FSDPOptions::per_parameter_sharding, fsdp::fully_shard) has pieces");
+  return *pieces_;
+}
 
 void FlatParameter::drain() noexcept {
   for (auto* work : {&gather_work_, &reduce_work_}) {
@@ -180,8 +205,27 @@ void FlatParameter::point_params_at(const Tensor& flat) {
 
 void FlatParameter::ensure_full_buffer() {
   if (full_.defined()) return;
-  full_ = empty({layout_.padded}, TensorOptions(shard_.dtype()).device(shard_.device()));
-  full_chunks_ = full_.chunk(group_->size());
+  full_ = empty({full_numel()}, TensorOptions(shard_.dtype()).device(shard_.device()));
+  if (!pieces_) full_chunks_ = full_.chunk(group_->size());
+}
+
+// The flat layout gathers straight into full_. The per-parameter one gathers rank-major
+// (every rank's shard after the other) and copies each piece to its parameter's place in
+// full_ afterwards (Note [Per-parameter shards]); full_ stays what the parameters view and
+// what release() gives back (Note [Releasing a gathered unit]). The staging buffer lives
+// from the gather's issue to its end only.
+std::vector<Tensor>& FlatParameter::gather_outputs() {
+  if (!pieces_) return full_chunks_;
+  staging_ = empty({layout_.padded}, TensorOptions(shard_.dtype()).device(shard_.device()));
+  staging_chunks_ = staging_.chunk(group_->size());
+  return staging_chunks_;
+}
+
+void FlatParameter::finish_gather() {
+  if (!pieces_) return;
+  unpack_shards(*pieces_, staging_, full_);
+  staging_ = Tensor();
+  staging_chunks_.clear();
 }
 
 // On the CPU the gathered buffer is mapped memory whose pages come and go with each gather
@@ -201,7 +245,7 @@ void FlatParameter::gather_async() {
   charge_gathered();
   gather_issued_us_ = trace::now_us();
   ++gathers_;
-  gather_work_ = group_->all_gather(full_chunks_, shard_.detach());
+  gather_work_ = group_->all_gather(gather_outputs(), shard_.detach());
 }
 
 void FlatParameter::use_one_sided_gathers(bool on) {
@@ -217,7 +261,8 @@ int64_t FlatParameter::wait_gathered() {
     charge_gathered();
     gather_issued_us_ = trace::now_us();
     ++gathers_;
-    group_->all_gather_one_sided(full_chunks_, shard_.detach());
+    group_->all_gather_one_sided(gather_outputs(), shard_.detach());
+    finish_gather();
     point_params_at(full_);
     gathered_ = true;
     return trace::now_us();
@@ -226,6 +271,7 @@ int64_t FlatParameter::wait_gathered() {
   auto work = std::move(gather_work_);
   gather_work_ = nullptr;
   work->wait();
+  finish_gather();
   point_params_at(full_);
   gathered_ = true;
   return ddp::completion_us(*work);
@@ -255,7 +301,10 @@ Tensor FlatParameter::gather_full(const Tensor& shard_like) const {
   Tensor out = empty({layout_.padded}, TensorOptions(shard_like.dtype()).device(shard_like.device()));
   std::vector<Tensor> chunks = out.chunk(group_->size());
   group_->all_gather(chunks, shard_like.contiguous())->wait();
-  return out.narrow(0, 0, layout_.total);
+  if (!pieces_) return out.narrow(0, 0, layout_.total);
+  Tensor full = empty({layout_.total}, TensorOptions(shard_like.dtype()).device(shard_like.device()));
+  unpack_shards(*pieces_, out, full);
+  return full;
 }
 
 Tensor FlatParameter::shard_of(const Tensor& full) const {
@@ -263,10 +312,49 @@ Tensor FlatParameter::shard_of(const Tensor& full) const {
              "FlatParameter: expected a flat tensor of ", layout_.total, " (or padded ", layout_.padded,
              ") values, got ", full.str());
   NoGradGuard no_grad;
+  const int rank = group_ ? group_->rank() : 0;
+  if (pieces_) {
+    Tensor shard = empty({layout_.shard_size}, TensorOptions(full.dtype()).device(full.device()));
+    pack_shard(*pieces_, full, rank, shard);
+    return shard;
+  }
   Tensor padded = zeros({layout_.padded}, TensorOptions(full.dtype()).device(full.device()));
   padded.narrow(0, 0, layout_.total).copy_(full.narrow(0, 0, layout_.total));
-  const int rank = group_ ? group_->rank() : 0;
   return padded.narrow(0, rank * layout_.shard_size, layout_.shard_size).clone();
+}
+
+Tensor FlatParameter::gather_full_param(size_t i, const Tensor& local_like) const {
+  const ParameterPiece& piece = pieces().pieces.at(i);
+  const Tensor& local = locals_[i];
+  LOOM_CHECK(local_like.shape() == local.shape(), "FlatParameter::gather_full_param: expected a tensor shaped like "
+             "the local shard of \"", names_[i], "\", ", local.shape(), ", got ", local_like.str());
+  const Shape full_shape = shapes_[i].empty() ? Shape{1} : shapes_[i];
+  if (!sharded()) return local_like.clone().view(full_shape);
+  // Every rank's piece travels padded to chunk_rows rows, as the unit's shards do.
+  NoGradGuard no_grad;
+  const TensorOptions options = TensorOptions(local_like.dtype()).device(local_like.device());
+  Tensor padded = zeros({piece.numel()}, options);
+  if (local.numel() > 0) padded.narrow(0, 0, local.numel()).copy_(local_like.reshape({-1}));
+  std::vector<Tensor> gathered;
+  group_->all_gather(gathered, padded)->wait();
+  Tensor full = empty({numel(full_shape)}, options);
+  for (int r = 0; r < group_->size(); ++r) {
+    const distributed::ShardRange rows = pieces_->rows_of(i, r);
+    const int64_t values = rows.length * piece.row_numel;
+    if (values > 0) full.narrow(0, rows.offset * piece.row_numel, values).copy_(gathered[r].narrow(0, 0, values));
+  }
+  return full.view(full_shape);
+}
+
+Tensor FlatParameter::local_of(size_t i, const Tensor& full_param) const {
+  const int64_t row_numel = pieces().pieces.at(i).row_numel;
+  const Tensor& local = locals_[i];
+  LOOM_CHECK(full_param.numel() == numel(shapes_[i]) && (full_param.shape() == shapes_[i] || full_param.dim() == 1),
+             "FlatParameter::local_of: expected the full value of \"", names_[i], "\", ", shapes_[i], ", got ",
+             full_param.str());
+  const int rank = group_ ? group_->rank() : 0;
+  const distributed::ShardRange rows = pieces_->rows_of(i, rank);
+  return full_param.reshape({-1}).narrow(0, rows.offset * row_numel, rows.length * row_numel).clone().view(local.shape());
 }
 
 void FlatParameter::load_full_values(const Tensor& full) {
@@ -303,14 +391,18 @@ std::shared_ptr<distributed::Work> FlatParameter::reduce_async(int world) {
   // padding and for a parameter without a gradient. (Zero-filling the whole buffer first
   // was one more pass over the unit's memory per backward.)
   Tensor flat = empty({layout_.padded}, TensorOptions(shard_.dtype()).device(shard_.device()));
-  flat.narrow(0, layout_.total, layout_.padded - layout_.total).zero_();
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const Tensor grad = params_[i].grad();
-    Tensor slot = flat.narrow(0, layout_.offsets[i], numel(shapes_[i]));
-    if (grad.defined()) ddp::copy_divided(slot.view(shapes_[i]), grad, world);
-    else slot.zero_();
-    params_[i].set_grad(Tensor());  // the full-size gradient is not kept: only the shard's
+  if (pieces_) {
+    fill_rank_major_grads(flat, world);
+  } else {
+    flat.narrow(0, layout_.total, layout_.padded - layout_.total).zero_();
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const Tensor grad = params_[i].grad();
+      Tensor slot = flat.narrow(0, layout_.offsets[i], numel(shapes_[i]));
+      if (grad.defined()) ddp::copy_divided(slot.view(shapes_[i]), grad, world);
+      else slot.zero_();
+    }
   }
+  for (const Tensor& p : params_) p.set_grad(Tensor());  // the full-size gradient is not kept: only the shard's
   if (!sharded()) {
     reduced_grad_ = flat;
     reduce_work_ = nullptr;
@@ -320,6 +412,40 @@ std::shared_ptr<distributed::Work> FlatParameter::reduce_async(int world) {
   ++reduce_scatters_;
   reduce_work_ = group_->reduce_scatter(reduced_grad_, flat.chunk(group_->size()), ReduceOp::Sum);
   return reduce_work_;
+}
+
+// The per-parameter layout's reduce: every rank's piece of every gradient, divided by the
+// world on the way in as the flat layout's (so both agree bitwise with DDP), at its slot of
+// the rank-major buffer that reduce_scatter cuts into shards; the padding zero.
+void FlatParameter::fill_rank_major_grads(const Tensor& flat, int world) const {
+  const PerParameterLayout& layout = *pieces_;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const ParameterPiece& piece = layout.pieces[i];
+    const Tensor grad = params_[i].grad();
+    // [rows, row_numel]: a view of a contiguous gradient (a 0-d one as [1, 1]).
+    const Tensor rows_of_grad = grad.defined() ? grad.reshape({piece.rows, piece.row_numel}) : Tensor();
+    for (int r = 0; r < layout.group_size; ++r) {
+      Tensor slot = flat.narrow(0, layout.slot(i, r), piece.numel());
+      const distributed::ShardRange rows = layout.rows_of(i, r);
+      const int64_t values = grad.defined() ? rows.length * piece.row_numel : 0;
+      if (values > 0)
+        ddp::copy_divided(slot.narrow(0, 0, values).view({rows.length, piece.row_numel}),
+                          rows_of_grad.narrow(0, rows.offset, rows.length), world);
+      if (values < piece.numel()) slot.narrow(0, values, piece.numel() - values).zero_();
+    }
+  }
+}
+
+void FlatParameter::accumulate_reduced_grad() const {
+  NoGradGuard no_grad;
+  auto accumulate = [](const Tensor& param, const Tensor& reduced) {
+    Tensor grad = param.grad();
+    if (grad.defined()) grad.add_(reduced);
+    else param.set_grad(reduced);
+  };
+  if (!pieces_) return accumulate(shard_, reduced_grad_);
+  for (size_t i = 0; i < locals_.size(); ++i)  // each local shard's grad: a view of its piece
+    accumulate(locals_[i], reduced_grad_.narrow(0, pieces_->pieces[i].offset, locals_[i].numel()).view(locals_[i].shape()));
 }
 
 }  // namespace loom::fsdp

@@ -157,7 +157,9 @@ void FullyShardedDataParallel::build(FSDPOptions options) {
         names.push_back(it->second);
       }
     }
-    if (!params.empty()) unit.flat = std::make_unique<FlatParameter>(std::move(params), std::move(names), shard_group_);
+    if (!params.empty())
+      unit.flat = std::make_unique<FlatParameter>(std::move(params), std::move(names), shard_group_,
+                                                  options_.per_parameter_sharding);
     units.push_back(std::move(unit));
   }
   for (const auto& [impl, name] : name_of) {
@@ -173,8 +175,55 @@ void FullyShardedDataParallel::build(FSDPOptions options) {
   const std::vector<Tensor> shards = runtime_->shards();
   LOOM_CHECK(!shards.empty(), "FullyShardedDataParallel: the module (", module_->type_name(), ") has no parameter "
              "that requires grad; there is nothing to shard");
-  for (size_t k = 0; k < shards.size(); ++k) register_parameter("flat_param_" + std::to_string(k), shards[k]);
+  if (options_.per_parameter_sharding) register_local_shards();
+  else
+    for (size_t k = 0; k < shards.size(); ++k) register_parameter("flat_param_" + std::to_string(k), shards[k]);
   training_ = module_->is_training();
+}
+
+namespace {
+// Holds local shards at one place of the wrapped module's tree, under that module's type
+// name; it computes nothing (FSDP runs the wrapped module).
+class LocalShards : public nn::Module {
+ public:
+  explicit LocalShards(std::string type_name) : Module(std::move(type_name)) {}
+};
+}  // namespace
+
+// Note [Local shards keep the single-process names]
+// A module's parameter names are the paths of its registries ("layer1.0.conv1.weight" is
+// parameter "weight" of child "conv1" of ...), and a name cannot contain '.'. So the FSDP
+// module mirrors the wrapped module's tree with LocalShards nodes and registers each local
+// shard where its parameter sits, walking the wrapped module's named_parameters() in its
+// order: named_parameters() then yields the same names in the same order (frozen
+// parameters, which stay replicated in the wrapped module, are left out), and anything
+// that picks parameters by name (optim::param_groups_weight_decay, a user's weight-decay
+// exemptions) works on the FSDP module as on the single-process model.
+void FullyShardedDataParallel::register_local_shards() {
+  std::map<const TensorImpl*, Tensor> local_of;
+  for (const Unit& unit : units())
+    if (unit.flat)
+      for (size_t i = 0; i < unit.flat->params().size(); ++i)
+        local_of.emplace(unit.flat->params()[i].unsafe_impl(), unit.flat->local_shards()[i]);
+  OrderedDict<std::shared_ptr<nn::Module>> originals = module_->named_modules();
+  for (const auto& [name, p] : module_->named_parameters()) {
+    const auto local = local_of.find(p.unsafe_impl());
+    if (local == local_of.end()) continue;  // frozen: not sharded
+    nn::Module* holder = this;
+    size_t begin = 0;
+    for (size_t dot = name.find('.'); dot != std::string::npos; begin = dot + 1, dot = name.find('.', begin)) {
+      const std::string part = name.substr(begin, dot - begin);
+      auto children = holder->named_children();
+      if (const auto* child = children.find(part)) {
+        holder = child->get();
+        continue;
+      }
+      const auto* original = originals.find(name.substr(0, dot));
+      holder = holder->register_module(part, std::make_shared<LocalShards>(original ? (*original)->type_name()
+                                                                                    : std::string("Module"))).get();
+    }
+    holder->register_parameter(name.substr(begin), local->second);
+  }
 }
 
 void FullyShardedDataParallel::train(bool on) {

@@ -32,6 +32,8 @@
 // The FSDP module's parameters() are the shards (one per unit, "flat_param_<k>"), so
 // the optimizer is built over them; the wrapped module's parameters are empty between
 // uses and get no gradients (Note [Did the optimizer step the shards?], runtime.cpp).
+// With per_parameter_sharding (FSDP2, fully_shard.h) they are each parameter's local
+// shard instead, under the wrapped module's own names ("layer1.0.conv1.weight").
 // Buffers (BatchNorm's running statistics) stay replicated and are broadcast from rank
 // 0 before training forwards, as DDP does.
 #pragma once
@@ -68,6 +70,11 @@ struct FSDPOptions {
   // all the micro-batches of a step (Note [FSDP under a pipeline], runtime.cpp).
   // SHARD_GRAD_OP and NO_SHARD never free after forward: true is an error for them.
   std::optional<bool> reshard_after_forward = std::nullopt;
+  // FSDP2's layout (fsdp::fully_shard sets it): every parameter cut on dim 0 rather than
+  // each unit's flat buffer cut in N (Note [Per-parameter shards], per_parameter_layout.h),
+  // and parameters() / named_parameters() are the local shards under the wrapped module's
+  // names. The gathers and reduce-scatters stay one per unit.
+  bool per_parameter_sharding = false;
 };
 
 class FullyShardedDataParallel : public nn::Module {
@@ -94,6 +101,7 @@ class FullyShardedDataParallel : public nn::Module {
 
   const std::shared_ptr<nn::Module>& module() const { return module_; }
   ShardingStrategy sharding_strategy() const { return options_.sharding_strategy; }
+  bool per_parameter_sharding() const { return options_.per_parameter_sharding; }
   const std::vector<Unit>& units() const { return runtime_->units(); }
   Runtime& runtime() const { return *runtime_; }
   // The group each unit is sharded over (null for NO_SHARD) and the one its gradients are
@@ -129,6 +137,8 @@ class FullyShardedDataParallel : public nn::Module {
 
  private:
   void build(FSDPOptions options);
+  // Per-parameter layout: the local shards registered under the wrapped module's names.
+  void register_local_shards();
   // Every rank's shapes checked, then rank 0's values broadcast, over each group in turn.
   void broadcast_from_rank0(const std::vector<Tensor>& tensors, const std::vector<std::string>& names,
                             const char* what, bool check_shapes);

@@ -149,6 +149,14 @@ std::vector<Tensor> Runtime::shards() const {
   return out;
 }
 
+std::vector<Tensor> Runtime::sharded_params() const {
+  std::vector<Tensor> out;
+  for (const Unit& unit : units_)
+    if (unit.flat)
+      for (const Tensor& p : unit.flat->sharded_params()) out.push_back(p);
+  return out;
+}
+
 // Note [Which units stay gathered]
 // FULL_SHARD frees each unit after its forward so that only the units in flight hold
 // their full parameters; the backward gathers them again. For the last units that buys
@@ -225,10 +233,12 @@ void Runtime::gather(size_t unit, int direction) {
 // step followed are an error. Not one: a GradScaler may skip a first step whose
 // gradients overflowed. Not after a step was seen: that optimizer is the right one, and
 // later skips are its business. Accumulating gradients over several backwards before
-// the first step belongs under no_sync().
+// the first step belongs under no_sync(). Under the per-parameter layout the optimizer
+// steps the local shards, views of the shard: they share its version counter, so a step
+// of any of them is seen, and their gradients are what zero_grad drops.
 void Runtime::check_optimizer_stepped() {
   if (versions_after_backward_.empty() || ever_stepped_) return;
-  const std::vector<Tensor> shards = this->shards();
+  const std::vector<Tensor> shards = sharded_params();
   bool has_grad = false;
   for (size_t k = 0; k < shards.size(); ++k) {
     ever_stepped_ = ever_stepped_ || shards[k].version() != versions_after_backward_[k];
@@ -369,14 +379,8 @@ void Runtime::finalize() {
         trace::Span span("all_reduce across replicas", "fsdp");
         for (const auto& work : replicated) work->wait();
       }
-      NoGradGuard no_grad;
-      for (size_t unit : launched_) {
-        const FlatParameter& flat = *units_[unit].flat;
-        Tensor grad = flat.shard().grad();
-        if (grad.defined()) grad.add_(flat.reduced_grad());
-        else flat.shard().set_grad(flat.reduced_grad());
-      }
-      for (const Tensor& shard : shards()) versions_after_backward_.push_back(shard.version());
+      for (size_t unit : launched_) units_[unit].flat->accumulate_reduced_grad();
+      for (const Tensor& shard : sharded_params()) versions_after_backward_.push_back(shard.version());
     }
   } catch (...) {
     drain();

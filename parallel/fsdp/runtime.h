@@ -70,8 +70,11 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
 
   Tensor forward(const Tensor& input);
   const std::vector<Unit>& units() const { return units_; }
-  // The shards, in unit order: the FSDP module's parameters.
+  // The flat shards, in unit order.
   std::vector<Tensor> shards() const;
+  // What the optimizer steps, in unit order: the FSDP module's parameters. The flat
+  // shards, or under the per-parameter layout each unit's local shards.
+  std::vector<Tensor> sharded_params() const;
   // false: the backwards from now on accumulate full gradients on the module's
   // parameters, without communication (no_sync(), FSDP2's set_requires_gradient_sync);
   // the next synchronised one reduces them. Read when a backward starts. A promise, too:
@@ -144,7 +147,7 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   std::vector<size_t> launched_;  // units whose reduce-scatter was launched, in order
   std::vector<std::shared_ptr<distributed::Work>> reduce_works_;
   std::vector<int64_t> reduce_launch_us_;
-  // Note [Did the optimizer step the shards?]: the shards' versions after the last
+  // Note [Did the optimizer step the shards?]: sharded_params()' versions after the last
   // synchronised backward (empty when there was none since the last check).
   std::vector<uint32_t> versions_after_backward_;
   bool ever_stepped_ = false;     // some shard changed after a synchronised backward

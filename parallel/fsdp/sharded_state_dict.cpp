@@ -76,6 +76,9 @@ safetensors::Metadata sharding_metadata(const FullyShardedDataParallel& fsdp) {
                                                                                             : std::max(shard, replicas)));
   out.insert("fsdp.sharding_strategy", strategy_name(fsdp.sharding_strategy()));
   out.insert("fsdp.shard_group_size", std::to_string(shard));
+  // Only the per-parameter layout says so: the flat layout's checkpoints, written before
+  // there was another, have no such key.
+  if (fsdp.per_parameter_sharding()) out.insert("fsdp.layout", "per_parameter");
   size_t k = 0;
   for (const Unit& unit : fsdp.units()) {
     if (!unit.flat) continue;

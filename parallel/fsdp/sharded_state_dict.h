@@ -17,7 +17,9 @@
 // Note [What a shard must agree on]
 // A shard is only meaningful in the cut that produced it (Note [Same world, same layout]
 // in parallel/distributed_checkpoint.h). sharding_metadata records that cut: the world
-// size, the strategy, the shard group's size (HYBRID_SHARD cuts within it), and per
+// size, the strategy, the shard group's size (HYBRID_SHARD cuts within it), the layout
+// when it is per-parameter (Note [Per-parameter shards]: a shard of it holds each
+// parameter's rows, padded per parameter, not a slice of the flat buffer), and per
 // unit its parameters' names, the flat parameter's total and padded numel, the shard size
 // and the dtype. check_sharded_compatible compares every field and names each that
 // differs, expected against found, so a resume with the wrong --nproc_per_node or

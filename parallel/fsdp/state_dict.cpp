@@ -17,17 +17,34 @@ bool is_rank0(const FullyShardedDataParallel& fsdp) {
 }
 
 
+// What one of the optimizer's parameters is: a unit's flat shard (local = -1), or the
+// local shard of the unit's parameter `local` (the per-parameter layout).
+struct Stepped {
+  const FlatParameter* flat = nullptr;
+  int64_t local = -1;
+  // Whether `value` (a state tensor of the parameter) is laid out like the parameter.
+  bool shaped_like(const Tensor& value) const {
+    return value.shape() == (local < 0 ? flat->shard() : flat->local_shards()[static_cast<size_t>(local)]).shape();
+  }
+};
+
 // The flat parameter behind each of the optimizer's parameters, in its numbering
-// (across groups, in order): they must all be this FSDP's shards.
-std::vector<const FlatParameter*> flats_of(const FullyShardedDataParallel& fsdp, const optim::Optimizer& optimizer) {
-  std::vector<const FlatParameter*> out;
+// (across groups, in order): they must all be this FSDP's sharded parameters.
+std::vector<Stepped> flats_of(const FullyShardedDataParallel& fsdp, const optim::Optimizer& optimizer) {
+  std::vector<Stepped> out;
   for (const optim::ParamGroup& group : optimizer.param_groups()) {
     for (const Tensor& p : group.params) {
-      const FlatParameter* found = nullptr;
-      for (const Unit& unit : fsdp.units())
-        if (unit.flat && unit.flat->shard().is_same(p)) found = unit.flat.get();
-      LOOM_CHECK(found, "FSDP optimizer state: parameter ", out.size(), " of the ", optimizer.name(), " optimizer (",
-                 p.str(), ") is not one of this FSDP's shards; build the optimizer over fsdp.parameters()");
+      Stepped found;
+      for (const Unit& unit : fsdp.units()) {
+        if (!unit.flat) continue;
+        if (unit.flat->shard().is_same(p)) found = {unit.flat.get(), -1};
+        const std::vector<Tensor>& locals = unit.flat->local_shards();
+        for (size_t i = 0; i < locals.size(); ++i)
+          if (locals[i].is_same(p)) found = {unit.flat.get(), static_cast<int64_t>(i)};
+      }
+      LOOM_CHECK(found.flat, "FSDP optimizer state: parameter ", out.size(), " of the ", optimizer.name(),
+                 " optimizer (", p.str(), ") is not one of this FSDP's sharded parameters; build the optimizer over "
+                 "fsdp.parameters()");
       out.push_back(found);
     }
   }
@@ -45,15 +62,17 @@ int64_t state_index(const std::string& key) {
 
 OrderedDict<Tensor> full_optim_state_dict(FullyShardedDataParallel& fsdp, const optim::Optimizer& optimizer,
                                           bool rank0_only) {
-  const std::vector<const FlatParameter*> flats = flats_of(fsdp, optimizer);
+  const std::vector<Stepped> flats = flats_of(fsdp, optimizer);
   const bool keep = !rank0_only || is_rank0(fsdp);
   OrderedDict<Tensor> out;
   // Every rank walks the same keys in the same order, so the all-gathers pair up.
   for (const auto& [key, value] : optimizer.state_dict()) {
     const int64_t i = state_index(key);
-    const bool sharded = i >= 0 && static_cast<size_t>(i) < flats.size() &&
-                         value.shape() == flats[static_cast<size_t>(i)]->shard().shape();
-    Tensor full = sharded ? flats[static_cast<size_t>(i)]->gather_full(value) : value;
+    const Stepped* of = i >= 0 && static_cast<size_t>(i) < flats.size() ? &flats[static_cast<size_t>(i)] : nullptr;
+    const bool sharded = of && of->shaped_like(value);
+    Tensor full = !sharded     ? value
+                  : of->local < 0 ? of->flat->gather_full(value)
+                                  : of->flat->gather_full_param(static_cast<size_t>(of->local), value);
     if (keep) out.insert(key, sharded ? full : value.clone());
   }
   return out;
@@ -61,13 +80,22 @@ OrderedDict<Tensor> full_optim_state_dict(FullyShardedDataParallel& fsdp, const 
 
 void load_full_optim_state_dict(FullyShardedDataParallel& fsdp, optim::Optimizer& optimizer,
                                 const OrderedDict<Tensor>& state) {
-  const std::vector<const FlatParameter*> flats = flats_of(fsdp, optimizer);
+  const std::vector<Stepped> flats = flats_of(fsdp, optimizer);
   OrderedDict<Tensor> mine;
   for (const auto& [key, value] : state) {
     const int64_t i = state_index(key);
-    const bool full = i >= 0 && static_cast<size_t>(i) < flats.size() && value.dim() == 1 &&
-                      value.numel() == flats[static_cast<size_t>(i)]->layout().total;
-    mine.insert(key, full ? flats[static_cast<size_t>(i)]->shard_of(value) : value);
+    const Stepped* of = i >= 0 && static_cast<size_t>(i) < flats.size() ? &flats[static_cast<size_t>(i)] : nullptr;
+    if (of && of->local < 0 && value.dim() == 1 && value.numel() == of->flat->layout().total) {
+      mine.insert(key, of->flat->shard_of(value));
+      continue;
+    }
+    // A per-parameter state tensor consolidates to its parameter's full shape ([1] for a
+    // 0-d parameter, never a 0-d "step").
+    const size_t local = of ? static_cast<size_t>(of->local) : 0;
+    const bool full_param = of && of->local >= 0 && value.dim() > 0 &&
+                            value.numel() == numel(of->flat->shapes()[local]) &&
+                            (value.shape() == of->flat->shapes()[local] || value.dim() == 1);
+    mine.insert(key, full_param ? of->flat->local_of(local, value) : value);
   }
   optimizer.load_state_dict(mine);
 }

@@ -36,7 +36,9 @@ void load_full_state_dict(FullyShardedDataParallel& fsdp, const OrderedDict<Tens
 // tensor shaped like a shard (SGD's momentum_buffer) is replaced by the whole unit's
 // [total] values, gathered from every rank without the padding (as PyTorch's
 // FSDP.optim_state_dict consolidates, but keyed by unit rather than by original
-// parameter). Collective; rank0_only as full_state_dict. For exact resumption.
+// parameter). Under the per-parameter layout (fully_shard.h) the optimizer holds each
+// parameter's local shard, and each state tensor shaped like one is gathered to the
+// parameter's full shape. Collective; rank0_only as full_state_dict. For exact resumption.
 OrderedDict<Tensor> full_optim_state_dict(FullyShardedDataParallel& fsdp, const optim::Optimizer& optimizer,
                                           bool rank0_only = true);
 // Every rank: each rank keeps its shard of every consolidated tensor, then
