@@ -210,10 +210,11 @@ TEST_CASE("headline: AdamW with weight-decay exemptions by name under fully_shar
         // The library's timm-style groups agree with the user's on the FSDP2 module.
         const auto groups = optim::param_groups_weight_decay(*fsdp, 0.05);
         CHECK(groups.size() == 2);
-        for (const auto& [name, p] : fsdp->named_parameters()) {
+        for (const auto& entry : fsdp->named_parameters()) {  // Note [doctest messages name no structured binding]
+          const Tensor& p = entry.second;
           const bool in_no_decay = std::any_of(groups[0].params.begin(), groups[0].params.end(),
                                                [&](const Tensor& q) { return q.is_same(p); });
-          if (in_no_decay) exempt[r].insert(name);
+          if (in_no_decay) exempt[r].insert(entry.first);
         }
         train_steps(*fsdp, *opt, data, r, world);
         states[r] = full_state_dict(*fsdp, /*rank0_only=*/false);
@@ -411,7 +412,9 @@ TEST_CASE("named_dtensors: each local shard is a DTensor Shard(0) of its paramet
     auto fsdp = fully_shard(replicas[r], comm, {.auto_wrap_policy = kSmallNetPolicy});
     const OrderedDict<Tensor> whole = start->named_parameters();
     double diff = 0;
-    for (const auto& [name, dtensor] : named_dtensors(*fsdp)) {
+    for (const auto& entry : named_dtensors(*fsdp)) {  // Note [doctest messages name no structured binding]
+      const std::string& name = entry.first;
+      const distributed::DTensor& dtensor = entry.second;
       const Tensor* original = whole.find(name);
       CHECK_MESSAGE(original, name);
       CHECK(dtensor.placement() == distributed::Shard(0));
