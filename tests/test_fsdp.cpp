@@ -369,29 +369,35 @@ TEST_CASE("trace: each unit's all-gather is issued while the unit before it comp
 
 TEST_CASE("FULL_SHARD really frees: a unit's gathered pages go back after its forward and come back for its backward") {
   // Two 1024 x 1024 float64 units (8 MiB gathered each); the last is kept for backward.
-  auto net = std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
-      std::make_shared<nn::Linear>(1024, 1024), std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(1024, 10)});
-  net->to(kFloat64);
-  std::vector<std::shared_ptr<nn::Module>> models = {net, net->clone()};
-  Tensor x = randn({4, 1024}, kFloat64);
-  Tensor y = randint(0, 10, {4});
-  std::vector<std::vector<size_t>> after_forward(2), after_backward(2);
-  require_no_errors(run_ranks(2, [&](std::shared_ptr<Communicator> comm) {
-    const int r = comm->rank();
-    FullyShardedDataParallel fsdp(models[r], comm, {.auto_wrap_policy = {{"Linear"}}});
-    Tensor loss = cross_entropy(fsdp(shard(x, r, 2)), shard(y, r, 2));
-    for (const Unit& unit : fsdp.units())
-      if (unit.flat) after_forward[r].push_back(unit.flat->gathered_resident_bytes());
-    loss.backward();  // would read zeros from the freed unit without its re-gather
-    for (const Unit& unit : fsdp.units())
-      if (unit.flat) after_backward[r].push_back(unit.flat->gathered_resident_bytes());
-  }));
-  for (int r = 0; r < 2; ++r) {
-    CAPTURE(r);
-    REQUIRE(after_forward[r].size() == 2);
-    CHECK(after_forward[r][0] == 0);                   // freed after its forward
-    CHECK(after_forward[r][1] >= 10 * 1025 * 8 - 8);   // the last unit: kept for its backward
-    CHECK(after_backward[r] == std::vector<size_t>{0, 0});
+  // Both layouts: the per-parameter one copies its pieces out into the same releasable
+  // buffer (Note [Per-parameter shards]).
+  for (const bool per_parameter : {false, true}) {
+    CAPTURE(per_parameter);
+    auto net = std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+        std::make_shared<nn::Linear>(1024, 1024), std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(1024, 10)});
+    net->to(kFloat64);
+    std::vector<std::shared_ptr<nn::Module>> models = {net, net->clone()};
+    Tensor x = randn({4, 1024}, kFloat64);
+    Tensor y = randint(0, 10, {4});
+    std::vector<std::vector<size_t>> after_forward(2), after_backward(2);
+    require_no_errors(run_ranks(2, [&](std::shared_ptr<Communicator> comm) {
+      const int r = comm->rank();
+      FullyShardedDataParallel fsdp(models[r], comm,
+                                    {.auto_wrap_policy = {{"Linear"}}, .per_parameter_sharding = per_parameter});
+      Tensor loss = cross_entropy(fsdp(shard(x, r, 2)), shard(y, r, 2));
+      for (const Unit& unit : fsdp.units())
+        if (unit.flat) after_forward[r].push_back(unit.flat->gathered_resident_bytes());
+      loss.backward();  // would read zeros from the freed unit without its re-gather
+      for (const Unit& unit : fsdp.units())
+        if (unit.flat) after_backward[r].push_back(unit.flat->gathered_resident_bytes());
+    }));
+    for (int r = 0; r < 2; ++r) {
+      CAPTURE(r);
+      REQUIRE(after_forward[r].size() == 2);
+      CHECK(after_forward[r][0] == 0);                   // freed after its forward
+      CHECK(after_forward[r][1] >= 10 * 1025 * 8 - 8);   // the last unit: kept for its backward
+      CHECK(after_backward[r] == std::vector<size_t>{0, 0});
+    }
   }
 }
 
