@@ -141,6 +141,10 @@ int main(int argc, char** argv) {
         "reshard-after-forward", c.reshard_after_forward,
         "--dp-shard: default | always | never: free each unit's parameters after its forward (default: always, "
         "never under --pp, where a stage's units stay gathered through the step's micro-batches)");
+    auto& fsdp_layout = flags.add<std::string>(
+        "fsdp-layout", c.fsdp_layout,
+        "--dp-shard: flat | per_parameter (FSDP2's fully_shard: each parameter cut on dim 0, so --optimizer adamw "
+        "keeps its weight-decay groups)");
     auto& shard_group_size = flags.add<int64_t>("shard-group-size", c.shard_group_size,
                                                 "fsdp hybrid_shard: ranks per shard group (divides the world)");
     const ConvBenchmarkFlags conv_benchmark = add_conv_benchmark_flags(flags);
@@ -205,6 +209,7 @@ int main(int argc, char** argv) {
     c.zero_redundancy_optimizer = zero;
     c.sharding_strategy = sharding_strategy;
     c.reshard_after_forward = reshard_after_forward;
+    c.fsdp_layout = fsdp_layout;
     c.shard_group_size = shard_group_size;
     LOOM_CHECK(!c.eval_only || !c.init.empty() || c.resume, "--eval-only needs --init PATH (or --resume)");
     train_cifar10(c);

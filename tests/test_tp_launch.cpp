@@ -91,10 +91,14 @@ TEST_CASE("--model vit_tiny --tp 3 (attention by its 3 heads, the MLP by feature
   const std::string recipe = "--model vit_tiny --optimizer adamw --lr 1e-3 --weight-decay 0.05 "
                              "--schedule warmup_cosine --epochs 2 --warmup-epochs 1";
   check_trains_alike(dir, 1, "", 3, "--tp 3", recipe);
+  // FSDP2's per-parameter shards keep the groups (fully_shard): the same weights as one process.
+  check_trains_alike(dir, 1, "", 2, "--dp-shard 2 --fsdp-layout per_parameter", recipe);
   // FSDP's flat shards mix parameters with and without weight decay: refused, saying why.
   Result fsdp = Launch(run_on(2, recipe + " --dp-shard 2")).finish();
   CHECK(fsdp.code != 0);
-  CHECK_MESSAGE(contains(fsdp.output, "use --weight-decay 0 with --dp-shard, or DDP"), fsdp.output);
+  CHECK_MESSAGE(contains(fsdp.output, "use --fsdp-layout per_parameter (FSDP2: each parameter sharded on its own), "
+                                      "--weight-decay 0, or DDP"),
+                fsdp.output);
 }
 
 TEST_CASE("--tp 2 checkpoints each rank's shards with their placements and resumes exactly") {

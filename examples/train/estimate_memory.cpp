@@ -184,7 +184,7 @@ const std::set<std::string> kRunFlags = {"metrics-json", "save", "checkpoint-dir
                                          "eval-only", "eval-limit"};
 const std::set<std::string> kStrategyFlags = {
     "mode", "dp-shard", "dp-replicate", "pp", "tp", "zero-redundancy-optimizer", "sharding-strategy",
-    "shard-group-size", "reshard-after-forward", "mp-devices", "dp-devices", "microbatches", "chunks",
+    "shard-group-size", "reshard-after-forward", "fsdp-layout", "mp-devices", "dp-devices", "microbatches", "chunks",
     "pipeline-schedule", "virtual-stages", "balance", "pipeline-checkpoint", "sync-bn", "bucket-cap-mb", "backend"};
 // train_cifar10's switches: flags without a value.
 const std::set<std::string> kSwitches = {"nesterov", "no-augment", "no-shuffle", "resume", "eval-only", "synthetic",

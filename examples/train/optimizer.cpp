@@ -1,5 +1,6 @@
 #include "examples/train/optimizer.h"
 
+#include <map>
 #include <set>
 
 #include "core/error.h"                            // defines: LOOM_CHECK
@@ -13,27 +14,38 @@ namespace loom::examples {
 namespace {
 
 // --optimizer adamw: timm's two groups (no decay on biases, norms, embeddings and a ViT's
-// tokens) restricted to `params`, the tensors this rank steps. They must be the model's own
-// parameters: FSDP's flat shards mix decayed and undecayed ones in one buffer.
+// tokens), decided on the model's own parameters and restricted to `params`, the tensors
+// this rank steps. Those are the model's own parameters (one process, DDP, tp), or under
+// per-parameter FSDP (fully_shard) each parameter's local shard, which `wrapped` names as
+// the model names the parameter. FSDP's flat shards mix decayed and undecayed parameters
+// in one buffer: no group can hold them.
 std::vector<optim::ParamGroup> adamw_groups(const std::vector<Tensor>& params, const nn::Module& model,
-                                            double weight_decay) {
+                                            const nn::Module& wrapped, double weight_decay) {
   std::set<std::string> exempt;
   if (auto* vit = dynamic_cast<const nn::VisionTransformer*>(&model)) exempt = vit->no_weight_decay();
   std::vector<optim::ParamGroup> groups = optim::param_groups_weight_decay(model, weight_decay, exempt);
-  std::set<const TensorImpl*> stepped;
-  for (const Tensor& p : params) stepped.insert(p.unsafe_impl());
+  // The group of every tensor that may be stepped: the model's parameters themselves, and
+  // whatever the wrapper holds under a model parameter's name.
+  std::map<const TensorImpl*, size_t> group_of;
+  for (size_t g = 0; g < groups.size(); ++g)
+    for (const Tensor& p : groups[g].params) group_of[p.unsafe_impl()] = g;
+  std::map<std::string, size_t> group_by_name;
+  for (const auto& [name, p] : model.named_parameters())
+    if (auto it = group_of.find(p.unsafe_impl()); it != group_of.end()) group_by_name[name] = it->second;
+  for (const auto& [name, p] : wrapped.named_parameters())
+    if (auto it = group_by_name.find(name); it != group_by_name.end()) group_of.emplace(p.unsafe_impl(), it->second);
+  for (optim::ParamGroup& group : groups) group.params.clear();
   size_t found = 0;
-  for (optim::ParamGroup& group : groups) {
-    std::vector<Tensor> mine;
-    for (const Tensor& p : group.params)
-      if (stepped.count(p.unsafe_impl())) mine.push_back(p);
-    group.params = std::move(mine);
-    found += group.params.size();
+  for (const Tensor& p : params) {
+    auto it = group_of.find(p.unsafe_impl());
+    if (it == group_of.end()) continue;
+    groups[it->second].params.push_back(p);
+    ++found;
   }
   LOOM_CHECK(found == params.size() || weight_decay == 0.0, "--optimizer adamw exempts biases, norms and embeddings "
              "from weight decay parameter by parameter, and ", params.size() - found, " of the tensors this rank "
              "steps are not the model's own parameters (FSDP's flat shards, each mixing both kinds); use "
-             "--weight-decay 0 with --dp-shard, or DDP");
+             "--fsdp-layout per_parameter (FSDP2: each parameter sharded on its own), --weight-decay 0, or DDP");
   if (found != params.size()) return {optim::ParamGroup{params, {}}};  // no decay anywhere: one group
   std::erase_if(groups, [](const optim::ParamGroup& g) { return g.params.empty(); });
   return groups;
@@ -42,15 +54,15 @@ std::vector<optim::ParamGroup> adamw_groups(const std::vector<Tensor>& params, c
 }  // namespace
 
 std::unique_ptr<optim::Optimizer> build_optimizer(const std::vector<Tensor>& params, const nn::Module& model,
-                                                  const distributed::DeviceMesh* mesh, const TrainConfig& config,
-                                                  double lr) {
+                                                  const nn::Module& wrapped, const distributed::DeviceMesh* mesh,
+                                                  const TrainConfig& config, double lr) {
   LOOM_CHECK(config.optimizer == "sgd" || config.optimizer == "adamw", "--optimizer: expected sgd or adamw, got '",
              config.optimizer, "'");
   const optim::SGDOptions sgd{.lr = lr, .momentum = config.momentum, .weight_decay = config.weight_decay,
                               .nesterov = config.nesterov};
   const optim::AdamWOptions adamw{.lr = lr, .weight_decay = config.weight_decay};
   if (!config.zero_redundancy_optimizer) {
-    if (config.optimizer == "adamw") return std::make_unique<optim::AdamW>(adamw_groups(params, model, adamw.weight_decay), adamw);
+    if (config.optimizer == "adamw") return std::make_unique<optim::AdamW>(adamw_groups(params, model, wrapped, adamw.weight_decay), adamw);
     return std::make_unique<optim::SGD>(params, sgd);
   }
   LOOM_CHECK(mesh != nullptr && mesh->has("dp_replicate"), "--zero-redundancy-optimizer shards the optimizer state "

@@ -22,11 +22,13 @@ class ZeroRedundancyOptimizer;
 namespace loom::examples {
 
 // `params`: what this rank steps (the model's, a wrapper's, a stage's). `model`: the plain
-// model, whose parameter names say which get no weight decay under --optimizer adamw.
-// `mesh` is null in one process. `lr` is --lr after --lr-scaling.
+// model, whose parameters say which get no weight decay under --optimizer adamw; `wrapped`:
+// the module the loop runs, whose parameter names map the stepped tensors to the model's
+// (under per-parameter FSDP each parameter's local shard carries its name). `mesh` is null
+// in one process. `lr` is --lr after --lr-scaling.
 std::unique_ptr<optim::Optimizer> build_optimizer(const std::vector<Tensor>& params, const nn::Module& model,
-                                                  const distributed::DeviceMesh* mesh, const TrainConfig& config,
-                                                  double lr);
+                                                  const nn::Module& wrapped, const distributed::DeviceMesh* mesh,
+                                                  const TrainConfig& config, double lr);
 
 // Collective under --zero-redundancy-optimizer: gathers the whole optimizer state on rank
 // 0 of the data-parallel group, so that its state_dict() (save_checkpoint) is a plain

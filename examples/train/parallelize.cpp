@@ -160,7 +160,8 @@ std::shared_ptr<nn::Module> apply_ddp(std::shared_ptr<nn::Module> model,
 // the last block stays gathered from its forward to its backward, beside the head
 // (Note [Which units stay gathered], parallel/fsdp/runtime.cpp).
 static fsdp::FSDPOptions fsdp_options(fsdp::ShardingStrategy strategy, const TrainConfig& config) {
-  fsdp::FSDPOptions options{.sharding_strategy = strategy, .keep_last_gathered = 2};
+  fsdp::FSDPOptions options{.sharding_strategy = strategy, .keep_last_gathered = 2,
+                            .per_parameter_sharding = config.fsdp_layout == "per_parameter"};
   if (config.reshard_after_forward != "default") options.reshard_after_forward = config.reshard_after_forward == "always";
   return options;
 }

@@ -226,6 +226,11 @@ void check_flags(const TrainConfig& c) {
              "--pipeline-checkpoint: expected never, except_last or always, got '", c.pipeline_checkpoint, "'");
   LOOM_CHECK(!c.zero_redundancy_optimizer || c.mode == "ddp" || c.dp_replicate > 1, "--zero-redundancy-optimizer "
              "shards the optimizer state over DDP's ranks: it needs --mode ddp or --dp-replicate, got --mode ", c.mode);
+  LOOM_CHECK(c.fsdp_layout == "flat" || c.fsdp_layout == "per_parameter", "--fsdp-layout: expected flat or "
+             "per_parameter, got '", c.fsdp_layout, "'");
+  LOOM_CHECK(c.fsdp_layout == "flat" || (c.pp <= 1 && c.tp <= 1), "--fsdp-layout per_parameter shards the whole "
+             "model over --dp-shard (fully_shard); with --pp or --tp the stages and tp shards are sharded in the flat "
+             "layout: use --fsdp-layout flat there, got --pp ", c.pp, " --tp ", c.tp);
   LOOM_CHECK(c.reshard_after_forward == "default" || c.reshard_after_forward == "always" ||
                  c.reshard_after_forward == "never",
              "--reshard-after-forward: expected default, always or never, got '", c.reshard_after_forward, "'");
@@ -321,7 +326,8 @@ class Trainer {
         // pipeline stages do not.
         lr_(config.lr_scaling == "linear" ? config.lr * dist_.dims().batch_size() : config.lr),
         // SGD over this rank's parameters, or inside ZeroRedundancyOptimizer (ZeRO-1).
-        optimizer_(build_optimizer(parallel_.module->parameters(), *parallel_.model, dist_.mesh(), config, lr_)),
+        optimizer_(build_optimizer(parallel_.module->parameters(), *parallel_.model, *parallel_.module, dist_.mesh(),
+                                    config, lr_)),
         scheduler_(make_scheduler(config, lr_, *optimizer_, data_.steps_per_epoch)),
         amp_(config.amp, device_),
         checkpointer_(config, dist_, parallel_, *optimizer_, scheduler_.get(), &amp_.scaler()) {

@@ -95,6 +95,9 @@ struct TrainConfig {
   // unit's parameters after its forward. default: always, but never under --pp, where a
   // stage's units stay gathered through the step's micro-batches.
   std::string reshard_after_forward = "default";
+  // --dp-shard: flat (FSDP1: each unit's parameters in one buffer cut in N) | per_parameter
+  // (FSDP2's fully_shard: every parameter cut on dim 0, stepped under its own name).
+  std::string fsdp_layout = "flat";
 };
 
 struct TrainResult {
