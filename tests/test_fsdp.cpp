@@ -233,27 +233,32 @@ TEST_CASE("a parameter shared by two units is an error naming it and both units"
 }
 
 TEST_CASE("memory: after a FULL_SHARD step a rank holds 1/N of the parameters and gradients, nothing gathered") {
-  auto model = nn::resnet_tiny(10, 8);
-  int64_t full = 0;
-  for (const Tensor& p : model->parameters()) full += p.numel();
-  std::vector<std::shared_ptr<nn::Module>> models = {model, model->clone()};
-  const Batches data = make_batches(1, 4, kFloat32);
-  std::vector<int64_t> resident(2), gathered(2);
-  require_no_errors(run_ranks(2, [&](std::shared_ptr<Communicator> comm) {
-    const int r = comm->rank();
-    FullyShardedDataParallel fsdp(models[r], comm);
-    sgd_steps(fsdp, fsdp.parameters(), data, r, 2);
-    for (const Tensor& p : models[r]->parameters()) {
-      gathered[r] += p.numel();
-      CHECK_FALSE(p.grad().defined());  // full gradients are dropped after the reduce-scatter
+  // Both layouts: the per-parameter one's local shards are its rows only (no padding).
+  for (const bool per_parameter : {false, true}) {
+    CAPTURE(per_parameter);
+    auto model = nn::resnet_tiny(10, 8);
+    int64_t full = 0;
+    for (const Tensor& p : model->parameters()) full += p.numel();
+    std::vector<std::shared_ptr<nn::Module>> models = {model, model->clone()};
+    const Batches data = make_batches(1, 4, kFloat32);
+    std::vector<int64_t> resident(2), gathered(2);
+    require_no_errors(run_ranks(2, [&](std::shared_ptr<Communicator> comm) {
+      const int r = comm->rank();
+      FullyShardedDataParallel fsdp(models[r], comm, {.per_parameter_sharding = per_parameter});
+      sgd_steps(fsdp, fsdp.parameters(), data, r, 2);
+      for (const Tensor& p : models[r]->parameters()) {
+        gathered[r] += p.numel();
+        CHECK_FALSE(p.grad().defined());  // full gradients are dropped after the reduce-scatter
+      }
+      for (const Tensor& s : fsdp.parameters()) resident[r] += s.numel() + s.grad().numel();
+    }));
+    for (int r = 0; r < 2; ++r) {
+      CHECK(gathered[r] == 0);
+      const double ratio = static_cast<double>(resident[r]) / static_cast<double>(2 * full);
+      MESSAGE("rank ", r, ": resident parameters + gradients = ", resident[r], " of ", 2 * full, " (", ratio, ")");
+      CHECK(ratio == doctest::Approx(0.5).epsilon(0.01));  // padding: at most one element per unit
     }
-    for (const Tensor& s : fsdp.parameters()) resident[r] += s.numel() + s.grad().numel();
-  }));
-  for (int r = 0; r < 2; ++r) {
-    CHECK(gathered[r] == 0);
-    const double ratio = static_cast<double>(resident[r]) / static_cast<double>(2 * full);
-    MESSAGE("rank ", r, ": resident parameters + gradients = ", resident[r], " of ", 2 * full, " (", ratio, ")");
-    CHECK(ratio == doctest::Approx(0.5).epsilon(0.01));  // padding: at most one element per unit
+    if (per_parameter) CHECK(resident[0] + resident[1] == 2 * full);  // every row on exactly one rank
   }
 }
 
