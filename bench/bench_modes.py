@@ -127,7 +127,7 @@ COLUMNS = [{"key": "mode", "title": "configuration"}, {"key": "img_per_s", "titl
 # rows' medians, with the range of the per-repeat ratios (the machine's drift) beside it.
 PAIRS = [("loom mp", "loom single"), ("loom pipeline 1f1b", "loom pipeline gpipe"),
          ("loom ddp+zero1", "loom ddp"), ("loom fsdp full_shard", "loom ddp"), ("loom fsdp shard_grad_op", "loom ddp"),
-         ("loom pp processes gpipe", "loom pipeline gpipe"), ("loom pp processes 1f1b", "loom pipeline 1f1b"),
+         ("loom fsdp2 full_shard", "loom fsdp full_shard"), ("loom pp processes gpipe", "loom pipeline gpipe"), ("loom pp processes 1f1b", "loom pipeline 1f1b"),
          ("loom pp processes interleaved", "loom pipeline interleaved"),
          ("loom pp processes gpipe", "torch pipeline (Pipe, gpipe)")] + list(COUNTERPARTS.items())
 
@@ -291,6 +291,9 @@ def main():
                                                 processes=args.devices)),
         ("loom fsdp shard_grad_op", lambda t: loom(args, t, "fsdp", "--sharding-strategy", "shard_grad_op",
                                                    processes=args.devices)),
+        # FSDP2's layout (fully_shard): the same units and collectives, each parameter cut on dim 0.
+        ("loom fsdp2 full_shard", lambda t: loom(args, t, "fsdp", "--sharding-strategy", "full_shard",
+                                                 "--fsdp-layout", "per_parameter", processes=args.devices)),
     ]
     if args.torch_python:
         common = ["--batch-size", str(args.batch_size), "--steps", str(args.steps), "--threads", d]
