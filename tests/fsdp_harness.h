@@ -126,4 +126,16 @@ hybrid_2x2_groups(int r, const std::shared_ptr<distributed::TCPStore>& store) {
   return {shard, replicate};
 }
 
+// Each rank's state against the reference's (DDP's, say): the largest difference, said
+// per rank, at most `tolerance` (0: equal bits).
+inline void check_equals_reference(const std::vector<OrderedDict<Tensor>>& states,
+                                   const std::vector<OrderedDict<Tensor>>& reference, const std::string& what,
+                                   double tolerance = 0.0) {
+  for (size_t r = 0; r < states.size(); ++r) {
+    const double diff = max_state_diff(states[r], reference[r]);
+    MESSAGE(what, " rank ", r, ": max |FSDP - reference| = ", diff);
+    CHECK(diff <= tolerance);
+  }
+}
+
 }  // namespace loom::testing

@@ -60,13 +60,9 @@ TEST_CASE("transparency: FULL_SHARD, SHARD_GRAD_OP and NO_SHARD end with DDP's w
       CAPTURE(world);
       CAPTURE(std::string(strategy_name(strategy)));
       auto states = fsdp_run(start, data, world, {.sharding_strategy = strategy, .auto_wrap_policy = kSmallNetPolicy});
-      for (int r = 0; r < world; ++r) {
-        const double diff = max_state_diff(states[r], reference[r]);
-        MESSAGE("world ", world, " ", std::string(strategy_name(strategy)), " rank ", r, ": max |FSDP - DDP| = ", diff);
-        // The same per-element arithmetic as DDP (scale by 1/N on the way in, sum, the
-        // same SGD kernel): equal bits.
-        CHECK(diff == 0.0);
-      }
+      // The same per-element arithmetic as DDP (scale by 1/N on the way in, sum, the
+      // same SGD kernel): equal bits.
+      check_equals_reference(states, reference, "world " + std::to_string(world) + " " + strategy_name(strategy));
     }
   }
 }
@@ -81,13 +77,9 @@ TEST_CASE("transparency: ResNet (tiny, BatchNorm, float32) under every strategy 
        {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP, ShardingStrategy::NO_SHARD}) {
     CAPTURE(std::string(strategy_name(strategy)));
     auto states = fsdp_run(start, data, world, {.sharding_strategy = strategy});
-    for (int r = 0; r < world; ++r) {
-      const double diff = max_state_diff(states[r], reference[r]);
-      MESSAGE("resnet_tiny world 3 ", std::string(strategy_name(strategy)), " rank ", r, ": max |FSDP - DDP| = ", diff);
-      // Equal bits too: FSDP runs the stem unfused (conv1, bn1, relu as stages) where
-      // ResNet::forward fuses bn1 and relu, and the fused epilogue computes the same values.
-      CHECK(diff == 0.0);
-    }
+    // Equal bits too: FSDP runs the stem unfused (conv1, bn1, relu as stages) where
+    // ResNet::forward fuses bn1 and relu, and the fused epilogue computes the same values.
+    check_equals_reference(states, reference, std::string("resnet_tiny world 3 ") + strategy_name(strategy));
   }
   // Which units stay gathered from forward to backward changes only when they are
   // gathered, never the values (Note [Which units stay gathered]).
@@ -120,13 +112,10 @@ TEST_CASE("transparency: HYBRID_SHARD on 4 ranks as 2 replicas x 2 shards ends w
       sgd_steps(fsdp, fsdp.parameters(), data, r, world);
       states[r] = full_state_dict(fsdp, /*rank0_only=*/false);
     }));
-    for (int r = 0; r < world; ++r) {
-      const double diff = max_state_diff(states[r], reference[r]);
-      MESSAGE(std::string(resnet ? "resnet_tiny" : "small net"), " HYBRID_SHARD 2x2 rank ", r, ": max |FSDP - DDP| = ", diff);
-      // Sums in another order (within the pair, then across the pairs) than DDP's 4-way
-      // sum; BatchNorm's tiny batches amplify the rounding (1e-12 for resnet_tiny).
-      CHECK(diff < (resnet ? 1e-10 : 1e-15));
-    }
+    // Sums in another order (within the pair, then across the pairs) than DDP's 4-way
+    // sum; BatchNorm's tiny batches amplify the rounding (1e-12 for resnet_tiny).
+    check_equals_reference(states, reference, std::string(resnet ? "resnet_tiny" : "small net") + " HYBRID_SHARD 2x2",
+                           resnet ? 1e-10 : 1e-15);
   }
 }
 

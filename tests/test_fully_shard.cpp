@@ -110,16 +110,6 @@ std::unique_ptr<optim::Optimizer> adamw_with_exemptions(nn::Module& wrapped) {
                                         optim::AdamWOptions{.lr = 1e-2});
 }
 
-void check_equals_reference(const std::vector<OrderedDict<Tensor>>& states,
-                            const std::vector<OrderedDict<Tensor>>& reference, const std::string& what,
-                            double tolerance = 0.0) {
-  for (size_t r = 0; r < states.size(); ++r) {
-    const double diff = max_state_diff(states[r], reference[r]);
-    MESSAGE(what, " rank ", r, ": max |FSDP2 - DDP| = ", diff);
-    CHECK(diff <= tolerance);
-  }
-}
-
 }  // namespace
 
 TEST_CASE("transparency: fully_shard under FULL_SHARD, SHARD_GRAD_OP and NO_SHARD ends with DDP's weights (float64)") {
