@@ -138,4 +138,18 @@ inline void check_equals_reference(const std::vector<OrderedDict<Tensor>>& state
   }
 }
 
+// FSDP under each of `strategies` (the rest of the options from `base`: the wrap policy,
+// the layout) against `reference` (ddp_reference on the same batches), to `tolerance`.
+inline void check_strategies_against(const std::vector<OrderedDict<Tensor>>& reference,
+                                     const std::shared_ptr<nn::Module>& start, const Batches& data, int world,
+                                     const std::vector<fsdp::ShardingStrategy>& strategies, fsdp::FSDPOptions base,
+                                     const std::string& what, double tolerance = 0.0) {
+  for (fsdp::ShardingStrategy strategy : strategies) {
+    CAPTURE(std::string(fsdp::strategy_name(strategy)));
+    base.sharding_strategy = strategy;
+    check_equals_reference(fsdp_run(start, data, world, base), reference,
+                           what + " world " + std::to_string(world) + " " + fsdp::strategy_name(strategy), tolerance);
+  }
+}
+
 }  // namespace loom::testing

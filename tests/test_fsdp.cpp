@@ -54,16 +54,12 @@ TEST_CASE("transparency: FULL_SHARD, SHARD_GRAD_OP and NO_SHARD end with DDP's w
   auto start = small_net();
   for (int world : {2, 3}) {
     const Batches data = make_batches(3, 4 * world, kFloat64);
-    const auto reference = ddp_reference(start, data, world);
-    for (ShardingStrategy strategy :
-         {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP, ShardingStrategy::NO_SHARD}) {
-      CAPTURE(world);
-      CAPTURE(std::string(strategy_name(strategy)));
-      auto states = fsdp_run(start, data, world, {.sharding_strategy = strategy, .auto_wrap_policy = kSmallNetPolicy});
-      // The same per-element arithmetic as DDP (scale by 1/N on the way in, sum, the
-      // same SGD kernel): equal bits.
-      check_equals_reference(states, reference, "world " + std::to_string(world) + " " + strategy_name(strategy));
-    }
+    CAPTURE(world);
+    // The same per-element arithmetic as DDP (scale by 1/N on the way in, sum, the same
+    // SGD kernel): equal bits.
+    check_strategies_against(ddp_reference(start, data, world), start, data, world,
+                             {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP, ShardingStrategy::NO_SHARD},
+                             {.auto_wrap_policy = kSmallNetPolicy}, "small net");
   }
 }
 
@@ -73,14 +69,11 @@ TEST_CASE("transparency: ResNet (tiny, BatchNorm, float32) under every strategy 
   const int world = 3;
   const Batches data = make_batches(3, 2 * world, kFloat32);
   const auto reference = ddp_reference(start, data, world);
-  for (ShardingStrategy strategy :
-       {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP, ShardingStrategy::NO_SHARD}) {
-    CAPTURE(std::string(strategy_name(strategy)));
-    auto states = fsdp_run(start, data, world, {.sharding_strategy = strategy});
-    // Equal bits too: FSDP runs the stem unfused (conv1, bn1, relu as stages) where
-    // ResNet::forward fuses bn1 and relu, and the fused epilogue computes the same values.
-    check_equals_reference(states, reference, std::string("resnet_tiny world 3 ") + strategy_name(strategy));
-  }
+  // Equal bits too: FSDP runs the stem unfused (conv1, bn1, relu as stages) where
+  // ResNet::forward fuses bn1 and relu, and the fused epilogue computes the same values.
+  check_strategies_against(reference, start, data, world,
+                           {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP, ShardingStrategy::NO_SHARD},
+                           {}, "resnet_tiny");
   // Which units stay gathered from forward to backward changes only when they are
   // gathered, never the values (Note [Which units stay gathered]).
   for (int keep : {0, 2, 100}) {

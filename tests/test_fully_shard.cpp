@@ -117,16 +117,11 @@ TEST_CASE("transparency: fully_shard under FULL_SHARD, SHARD_GRAD_OP and NO_SHAR
   auto start = uneven_net();
   for (int world : {2, 3}) {
     const Batches data = make_batches(3, 4 * world, kFloat64);
-    const auto reference = ddp_reference(start, data, world);
-    for (ShardingStrategy strategy :
-         {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP, ShardingStrategy::NO_SHARD}) {
-      CAPTURE(world);
-      CAPTURE(std::string(strategy_name(strategy)));
-      auto states = fsdp_run(start, data, world,
-                             per_parameter({.sharding_strategy = strategy, .auto_wrap_policy = kSmallNetPolicy}));
-      // The same per-element arithmetic as DDP and the flat layout: equal bits.
-      check_equals_reference(states, reference, "world " + std::to_string(world) + " " + strategy_name(strategy));
-    }
+    CAPTURE(world);
+    // The same per-element arithmetic as DDP and the flat layout: equal bits.
+    check_strategies_against(ddp_reference(start, data, world), start, data, world,
+                             {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP, ShardingStrategy::NO_SHARD},
+                             per_parameter({.auto_wrap_policy = kSmallNetPolicy}), "uneven net");
   }
 }
 
@@ -135,12 +130,9 @@ TEST_CASE("transparency: fully_shard of a ResNet (tiny, BatchNorm, float32) ends
   auto start = nn::resnet_tiny(10, 4);
   const int world = 3;
   const Batches data = make_batches(3, 2 * world, kFloat32);
-  const auto reference = ddp_reference(start, data, world);
-  for (ShardingStrategy strategy : {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP}) {
-    CAPTURE(std::string(strategy_name(strategy)));
-    auto states = fsdp_run(start, data, world, per_parameter({.sharding_strategy = strategy}));
-    check_equals_reference(states, reference, std::string("resnet_tiny ") + strategy_name(strategy));
-  }
+  check_strategies_against(ddp_reference(start, data, world), start, data, world,
+                           {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP}, per_parameter({}),
+                           "resnet_tiny");
 }
 
 TEST_CASE("fully_shard: named_parameters are the single-process names, each local shard torch.chunk's rows") {
