@@ -1,25 +1,13 @@
 #include "examples/train/grad_clipping.h"
 
-#include <cmath>  // defines: std::sqrt
 #include <set>
 
 #include "core/error.h"                 // defines: LOOM_CHECK
-#include "core/factory.h"               // defines: full (the sum that travels)
-#include "nn/optim/clip_grad.h"         // defines: get_total_norm, clip_grads_with_norm_
+#include "nn/optim/clip_grad.h"         // defines: clip_grads_with_norm_
 #include "parallel/fsdp/runtime.h"      // defines: ShardingStrategy
+#include "parallel/sharded_norm.h"      // defines: total_norm_over
 
 namespace loom::examples {
-namespace {
-
-// The sum of squares of `grads` (the 2-norm of all of them as one vector, squared).
-double squared_norm(const std::vector<Tensor>& grads) {
-  if (grads.empty()) return 0.0;
-  const double norm = nn::utils::get_total_norm(grads).to(kFloat64).item<double>();
-  return norm * norm;
-}
-
-}  // namespace
-
 GradClipper::GradClipper(const ParallelModel& parallel, optim::Optimizer& optimizer,
                          const distributed::ParallelDims& dims, const distributed::DeviceMesh* mesh, double max_norm)
     : optimizer_(optimizer), max_norm_(max_norm) {
@@ -49,15 +37,9 @@ double GradClipper::clip(MixedPrecision& amp) {
   std::vector<Tensor> grads;
   for (const Tensor& p : counted_)
     if (p.grad().defined()) grads.push_back(p.grad());
-  double sum = squared_norm(grads);
-  if (!sum_over_.empty()) {
-    Tensor total = full({}, sum, TensorOptions(kFloat64));
-    for (const auto& group : sum_over_) group->all_reduce(total)->wait();
-    sum = total.item<double>();
-  }
-  const double norm = std::sqrt(sum);
-  nn::utils::clip_grads_with_norm_(params_, max_norm_, full({}, norm, TensorOptions(kFloat64)));
-  return norm;
+  const Tensor total = distributed::total_norm_over(grads, sum_over_);
+  nn::utils::clip_grads_with_norm_(params_, max_norm_, total);
+  return total.item<double>();
 }
 
 }  // namespace loom::examples

@@ -1,11 +1,10 @@
 #include "parallel/fsdp/fully_shard.h"
 
-#include <cmath>  // defines: std::pow, std::isinf
 #include <map>
 
 #include "core/error.h"
-#include "core/factory.h"        // defines: full
-#include "nn/optim/clip_grad.h"  // defines: get_total_norm, clip_grads_with_norm_
+#include "nn/optim/clip_grad.h"      // defines: clip_grads_with_norm_
+#include "parallel/sharded_norm.h"   // defines: total_norm_over
 
 namespace loom::fsdp {
 
@@ -50,20 +49,11 @@ std::vector<std::pair<std::string, distributed::DTensor>> named_dtensors(const F
 
 Tensor clip_grad_norm_(FullyShardedDataParallel& fsdp, double max_norm, double norm_type) {
   const std::vector<Tensor> params = fsdp.parameters();
-  std::vector<Tensor> grads;  // an empty local shard adds nothing (and has no max)
-  for (const Tensor& p : params)
-    if (p.grad().defined() && p.grad().numel() > 0) grads.push_back(p.grad());
-  const bool inf = std::isinf(norm_type);
-  const double local = nn::utils::get_total_norm(grads, norm_type).to(kFloat64).item<double>();
+  std::vector<Tensor> grads;
+  for (const Tensor& p : params) grads.push_back(p.grad());
   // The flat layout's padding and the per-parameter layout's pieces hold no gradient
   // twice: every element of the model's gradient is on exactly one rank of the shard group.
-  Tensor total = full({}, inf ? local : std::pow(local, norm_type), TensorOptions(kFloat64));
-  if (const auto& group = fsdp.shard_group(); group && group->size() > 1) {
-    Tensor travelling = distributed::to_communication_device(total, *group);
-    group->all_reduce(travelling, inf ? distributed::ReduceOp::Max : distributed::ReduceOp::Sum)->wait();
-    total = travelling.to(Device(DeviceType::CPU));
-  }
-  if (!inf) total = full({}, std::pow(total.item<double>(), 1.0 / norm_type), TensorOptions(kFloat64));
+  Tensor total = distributed::total_norm_over(grads, {fsdp.shard_group()}, norm_type);
   nn::utils::clip_grads_with_norm_(params, max_norm, total);
   return total;
 }
