@@ -63,11 +63,22 @@ def commit_phrase(commit):
     return phrase + (" (the working tree had changes beyond it)" if "-dirty" in commit else "")
 
 
+def machine_phrase(machine):
+    """"AMD EPYC (family 25 model 1, AVX2), 2 cores": the model name alone does not tell apart
+    the CPUs a kernel choice depends on; files written before results_file recorded more say less."""
+    extra = []
+    if "family" in machine:
+        extra.append(f"family {machine['family']} model {machine['model']}")
+    if "isa" in machine:
+        extra.append({"avx512_bf16": "AVX-512 with bf16", "avx512f": "AVX-512", "avx2": "AVX2"}.get(
+            machine["isa"], machine["isa"]))
+    return machine["cpu"] + (f" ({', '.join(extra)})" if extra else "") + f", {machine['cores']} cores"
+
+
 def render(results):
     """The Markdown a results file stands for: its provenance, the table, then the ratios."""
-    machine = results["machine"]
-    lines = [f"*{results['title']}.* Made by `{results['command']}` on {machine['cpu']}, "
-             f"{machine['cores']} cores, {commit_phrase(results['commit'])}, {results['date']}."]
+    lines = [f"*{results['title']}.* Made by `{results['command']}` on {machine_phrase(results['machine'])}, "
+             f"{commit_phrase(results['commit'])}, {results['date']}."]
     if results.get("conditions"):
         lines[0] += f" {results['conditions']}"
     columns = [c for c in results["columns"]  # a column no row fills is left out

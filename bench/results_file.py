@@ -11,15 +11,23 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def machine():
-    """{"cpu": /proc/cpuinfo's model name, "cores": the CPUs the OS reports}."""
-    cpu = "unknown CPU"
+    """{"cpu": /proc/cpuinfo's model name, "cores": the CPUs the OS reports, "isa": the widest vector
+    instructions it lists (avx512_bf16, avx512f, avx2 or sse), "family"/"model": its numbers}: one model
+    name covers CPUs as different as an AVX2-only and an AVX-512 EPYC, and kernel speeds differ with them."""
+    fields = {}
     try:
         with open("/proc/cpuinfo") as f:
-            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-        cpu = names[0] if names else cpu
+            for line in f:
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count()}
+    flags = set(fields.get("flags", "").split())
+    isa = next((name for name in ("avx512_bf16", "avx512f", "avx2") if name in flags), "sse")
+    doc = {"cpu": fields.get("model name", "unknown CPU"), "cores": os.cpu_count(), "isa": isa}
+    if "cpu family" in fields and "model" in fields:
+        doc["family"], doc["model"] = int(fields["cpu family"]), int(fields["model"])
+    return doc
 
 
 def commit():
