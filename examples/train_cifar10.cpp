@@ -86,8 +86,9 @@ int main(int argc, char** argv) {
     auto& resume = flags.add<bool>("resume", false, "continue from --checkpoint-dir exactly");
     auto& checkpoint_format = flags.add<std::string>(
         "checkpoint-format", "", "full (FULL_STATE_DICT: one file gathered on rank 0, loads at any world size) | "
-        "sharded (SHARDED_STATE_DICT: a file per rank + a manifest; same world size and strategy only) "
-        "(default: sharded under --mode fsdp or --zero-redundancy-optimizer, else full)");
+        "sharded (a file per rank + a manifest, each piece with its place in the whole tensor: resumes under any "
+        "other world size and layout, as torch.distributed.checkpoint) "
+        "(default: sharded under --dp-shard, --pp, --tp or --zero-redundancy-optimizer, else full)");
     auto& eval_only = flags.add<bool>("eval-only", false, "evaluate --init on the test set and exit");
     auto& synthetic = flags.add<bool>("synthetic", false, "random CIFAR-shaped data (throughput without I/O)");
     auto& eval_limit = flags.add<int64_t>("eval-limit", -1, "evaluate on at most N test images (-1: all)");

@@ -30,12 +30,12 @@
 // shards that may never arrive (the mutation check in tests/test_distributed_checkpoint.cpp).
 //
 // Note [Same world, same layout]
-// A shard is this rank's slice of state cut for this world size (and, under FSDP, this
-// sharding strategy and unit layout). Loading it into another world would need
-// resharding -- re-cutting every flat parameter and optimizer state -- which loom does not
-// do: read_shard refuses a different world size, naming both, and the owners of the
-// shards check the rest (fsdp::check_sharded_compatible). A full checkpoint (one file
-// gathered on rank 0) loads at any world size.
+// read_shard hands a rank its own file of the set, which only means something in the cut
+// that wrote it: it refuses a different world size, naming both, and the owners of such
+// shards check the rest (fsdp::check_sharded_compatible). A set whose files describe each
+// piece by name, global shape and offsets (Note [Saved pieces], parallel/checkpoint/
+// sharded_state.h) loads under any other world and layout instead: every rank indexes all
+// the files and plans its reads (parallel/checkpoint/load_plan.h). train_cifar10 writes those.
 #pragma once
 
 #include <cstdint>

@@ -4,10 +4,11 @@
 // pipeline without --tp. Tensor parallelism sums each block's conv2 over the tp ranks in
 // another order than one process does, so the weights agree to rounding (float32, <= 1e-5),
 // not to the bit. Also: the bytes a step moves against the formula, a sharded checkpoint
-// resumed exactly and refused under another cut, --save's single-process names and
+// resumed exactly and resharded under another cut, --save's single-process names and
 // shapes, and the flags' errors.
 #include <doctest/doctest.h>
 
+#include <filesystem>
 #include <string>
 
 #include "process_launch.h"  // defines: Launch, Result, TempDir, path_from_env, contains, under_loomrun
@@ -101,7 +102,7 @@ TEST_CASE("--model vit_tiny --tp 3 (attention by its 3 heads, the MLP by feature
                 fsdp.output);
 }
 
-TEST_CASE("--tp 2 checkpoints each rank's shards with their placements and resumes exactly") {
+TEST_CASE("--tp 2 checkpoints each rank's shards with their places in the whole tensors and resumes exactly") {
   TempDir dir("loom_tp_resume");
   const std::string ckpt = (dir.path / "ckpt").string();
   const std::string want = (dir.path / "straight.safetensors").string(), got = (dir.path / "resumed.safetensors").string();
@@ -110,11 +111,14 @@ TEST_CASE("--tp 2 checkpoints each rank's shards with their placements and resum
   REQUIRE_MESSAGE(straight.code == 0, straight.output);
   Result first = Launch(run_on(2, flags + " --max-steps 2 --checkpoint-dir " + ckpt)).finish();
   REQUIRE_MESSAGE(first.code == 0, first.output);
-  // Another cut of the same checkpoint is refused, naming both.
-  Result other = Launch(run_on(2, "--dp-shard 2 --seed 5 --max-steps 4 --checkpoint-dir " + ckpt + " --resume")).finish();
-  CHECK(other.code != 0);
-  CHECK_MESSAGE(contains(other.output, "was saved with tensors split over tensor-parallel ranks as"), other.output);
-  CHECK_MESSAGE(contains(other.output, "layer1.0.conv1.weight Shard(dim=0) [8, 8, 3, 3]"), other.output);
+  // Another cut resumes from a copy of it, resharding (tests/test_resharding_launch.cpp checks the weights).
+  const std::string copy = (dir.path / "copy").string();
+  std::filesystem::copy(ckpt, copy, std::filesystem::copy_options::recursive);
+  Result other = Launch(run_on(2, "--dp-shard 2 --seed 5 --max-steps 4 --checkpoint-dir " + copy + " --resume")).finish();
+  CHECK_MESSAGE(other.code == 0, other.output);
+  CHECK_MESSAGE(contains(other.output, "resharded step 2 from pp=1 dp_replicate=1 dp_shard=1 tp=2 (world 2) (2 files) "
+                                       "into pp=1 dp_replicate=1 dp_shard=2 tp=1 (world 2)"),
+                other.output);
   Result second = Launch(run_on(2, flags + " --max-steps 4 --checkpoint-dir " + ckpt + " --resume --save " + got)).finish();
   REQUIRE_MESSAGE(second.code == 0, second.output);
   CHECK_MESSAGE(contains(second.output, "resumed from"), second.output);

@@ -22,8 +22,12 @@ Checkpointer::Checkpointer(const TrainConfig& config, const Distributed& dist, P
   LOOM_CHECK(format.empty() || format == "full" || format == "sharded", "--checkpoint-format: expected full "
              "(FULL_STATE_DICT: one file gathered on rank 0) or sharded (SHARDED_STATE_DICT: a file per rank and a "
              "manifest), got '", format, "'");
-  LOOM_CHECK(format != "sharded" || sharded_state, "--checkpoint-format sharded: nothing is sharded in this run (",
-             dims.str(), "; it needs --dp-shard, --pp, --tp or --zero-redundancy-optimizer); use full");
+  // Sharded checkpoints hold pieces of the plain model's tensors (Note [Sharded checkpoints in
+  // train_cifar10]): any run across processes, or in one process on one device, can write one
+  // that any other layout resumes from. Not the in-process multi-device modes, whose replicas
+  // and stages live on devices of one process.
+  LOOM_CHECK(format != "sharded" || (!dims.dp_devices_enabled() && !dims.mp_enabled()), "--checkpoint-format "
+             "sharded: ", dims.str(), " keeps its replicas or stages on devices of one process; use full");
   LOOM_CHECK(format != "full" || !dims.tp_enabled(), "--checkpoint-format full with --tp ", dims.tp, ": each "
              "tensor-parallel rank's optimizer state is for its own shards and is never gathered onto one; use "
              "sharded (the default under --tp; --save writes the whole model's weights)");

@@ -1,37 +1,105 @@
 #include "examples/train/sharded_checkpoint.h"
 
+#include <cstdio>
+#include <set>
+
 #include "core/error.h"
-#include "examples/train/optimizer.h"             // defines: zero_redundancy_of (ZeRO-1's partition)
-#include "parallel/distributed_checkpoint.h"      // defines: write_shard, write_manifest, read_shard
-#include "parallel/fsdp/sharded_state_dict.h"     // defines: sharded_state_dict, check_sharded_compatible
-#include "parallel/tensor/tp_state_dict.h"        // defines: describe_placements (--tp)
-#include "parallel/zero_redundancy_optimizer.h"   // defines: ZeroRedundancyOptimizer::sharded_state_dict
+#include "examples/train/optimizer.h"              // defines: zero_redundancy_of (ZeRO-1's partition)
+#include "parallel/checkpoint/fsdp_state.h"        // defines: fsdp_param_pieces
+#include "parallel/checkpoint/load_plan.h"         // defines: read_checkpoint_index, load
+#include "parallel/checkpoint/optimizer_state.h"   // defines: optimizer_pieces, load_optimizer_state
+#include "parallel/distributed_checkpoint.h"       // defines: write_shard, write_manifest
+#include "parallel/zero_redundancy_optimizer.h"    // defines: ZeroRedundancyOptimizer::local_optimizer
 
 namespace loom::examples {
 namespace ckpt = distributed::checkpoint;
 
-// The metadata key of a sharded checkpoint's tensor-parallel placements (describe_placements).
-constexpr const char* kTensorParallelPlacements = "tensor_parallel_placements";
+namespace {
+
+// The metadata key of the layout that wrote a sharded checkpoint, for the resume's message.
+constexpr const char* kLayout = "layout";
+
+// This rank's part of the model's state as pieces of the plain model's tensors (Note
+// [Every layout is a set of boxes]), and, among them, each tensor the optimizer steps.
+struct RankState {
+  ckpt::ShardedState model;
+  ckpt::ParamPieces params;
+};
+
+// See Note [Sharded checkpoints in train_cifar10].
+RankState describe_rank_state(const Distributed& dist, const ParallelModel& parallel) {
+  const distributed::ParallelDims& dims = dist.dims();
+  const distributed::ParallelDims::Coordinates at = dims.coordinates(dist.rank());
+  // The plain model's names for its tensors (FSDP's units and a pipeline's stages hold the
+  // model's own parameter and buffer objects, so identity finds them).
+  std::map<const TensorImpl*, std::string> names;
+  for (const auto& [name, t] : parallel.model->named_parameters()) names.emplace(t.unsafe_impl(), name);
+  for (const auto& [name, t] : parallel.model->named_buffers()) names.emplace(t.unsafe_impl(), name);
+  auto name_of = [&](const Tensor& t) {
+    auto found = names.find(t.unsafe_impl());
+    LOOM_CHECK(found != names.end(), "sharded checkpoint: a tensor of shape ", t.shape(),
+               " that this rank holds is not one of the model's");
+    return found->second;
+  };
+  // --tp: a split tensor's local part is a box of the whole one.
+  ckpt::GlobalOf global_of = [&](const std::string& name, const Shape& local_shape) -> std::pair<Shape, ckpt::Chunk> {
+    const distributed::DTensorSpec* spec = parallel.tp_placements.find(name);
+    if (!spec) return ckpt::untranslated(name, local_shape);
+    return {spec->shape, ckpt::cut(ckpt::whole_chunk(spec->shape), spec->placement, dims.tp, at.tp)};
+  };
+  RankState out;
+  // FSDP's shards: saved by the first replica of HSDP.
+  for (const ParallelModel::ShardedPart& part : parallel.sharded_parts)
+    for (auto& [impl, local] : ckpt::fsdp_param_pieces(*part.fsdp, name_of, global_of, at.dp_replicate == 0)) {
+      out.model.push_back(local);
+      out.params.emplace(impl, local);
+    }
+  // The model's own tensors that this rank trains or keeps: all of them in one process and
+  // under DDP, a stage's under --pp, the buffers under FSDP. Each is whole, or its tp part;
+  // written by one of the ranks that hold it alike.
+  std::set<const TensorImpl*> held;
+  for (const Tensor& t : parallel.module->parameters()) held.insert(t.unsafe_impl());
+  for (const auto& [name, t] : parallel.module->named_buffers()) held.insert(t.unsafe_impl());
+  for (const ParallelModel::ShardedPart& part : parallel.sharded_parts)
+    for (const auto& [name, t] : part.fsdp->module()->named_buffers()) held.insert(t.unsafe_impl());
+  auto add = [&](const std::string& name, const Tensor& t, bool parameter) {
+    if (!held.count(t.unsafe_impl()) || out.params.count(t.unsafe_impl())) return;
+    const distributed::DTensorSpec* spec = parallel.tp_placements.find(name);
+    const bool first = at.dp_replicate == 0 && at.dp_shard == 0 && (spec || at.tp == 0);
+    ckpt::LocalTensor local = ckpt::whole(name, t.contiguous(), first);
+    if (spec) local = ckpt::sharded(name, t, spec->shape, spec->placement, dims.tp, at.tp), local.write = first;
+    out.model.push_back(local);
+    if (parameter) out.params.emplace(t.unsafe_impl(), local);
+  };
+  for (const auto& [name, t] : parallel.model->named_parameters()) add(name, t, true);
+  for (const auto& [name, t] : parallel.model->named_buffers()) add(name, t, false);
+  return out;
+}
+
+// The optimizer whose state this rank holds: ZeRO-1's partition (null when it owns
+// nothing), or the optimizer itself.
+const optim::Optimizer* stepping(const optim::Optimizer& optimizer) {
+  const parallel::ZeroRedundancyOptimizer* zero = zero_redundancy_of(optimizer);
+  return zero ? zero->local_optimizer() : &optimizer;
+}
+
+}  // namespace
 
 void save_sharded_checkpoint(const std::string& dir, const Distributed& dist, const ParallelModel& parallel,
                              const optim::Optimizer& optimizer, const optim::LRScheduler* scheduler,
                              const TrainingPosition& position, const optim::GradScaler* scaler) {
-  // This rank's state: FSDP's shards or the model (ZeRO-1: replicated; --pp: this stage's
-  // chunks are the ones it trains), and its optimizer's (ZeRO-1: its partition).
-  OrderedDict<Tensor> model_state;
-  safetensors::Metadata layout;
-  if (parallel.sharded_parts.empty()) model_state = parallel.model->state_dict();
-  for (const ParallelModel::ShardedPart& part : parallel.sharded_parts) {
-    add_prefixed(model_state, part.prefix, fsdp::sharded_state_dict(*part.fsdp));
-    add_prefixed(layout, part.prefix, fsdp::sharding_metadata(*part.fsdp));
-  }
-  const parallel::ZeroRedundancyOptimizer* zero = zero_redundancy_of(optimizer);
-  safetensors::File file = pack_training_state(model_state, zero ? zero->sharded_state_dict() : optimizer.state_dict(),
-                                               scheduler, position, scaler);
-  for (const auto& [key, value] : layout) file.metadata.insert(key, value);
-  // --tp: each split tensor's placement, so that a resume can tell a checkpoint cut another way.
-  if (!parallel.tp_placements.empty())
-    file.metadata.insert(kTensorParallelPlacements, distributed::describe_placements(parallel.tp_placements));
+  RankState mine = describe_rank_state(dist, parallel);
+  ckpt::ShardedState state = mine.model;
+  if (const optim::Optimizer* local = stepping(optimizer))
+    for (ckpt::LocalTensor& t : ckpt::optimizer_pieces(*local, mine.params, zero_redundancy_of(optimizer) != nullptr,
+                                                       dist.is_main()))
+      state.push_back(std::move(t));
+  safetensors::File file = ckpt::pack(state);
+  // Beside the pieces: the scheduler, the scaler, this rank's generator and the position.
+  safetensors::File rest = pack_training_state({}, {}, scheduler, position, scaler);
+  for (const auto& [key, value] : rest.tensors) file.tensors.insert(key, value);
+  for (const auto& [key, value] : rest.metadata) file.metadata.insert(key, value);
+  file.metadata.insert(kLayout, dist.dims().str());
   const std::string step_dir = dir + "/" + ckpt::step_dir_name(position.global_step);
   // The same step saved again (--checkpoint-every at an epoch's last step, then the
   // epoch's end): its old manifest goes first, so it never vouches for a mix of shards.
@@ -48,24 +116,24 @@ void save_sharded_checkpoint(const std::string& dir, const Distributed& dist, co
 TrainingPosition load_sharded_checkpoint(const std::string& step_dir, const Distributed& dist,
                                          const ParallelModel& parallel, optim::Optimizer& optimizer,
                                          optim::LRScheduler* scheduler, optim::GradScaler* scaler) {
-  const std::string source = step_dir + "/" + ckpt::shard_file_name(dist.rank(), dist.world_size());
-  // read_shard refuses another world size first; fsdp's check names the rest of the cut.
-  CheckpointState state =
-      unpack_training_state(ckpt::read_shard(step_dir, dist.rank(), dist.world_size()), source, scheduler, scaler);
-  const std::string* saved_placements = state.metadata.find(kTensorParallelPlacements);
-  const std::string placements = distributed::describe_placements(parallel.tp_placements);
-  LOOM_CHECK((saved_placements ? *saved_placements : std::string()) == placements, source, " was saved with ",
-             saved_placements ? "tensors split over tensor-parallel ranks as\n" + *saved_placements
-                              : std::string("no tensor parallelism"),
-             "\nbut this run ", placements.empty() ? "has no tensor parallelism" : "splits them as\n" + placements,
-             "; resume with the --tp (and degrees) the checkpoint was saved with");
-  if (parallel.sharded_parts.empty()) parallel.model->load_state_dict(state.model, /*strict=*/true);
-  for (const ParallelModel::ShardedPart& part : parallel.sharded_parts) {
-    fsdp::check_sharded_compatible(*part.fsdp, take_prefixed(state.metadata, part.prefix), source);
-    fsdp::load_sharded_state_dict(*part.fsdp, take_prefixed(state.model, part.prefix));
-  }
-  if (auto* zero = zero_redundancy_of(optimizer)) zero->load_sharded_state_dict(state.optimizer);
-  else optimizer.load_state_dict(state.optimizer);
+  const ckpt::CheckpointIndex index = ckpt::read_checkpoint_index(step_dir);
+  // The training state of this rank's own file when the world is the one that wrote it
+  // (each rank's generator), else rank 0's (Note [Sharded checkpoints in train_cifar10]).
+  const size_t own = index.files.size() == static_cast<size_t>(dist.world_size()) ? size_t(dist.rank()) : 0;
+  const safetensors::File& file = index.files[own];
+  LOOM_CHECK(file.metadata.contains(kLayout), step_dir, "/", index.file_names[own], " holds no '", kLayout,
+             "' entry: it was written by an older format that resharding cannot read; resume it with the loom "
+             "that wrote it, or start again");
+  CheckpointState state = unpack_training_state(file, step_dir + "/" + index.file_names[own], scheduler, scaler);
+  RankState mine = describe_rank_state(dist, parallel);
+  ckpt::load(index, mine.model);
+  if (const optim::Optimizer* local = stepping(optimizer))
+    ckpt::load_optimizer_state(const_cast<optim::Optimizer&>(*local), index, mine.params);
+  const std::string& saved_layout = *file.metadata.find(kLayout);
+  if (dist.is_main() && saved_layout != dist.dims().str())
+    std::fprintf(stderr, "resharded step %lld from %s (%zu files) into %s\n",
+                 static_cast<long long>(state.position.global_step), saved_layout.c_str(), index.files.size(),
+                 dist.dims().str().c_str());
   return state.position;
 }
 
