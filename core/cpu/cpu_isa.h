@@ -40,7 +40,10 @@ inline bool onednn_has_avx512() {
     const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
     return (isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core;
   }();
-  return avx512 && !cpu_isa_restricted_to_avx2();
+  // The variable is read even where there is no AVX-512 to turn off, so that a misspelt
+  // value is an error on every CPU, not only on the ones where it would matter.
+  const bool restricted = cpu_isa_restricted_to_avx2();
+  return avx512 && !restricted;
 }
 
 }  // namespace loom::cpu
