@@ -258,7 +258,10 @@ Tensor contiguous(const Tensor& x, MemoryFormat format) {
 Tensor to(const Tensor& x, Device device, bool non_blocking) {
   ops::check_defined("to", x, "input");
   if (x.device() == device) return x;
-  Tensor out = empty(x.shape(), TensorOptions(x.dtype()).device(device));
+  // memory_format=torch.preserve_format, PyTorch's default: a channels-last activation moved
+  // to the next stage's device stays channels-last, so the layers there run the kernels one
+  // device runs (an NCHW copy would take other kernels, other rounding, and two reorders).
+  Tensor out = empty(x.shape(), TensorOptions(x.dtype()).device(device), x.suggest_memory_format());
   copy_into(out, x, non_blocking);
   if (any_requires_grad({x})) {
     record("ToDeviceBackward", {x}, {out}, [from = x.device()](const Grads& g) { return Grads{g[0].to(from)}; },

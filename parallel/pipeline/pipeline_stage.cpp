@@ -20,7 +20,7 @@ namespace {
 constexpr int kActivationTag = 0x50;  // forward: virtual stages' outputs to rank + 1
 constexpr int kGradientTag = 0x51;    // backward: input gradients to rank - 1
 constexpr int64_t kMaxDims = 8;       // of a per-sample shape in a header
-constexpr int64_t kHeaderWords = 2 + kMaxDims;  // dtype, dims, the dims
+constexpr int64_t kHeaderWords = 3 + kMaxDims;  // dtype, dims, channels-last, the dims
 constexpr int64_t kAbortWords = 7;    // Note [A failed stage stops the pipeline]: no activation is int64 [7]
 constexpr int64_t kMaxBalance = 64;   // entries compared at construction
 constexpr size_t kLookahead = 2;      // receives posted ahead on each tag
@@ -190,6 +190,27 @@ struct PipelineStage::Run {
 
   Tensor on_comm(const Tensor& t) const { return t.contiguous().to(comm.tensor_device()); }
 
+  // Note [Activations keep their memory format between stages]
+  // Communication moves one NCHW-contiguous buffer. A channels-last activation (what loom's
+  // layers produce where NHWC kernels are fastest: core/cpu/activation_layout.h) made
+  // contiguous would reach the next stage as NCHW, and its layers would then run other
+  // kernels than one process runs on the same tensor -- other rounding, and a reorder
+  // each way. So a boundary whose first output was channels-last travels as the NHWC
+  // buffer itself (permute(0, 2, 3, 1) of it is contiguous) and is received as a
+  // channels-last view of that buffer; the header says which, and the gradient over the
+  // boundary travels in the same format. One process and the pipeline then compute alike.
+  static bool is_channels_last(const Tensor& t) {
+    return t.dim() == 4 && !t.is_contiguous() && t.is_contiguous(MemoryFormat::ChannelsLast);
+  }
+  Tensor on_wire(const Tensor& t, bool channels_last) const {
+    if (!channels_last) return on_comm(t);
+    return t.contiguous(MemoryFormat::ChannelsLast).permute({0, 2, 3, 1}).to(comm.tensor_device());
+  }
+  bool channels_last_at(int64_t boundary) const {
+    auto it = ps.agreed_.find(boundary);
+    return it != ps.agreed_.end() && it->second.channels_last;
+  }
+
   // Batch size and schedule: what every rank must know to drain its receives on failure.
   void plan() {
     const Tensor& any = input.defined() ? input : target;
@@ -238,10 +259,15 @@ struct PipelineStage::Run {
   // A gradient has its output's dtype and shape: the kept output's, or for a micro-batch
   // whose forward is recomputed in its backward (--pipeline-checkpoint), and so kept
   // nothing yet, the boundary's agreed ones (this rank sent their header).
+  // (The shape is the buffer's on the wire: NHWC for a channels-last boundary.)
   std::optional<std::pair<DType, Shape>> spec_of(int k, const Expected& e) const {
+    auto wire = [&](DType dtype, Shape shape) {
+      if (channels_last_at(e.boundary)) shape = {shape[0], shape[2], shape[3], shape[1]};
+      return std::make_pair(dtype, shape);
+    };
     if (k == 1 && runner) {
       const Tensor& out = runner->kept_output(e.boundary, e.m);
-      if (out.defined()) return std::make_pair(out.dtype(), out.shape());
+      if (out.defined()) return wire(out.dtype(), out.shape());
       if (!runner->checkpointed(e.m)) return std::nullopt;
     }
     if (k == 1 && !runner) return std::nullopt;
@@ -249,7 +275,7 @@ struct PipelineStage::Run {
     if (it == ps.agreed_.end()) return std::nullopt;
     Shape shape{sizes[size_t(e.m)]};
     shape.insert(shape.end(), it->second.sample.begin(), it->second.sample.end());
-    return std::make_pair(it->second.dtype, shape);
+    return wire(it->second.dtype, shape);
   }
 
   void post_ahead(int k) {
@@ -271,9 +297,10 @@ struct PipelineStage::Run {
     comm.recv(header, prev, kActivationTag)->wait();
     in_receive = false;
     const std::vector<int64_t> h = header.tolist<int64_t>();
-    LOOM_CHECK(h[0] >= 0 && h[0] <= int64_t(DType::BFloat16) && h[1] >= 0 && h[1] <= kMaxDims,
+    LOOM_CHECK(h[0] >= 0 && h[0] <= int64_t(DType::BFloat16) && h[1] >= 0 && h[1] <= kMaxDims &&
+                   (h[2] == 0 || (h[2] == 1 && h[1] == 3)),
                "PipelineStage: the shape header from rank ", prev, " is malformed; every rank must run the same loom");
-    ps.agreed_[boundary] = {DType(h[0]), Shape(h.begin() + 2, h.begin() + 2 + h[1])};
+    ps.agreed_[boundary] = {DType(h[0]), Shape(h.begin() + 3, h.begin() + 3 + h[1]), h[2] == 1};
   }
 
   void send_header(int64_t boundary, const Tensor& y) {
@@ -282,9 +309,10 @@ struct PipelineStage::Run {
     std::vector<int64_t> h(size_t(kHeaderWords), 0);
     h[0] = int64_t(y.dtype());
     h[1] = y.dim() - 1;
-    for (int64_t d = 1; d < y.dim(); ++d) h[size_t(1 + d)] = y.size(d);
+    h[2] = is_channels_last(y) ? 1 : 0;
+    for (int64_t d = 1; d < y.dim(); ++d) h[size_t(2 + d)] = y.size(d);
     sends.push_back(comm.send(on_comm(from_vector(h, {kHeaderWords})), next, kActivationTag));
-    ps.agreed_[boundary] = {y.dtype(), Shape(y.shape().begin() + 1, y.shape().end())};
+    ps.agreed_[boundary] = {y.dtype(), Shape(y.shape().begin() + 1, y.shape().end()), h[2] == 1};
   }
 
   // The next receive on tag k (its boundary and micro-batch are this action's), on the
@@ -305,6 +333,7 @@ struct PipelineStage::Run {
       in_receive = false;
     }
     Tensor t = e.buffer;
+    if (channels_last_at(e.boundary)) t = t.permute({0, 3, 1, 2});  // the NHWC buffer as [N, C, H, W]
     e.buffer = Tensor();
     e.work.reset();
     ++taken[k];
@@ -329,7 +358,7 @@ struct PipelineStage::Run {
                  " [micro-batch] + ", it->second.sample, " (Note [Shapes are agreed once]); a "
                  "stage's output must keep its shape and dtype from step to step");
     }
-    sends.push_back(comm.send(on_comm(y), next, kActivationTag));
+    sends.push_back(comm.send(on_wire(y, channels_last_at(c)), next, kActivationTag));
     post_ahead(0);
   }
 
@@ -340,7 +369,7 @@ struct PipelineStage::Run {
       ps.sync_.before_backward(static_cast<size_t>(c / S), last);
     }
     Tensor grad = runner->backward(c, m, c == C - 1 ? Tensor() : take(1));
-    if (c > 0) sends.push_back(comm.send(on_comm(grad), prev, kGradientTag));
+    if (c > 0) sends.push_back(comm.send(on_wire(grad, channels_last_at(c - 1)), prev, kGradientTag));
   }
 
   void fail(int kind, std::optional<Action> action) {

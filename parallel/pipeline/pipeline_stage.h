@@ -165,6 +165,7 @@ class PipelineStage : public nn::Module {
   struct Agreed {
     DType dtype = DType::Float32;
     Shape sample;
+    bool channels_last = false;  // Note [Activations keep their memory format between stages]
   };
   void agree_on_settings();
 
