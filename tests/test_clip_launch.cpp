@@ -27,7 +27,7 @@ std::string saved(const TempDir& dir, int ranks, const std::string& flags, const
 
 }  // namespace
 
-TEST_CASE("--clip-grad-norm clips by the whole model's norm under --tp, --pp and --dp-shard") {
+TEST_CASE("--clip-grad-norm clips by the whole model's norm under --tp, --pp and --dp-shard (FSDP1 and FSDP2), and their compositions") {
   TempDir dir("loom_clip");
   const std::string init = (dir.path / "init.safetensors").string();
   Result made = Launch(path_from_env("TRAIN_CIFAR10") + kCommon + " --max-steps 0 --save " + init).finish();
@@ -38,9 +38,15 @@ TEST_CASE("--clip-grad-norm clips by the whole model's norm under --tp, --pp and
   CHECK(max_weight_difference(one, saved(dir, 2, whole + " --tp 2", "tp")) <= 1e-5);
   CHECK(max_weight_difference(one, saved(dir, 2, whole + " --pp 2 --microbatches 1 --balance 5,5", "pp")) <= 1e-5);
   const std::string halves = " --batch-size 8 --clip-grad-norm 0.5 --init " + init;
-  CHECK(max_weight_difference(saved(dir, 2, halves + " --dp-replicate 2", "ddp"),
-                              saved(dir, 2, halves + " --dp-shard 2", "fsdp")) <= 1e-5);
+  const std::string ddp = saved(dir, 2, halves + " --dp-replicate 2", "ddp");
+  CHECK(max_weight_difference(ddp, saved(dir, 2, halves + " --dp-shard 2", "fsdp")) <= 1e-5);
   Result mixed = Launch(train(4, halves + " --dp-shard 2 --tp 2")).finish();
   CHECK(mixed.code != 0);
   CHECK_MESSAGE(contains(mixed.output, "FSDP's flat shards mix tensor-parallel shards"), mixed.output);
+  // FSDP2's rows of tp shards and of whole tensors are counted apart: the norm of one process.
+  CHECK(max_weight_difference(ddp, saved(dir, 4, halves + " --dp-shard 2 --tp 2 --fsdp-layout per_parameter",
+                                         "fsdp2_x_tp")) <= 1e-5);
+  CHECK(max_weight_difference(ddp, saved(dir, 2, halves + " --dp-shard 2 --fsdp-layout per_parameter", "fsdp2")) <= 1e-5);
+  CHECK(max_weight_difference(ddp, saved(dir, 4, halves + " --pp 2 --microbatches 1 --balance 5,5 --dp-shard 2 "
+                                                           "--fsdp-layout per_parameter", "pp_x_fsdp2")) <= 1e-5);
 }

@@ -122,8 +122,8 @@ TEST_CASE("--mode fsdp --checkpoint-dir then --resume continues bit for bit, fro
   // (tests/test_resharding_launch.cpp checks the weights of every such pair).
   Result wider = train("--nproc_per_node 3", fsdp + " --max-steps 6 --checkpoint-dir " + sharded + " --resume");
   CHECK_MESSAGE(wider.code == 0, wider.output);
-  CHECK_MESSAGE(contains(wider.output, "resharded step 4 from pp=1 dp_replicate=1 dp_shard=2 tp=1 (world 2) (2 files) "
-                                       "into pp=1 dp_replicate=1 dp_shard=3 tp=1 (world 3)"),
+  CHECK_MESSAGE(contains(wider.output, "resharded step 4 from pp=1 dp_replicate=1 dp_shard=2 tp=1 (world 2), FSDP1 flat shards (2 "
+                                       "files) into pp=1 dp_replicate=1 dp_shard=3 tp=1 (world 3), FSDP1 flat shards"),
                 wider.output);
   Result other = train("--nproc_per_node 2", " --mode fsdp --sharding-strategy no_shard --seed 3 --max-steps 8 "
                        "--checkpoint-dir " + sharded + " --resume");

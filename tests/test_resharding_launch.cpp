@@ -39,15 +39,21 @@ struct Layout {
 // micro-batch.
 const Layout kSingle{"single", 1, "--batch-size 12", "pp=1 dp_replicate=1 dp_shard=1 tp=1 (world 1)"};
 const Layout kDdp2{"ddp 2", 2, "--dp-replicate 2 --batch-size 6 --sync-bn", "pp=1 dp_replicate=2 dp_shard=1 tp=1 (world 2)"};
-const Layout kShard2{"dp_shard 2", 2, "--dp-shard 2 --batch-size 6 --sync-bn", "pp=1 dp_replicate=1 dp_shard=2 tp=1 (world 2)"};
+const Layout kShard2{"dp_shard 2", 2, "--dp-shard 2 --batch-size 6 --sync-bn",
+                     "pp=1 dp_replicate=1 dp_shard=2 tp=1 (world 2), FSDP1 flat shards"};
 const Layout kShard3{"dp_shard 3 (FSDP2)", 3, "--dp-shard 3 --fsdp-layout per_parameter --batch-size 4 --sync-bn",
-                     "pp=1 dp_replicate=1 dp_shard=3 tp=1 (world 3)"};
+                     "pp=1 dp_replicate=1 dp_shard=3 tp=1 (world 3), FSDP2 per-parameter shards"};
 const Layout kTp2{"tp 2", 2, "--tp 2 --batch-size 12", "pp=1 dp_replicate=1 dp_shard=1 tp=2 (world 2)"};
 const Layout kPp2{"pp 2", 2, "--pp 2 --microbatches 1 --batch-size 12", "pp=2 dp_replicate=1 dp_shard=1 tp=1 (world 2)"};
 const Layout kPp2Shard2{"pp 2 x dp_shard 2", 4, "--pp 2 --microbatches 1 --dp-shard 2 --batch-size 6 --sync-bn",
-                        "pp=2 dp_replicate=1 dp_shard=2 tp=1 (world 4)"};
+                        "pp=2 dp_replicate=1 dp_shard=2 tp=1 (world 4), FSDP1 flat shards"};
 const Layout kShard2Tp2{"dp_shard 2 x tp 2", 4, "--dp-shard 2 --tp 2 --batch-size 6 --sync-bn",
-                        "pp=1 dp_replicate=1 dp_shard=2 tp=2 (world 4)"};
+                        "pp=1 dp_replicate=1 dp_shard=2 tp=2 (world 4), FSDP1 flat shards"};
+const Layout kPp2Fsdp2{"pp 2 x dp_shard 2 (FSDP2)", 4,
+                       "--pp 2 --microbatches 1 --dp-shard 2 --fsdp-layout per_parameter --batch-size 6 --sync-bn",
+                       "pp=2 dp_replicate=1 dp_shard=2 tp=1 (world 4), FSDP2 per-parameter shards"};
+const Layout kFsdp2Tp2{"dp_shard 2 x tp 2 (FSDP2)", 4, "--dp-shard 2 --tp 2 --fsdp-layout per_parameter --batch-size 6 --sync-bn",
+                       "pp=1 dp_replicate=1 dp_shard=2 tp=2 (world 4), FSDP2 per-parameter shards"};
 
 Result run(const Layout& layout, const std::string& flags) {
   return Launch(trainer_command(layout.ranks, kCommon + " " + layout.flags + " " + flags)).finish();
@@ -117,6 +123,10 @@ TEST_CASE("a sharded checkpoint resumes under another layout: the compositions")
   check_resumes(dir, kPp2Shard2, kShard2);
   check_resumes(dir, kTp2, kShard2Tp2);
   check_resumes(dir, kShard2Tp2, kTp2);
+  check_resumes(dir, kPp2Fsdp2, kShard3);
+  check_resumes(dir, kShard3, kPp2Fsdp2);
+  check_resumes(dir, kFsdp2Tp2, kShard2Tp2);
+  check_resumes(dir, kShard2Tp2, kFsdp2Tp2);
 }
 
 TEST_CASE("a damaged set is refused, and so is a checkpoint of another model") {

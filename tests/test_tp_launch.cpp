@@ -70,6 +70,8 @@ TEST_CASE("--tp 2 with --dp-replicate 2 and with --dp-shard 2 train as DDP on th
   TempDir dir("loom_tp_dp");
   check_trains_alike(dir, 2, "--dp-replicate 2", 4, "--dp-replicate 2 --tp 2");
   check_trains_alike(dir, 2, "--dp-replicate 2", 4, "--dp-shard 2 --tp 2");
+  // FSDP2 x TP: each parameter's tp shard cut again on dim 0 over dp_shard.
+  check_trains_alike(dir, 2, "--dp-replicate 2", 4, "--dp-shard 2 --tp 2 --fsdp-layout per_parameter");
 }
 
 TEST_CASE("--tp 2 with --pp 2 trains as the pipeline alone") {
@@ -94,6 +96,8 @@ TEST_CASE("--model vit_tiny --tp 3 (attention by its 3 heads, the MLP by feature
   check_trains_alike(dir, 1, "", 3, "--tp 3", recipe);
   // FSDP2's per-parameter shards keep the groups (fully_shard): the same weights as one process.
   check_trains_alike(dir, 1, "", 2, "--dp-shard 2 --fsdp-layout per_parameter", recipe);
+  // And over tp shards (FSDP2 x TP): the groups by the model's names still.
+  check_trains_alike(dir, 1, "", 6, "--dp-shard 2 --tp 3 --fsdp-layout per_parameter", recipe);
   // FSDP's flat shards mix parameters with and without weight decay: refused, saying why.
   Result fsdp = Launch(run_on(2, recipe + " --dp-shard 2")).finish();
   CHECK(fsdp.code != 0);
@@ -117,7 +121,7 @@ TEST_CASE("--tp 2 checkpoints each rank's shards with their places in the whole 
   Result other = Launch(run_on(2, "--dp-shard 2 --seed 5 --max-steps 4 --checkpoint-dir " + copy + " --resume")).finish();
   CHECK_MESSAGE(other.code == 0, other.output);
   CHECK_MESSAGE(contains(other.output, "resharded step 2 from pp=1 dp_replicate=1 dp_shard=1 tp=2 (world 2) (2 files) "
-                                       "into pp=1 dp_replicate=1 dp_shard=2 tp=1 (world 2)"),
+                                       "into pp=1 dp_replicate=1 dp_shard=2 tp=1 (world 2), FSDP1 flat shards"),
                 other.output);
   Result second = Launch(run_on(2, flags + " --max-steps 4 --checkpoint-dir " + ckpt + " --resume --save " + got)).finish();
   REQUIRE_MESSAGE(second.code == 0, second.output);

@@ -201,7 +201,8 @@ static void shard_pipeline_stage(ParallelModel& out, std::shared_ptr<parallel::p
   if (strategy == fsdp::ShardingStrategy::HYBRID_SHARD) strategy = fsdp::ShardingStrategy::FULL_SHARD;
   // As shard_stage's defaults (every block a unit), with --reshard-after-forward.
   fsdp::FSDPOptions options{.sharding_strategy = dims.dp_replicate_enabled() ? fsdp::ShardingStrategy::HYBRID_SHARD
-                                                                              : strategy};
+                                                                              : strategy,
+                            .per_parameter_sharding = config.fsdp_layout == "per_parameter"};
   if (config.reshard_after_forward != "default") options.reshard_after_forward = config.reshard_after_forward == "always";
   const parallel::pipeline::StageShards shards =
       dims.dp_replicate_enabled()

@@ -19,6 +19,16 @@ namespace {
 // The metadata key of the layout that wrote a sharded checkpoint, for the resume's message.
 constexpr const char* kLayout = "layout";
 
+// "pp=1 dp_replicate=1 dp_shard=2 tp=1 (world 2), FSDP2 per-parameter shards": the degrees,
+// and which FSDP layout cut the model (the same degrees hold other shards under each).
+std::string layout_name(const Distributed& dist, const ParallelModel& parallel) {
+  std::string name = dist.dims().str();
+  if (!parallel.sharded_parts.empty())
+    name += parallel.sharded_parts.front().fsdp->per_parameter_sharding() ? ", FSDP2 per-parameter shards"
+                                                                           : ", FSDP1 flat shards";
+  return name;
+}
+
 // This rank's part of the model's state as pieces of the plain model's tensors (Note
 // [Every layout is a set of boxes]), and, among them, each tensor the optimizer steps.
 struct RankState {
@@ -99,7 +109,7 @@ void save_sharded_checkpoint(const std::string& dir, const Distributed& dist, co
   safetensors::File rest = pack_training_state({}, {}, scheduler, position, scaler);
   for (const auto& [key, value] : rest.tensors) file.tensors.insert(key, value);
   for (const auto& [key, value] : rest.metadata) file.metadata.insert(key, value);
-  file.metadata.insert(kLayout, dist.dims().str());
+  file.metadata.insert(kLayout, layout_name(dist, parallel));
   const std::string step_dir = dir + "/" + ckpt::step_dir_name(position.global_step);
   // The same step saved again (--checkpoint-every at an epoch's last step, then the
   // epoch's end): its old manifest goes first, so it never vouches for a mix of shards.
@@ -130,10 +140,11 @@ TrainingPosition load_sharded_checkpoint(const std::string& step_dir, const Dist
   if (const optim::Optimizer* local = stepping(optimizer))
     ckpt::load_optimizer_state(const_cast<optim::Optimizer&>(*local), index, mine.params);
   const std::string& saved_layout = *file.metadata.find(kLayout);
-  if (dist.is_main() && saved_layout != dist.dims().str())
+  const std::string layout = layout_name(dist, parallel);
+  if (dist.is_main() && saved_layout != layout)
     std::fprintf(stderr, "resharded step %lld from %s (%zu files) into %s\n",
                  static_cast<long long>(state.position.global_step), saved_layout.c_str(), index.files.size(),
-                 dist.dims().str().c_str());
+                 layout.c_str());
   return state.position;
 }
 

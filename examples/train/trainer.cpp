@@ -228,9 +228,6 @@ void check_flags(const TrainConfig& c) {
              "shards the optimizer state over DDP's ranks: it needs --mode ddp or --dp-replicate, got --mode ", c.mode);
   LOOM_CHECK(c.fsdp_layout == "flat" || c.fsdp_layout == "per_parameter", "--fsdp-layout: expected flat or "
              "per_parameter, got '", c.fsdp_layout, "'");
-  LOOM_CHECK(c.fsdp_layout == "flat" || (c.pp <= 1 && c.tp <= 1), "--fsdp-layout per_parameter shards the whole "
-             "model over --dp-shard (fully_shard); with --pp or --tp the stages and tp shards are sharded in the flat "
-             "layout: use --fsdp-layout flat there, got --pp ", c.pp, " --tp ", c.tp);
   LOOM_CHECK(c.reshard_after_forward == "default" || c.reshard_after_forward == "always" ||
                  c.reshard_after_forward == "never",
              "--reshard-after-forward: expected default, always or never, got '", c.reshard_after_forward, "'");
