@@ -17,6 +17,7 @@
 #include "core/factory.h"
 #include "core/tensor.h"
 #include "parallel/checkpoint/chunks.h"
+#include "parallel/checkpoint/convert.h"
 #include "parallel/checkpoint/load_plan.h"
 #include "parallel/checkpoint/sharded_state.h"
 #include "parallel/distributed_checkpoint.h"  // defines: write_shard, write_manifest (the disk round trip)
@@ -292,4 +293,24 @@ TEST_CASE("on disk: a complete step directory is indexed through its manifest") 
   check_loads_as(index, layouts()[9], globals);  // flat 4
   remove_manifest(step_dir);
   CHECK_THROWS_WITH_AS(read_checkpoint_index(step_dir), doctest::Contains("is incomplete"), Error);
+}
+
+TEST_CASE("consolidate: every tensor whole from any layout's set; a one-rank set of them reads back alike") {
+  manual_seed(4);
+  const Globals globals = make_globals();
+  const Layout flat3 = layouts()[8];
+  const CheckpointIndex index = index_files(save_all(flat3, globals), names(3), "flat 3");
+  const OrderedDict<Tensor> model = consolidate(index, /*with_optimizer=*/false);
+  CHECK(model.size() == globals.size() - 2);  // the two "optim." tensors left out
+  const OrderedDict<Tensor> all = consolidate(index, /*with_optimizer=*/true);
+  REQUIRE(all.size() == globals.size());
+  for (const auto& [name, t] : globals) {
+    CAPTURE(name);
+    REQUIRE(all.find(name) != nullptr);
+    CHECK(all.find(name)->tolist<double>() == t.tolist<double>());
+  }
+  testing::TempDir dir;
+  const std::string step_dir = dir.path.string() + "/" + step_dir_name(0);
+  write_one_rank_set(all, step_dir);
+  check_loads_as(read_checkpoint_index(step_dir), layouts()[6], globals);  // tp 2 (dim 1) x dp_shard 3
 }

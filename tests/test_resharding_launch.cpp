@@ -15,7 +15,8 @@
 #include <vector>
 
 #include "process_launch.h"  // defines: Launch, Result, TempDir, path_from_env, contains, trainer_command
-#include "saved_weights.h"   // defines: max_weight_difference
+#include "nn/safetensors.h"  // defines: load_file (dcp_convert's output)
+#include "saved_weights.h"   // defines: max_weight_difference, check_same_weights
 
 using namespace loom;
 using namespace loom::testing;
@@ -141,4 +142,33 @@ TEST_CASE("a damaged set is refused, and so is a checkpoint of another model") {
                                                other.string() + "' --resume")).finish();
   CHECK(wider.code != 0);
   CHECK_MESSAGE(contains(wider.output, "was saved with global shape"), wider.output);
+}
+
+TEST_CASE("dcp_convert: a sharded set as the file --save writes, and a file as a set any layout reads") {
+  TempDir dir("loom_reshard_convert");
+  const fs::path ckpt = dir.path / "ckpt";
+  const std::string saved = (dir.path / "saved.safetensors").string();
+  Result r = run(kShard2, "--max-steps 2 --checkpoint-every 2 --checkpoint-dir '" + ckpt.string() + "' --save '" +
+                              saved + "'");
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const std::string tool = path_from_env("DCP_CONVERT");
+  const std::string file = (dir.path / "file.safetensors").string();
+  Result to_file = Launch(tool + " to-file '" + ckpt.string() + "' '" + file + "'").finish();
+  REQUIRE_MESSAGE(to_file.code == 0, to_file.output);
+  check_same_weights(saved, file);  // the flat shards of 2 ranks, whole again: --save's file
+  check_same_weights(file, saved);  // and nothing more
+  const std::string with_state = (dir.path / "with_state.safetensors").string();
+  Result optim = Launch(tool + " to-file '" + ckpt.string() + "' '" + with_state + "' --with-optimizer").finish();
+  REQUIRE_MESSAGE(optim.code == 0, optim.output);
+  CHECK(safetensors::load_file(with_state).contains("optim.layer1.0.conv1.weight.momentum_buffer"));
+  const fs::path set = dir.path / "set" / "step-00000000";
+  Result to_set = Launch(tool + " to-sharded '" + file + "' '" + set.string() + "'").finish();
+  REQUIRE_MESSAGE(to_set.code == 0, to_set.output);
+  const std::string back = (dir.path / "back.safetensors").string();
+  Result again = Launch(tool + " to-file '" + set.string() + "' '" + back + "'").finish();
+  REQUIRE_MESSAGE(again.code == 0, again.output);
+  check_same_weights(file, back);
+  Result bad = Launch(tool + " to-file '" + (dir.path / "nothing").string() + "' x.safetensors").finish();
+  CHECK(bad.code == 1);
+  CHECK_MESSAGE(contains(bad.output, "is neither a complete step directory nor a checkpoint directory"), bad.output);
 }

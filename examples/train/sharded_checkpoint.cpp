@@ -76,7 +76,7 @@ RankState describe_rank_state(const Distributed& dist, const ParallelModel& para
     if (!held.count(t.unsafe_impl()) || out.params.count(t.unsafe_impl())) return;
     const distributed::DTensorSpec* spec = parallel.tp_placements.find(name);
     const bool first = at.dp_replicate == 0 && at.dp_shard == 0 && (spec || at.tp == 0);
-    ckpt::LocalTensor local = ckpt::whole(name, t.contiguous(), first);
+    ckpt::LocalTensor local = ckpt::whole(name, t, first);  // a loom::Error if not contiguous: loading must land in t
     if (spec) local = ckpt::sharded(name, t, spec->shape, spec->placement, dims.tp, at.tp), local.write = first;
     out.model.push_back(local);
     if (parameter) out.params.emplace(t.unsafe_impl(), local);
