@@ -14,6 +14,7 @@
 #include <string>
 
 #include "core/atomic_file.h"                  // defines: write_file_atomically
+#include "core/cpu/bf16_path.h"                // defines: bf16_autocast_pays
 #include "data/data_root.h"                    // defines: find_cifar10_root
 #include "examples/speedrun/airbench94.h"      // defines: run_airbench94, load_cifar10_tensors
 #include "core/cpu/kernel_benchmark.h"           // defines: backends::cpu::benchmark (reported)
@@ -108,7 +109,12 @@ int main(int argc, char** argv) try {
   config.seed = static_cast<uint64_t>(seed);
   config.max_steps = steps;
   config.epochs = epochs;
-  config.bf16 = amp == "bf16";
+  // float32 where the CPU has no bfloat16 arithmetic (Note [bf16 autocast where the CPU has
+  // no bfloat16 arithmetic], core/cpu/bf16_path.h), said once.
+  config.bf16 = amp == "bf16" && cpu::bf16_autocast_pays();
+  if (amp == "bf16" && !config.bf16 && rank0)
+    std::printf("--amp bf16: this CPU has no bfloat16 arithmetic (%s), so autocast would only add casts: the run is "
+                "float32 (LOOM_CPU_BF16=staging keeps bfloat16)\n", cpu::bf16_path_description());
   config.tta = static_cast<nn::TTA>(tta);
   config.eval_every_epoch = eval_every_epoch;
   LOOM_CHECK(memory_format == "channels_last" || memory_format == "contiguous",

@@ -39,6 +39,12 @@ Bf16Path bf16_path() {
   return path;
 }
 
+bool bf16_autocast_pays() {
+  if (bf16_path() != Bf16Path::Staging) return true;
+  const char* value = std::getenv("LOOM_CPU_BF16");
+  return value != nullptr && std::strcmp(value, "staging") == 0;  // asked for by name
+}
+
 const char* bf16_path_description() {
   switch (bf16_path()) {
     case Bf16Path::Native:

@@ -27,4 +27,17 @@ Bf16Path bf16_path();
 // what the trainer prints once under --amp bf16 on the CPU.
 const char* bf16_path_description();
 
+// Note [bf16 autocast where the CPU has no bfloat16 arithmetic]
+// On the staging path every bfloat16 kernel converts to float32, computes in float32 and
+// converts back, so autocast to bfloat16 adds casts and buys nothing: measured on an
+// AVX2-only EPYC, --amp bf16 ran at 0.84x float32 (airbench94) and 0.90x (ResNet18) even
+// with each convolution's precision chosen by measurement (bench/results/
+// conv_benchmark_avx2.json). Autocast's promise is precision traded for speed, so the
+// applications that offer --amp bf16 on the CPU (train_cifar10, airbench, bench_train) run
+// float32 there and say so once. LOOM_CPU_BF16=staging, the explicit request for the
+// staging path, keeps autocast on (to reproduce bfloat16 numerics on any CPU).
+// Whether --amp bf16 on the CPU should run autocast: false on the staging path the CPU
+// chose for itself (not under LOOM_CPU_BF16=staging).
+bool bf16_autocast_pays();
+
 }  // namespace loom::cpu

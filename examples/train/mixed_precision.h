@@ -21,6 +21,7 @@
 #include <string>
 
 #include "autograd/autocast.h"     // defines: autocast::Guard
+#include "core/cpu/bf16_path.h"    // defines: bf16_autocast_pays
 #include "core/device.h"
 #include "core/error.h"
 #include "core/tensor.h"
@@ -33,8 +34,17 @@ namespace loom::examples {
 class MixedPrecision {
  public:
   // amp: none | bf16 | fp16; anything else is a loom::Error naming the choices.
+  // bf16 on a CPU without bfloat16 arithmetic runs float32 instead (Note [bf16 autocast
+  // where the CPU has no bfloat16 arithmetic], core/cpu/bf16_path.h): see runs_float32_instead().
   MixedPrecision(const std::string& amp, Device device)
-      : dtype_(dtype_of_flag(amp)), device_type_(device.type), scaler_({.enabled = amp == "fp16"}) {}
+      : dtype_(dtype_of_flag(amp)), device_type_(device.type), scaler_({.enabled = amp == "fp16"}) {
+    if (dtype_ == kBFloat16 && device.type == DeviceType::CPU && !cpu::bf16_autocast_pays()) {
+      dtype_ = kFloat32;
+      float32_instead_ = true;
+    }
+  }
+  // Whether --amp bf16 was asked for and float32 runs (the CPU stages bf16 through float32).
+  bool runs_float32_instead() const { return float32_instead_; }
 
   // The scope of forward + loss: autocast on the device for bf16/fp16, nothing for none.
   std::unique_ptr<autocast::Guard> autocast() const {
@@ -65,6 +75,7 @@ class MixedPrecision {
   }
 
   DType dtype_;  // kFloat32: --amp none
+  bool float32_instead_ = false;
   DeviceType device_type_;
   optim::GradScaler scaler_;
 };

@@ -329,8 +329,13 @@ class Trainer {
         amp_(config.amp, device_),
         checkpointer_(config, dist_, parallel_, *optimizer_, scheduler_.get(), &amp_.scaler()) {
     if (config.amp == "bf16" && device().type == DeviceType::CPU && dist_.is_main())
-      std::printf("--amp bf16 on the CPU: %s; %s activations (--memory-format)\n", cpu::bf16_path_description(),
-                  input_format_ == MemoryFormat::ChannelsLast ? "channels-last" : "NCHW");
+      std::printf("--amp bf16 on the CPU: %s; %s activations (--memory-format)%s\n", cpu::bf16_path_description(),
+                  input_format_ == MemoryFormat::ChannelsLast ? "channels-last" : "NCHW",
+                  amp_.runs_float32_instead()
+                      ? "; this CPU has no bfloat16 arithmetic, so autocast would only add casts: the step runs in "
+                        "float32 (Note [bf16 autocast where the CPU has no bfloat16 arithmetic]; LOOM_CPU_BF16=staging "
+                        "keeps bfloat16)"
+                      : "");
     if (config.clip_grad_norm > 0) {  // over the whole model, however it is cut
       clipper_.emplace(parallel_, *optimizer_, dist_.dims(), dist_.mesh(), config.clip_grad_norm);
       clip_ = [this] { clipper_->clip(amp_); };
