@@ -44,6 +44,8 @@ const Layout kShard2{"dp_shard 2", 2, "--dp-shard 2 --batch-size 6 --sync-bn",
                      "pp=1 dp_replicate=1 dp_shard=2 tp=1 (world 2), FSDP1 flat shards"};
 const Layout kShard3{"dp_shard 3 (FSDP2)", 3, "--dp-shard 3 --fsdp-layout per_parameter --batch-size 4 --sync-bn",
                      "pp=1 dp_replicate=1 dp_shard=3 tp=1 (world 3), FSDP2 per-parameter shards"};
+const Layout kZero2{"ddp 2 + ZeRO-1", 2, "--dp-replicate 2 --zero-redundancy-optimizer --batch-size 6 --sync-bn",
+                    "pp=1 dp_replicate=2 dp_shard=1 tp=1 (world 2)"};
 const Layout kTp2{"tp 2", 2, "--tp 2 --batch-size 12", "pp=1 dp_replicate=1 dp_shard=1 tp=2 (world 2)"};
 const Layout kPp2{"pp 2", 2, "--pp 2 --microbatches 1 --batch-size 12", "pp=2 dp_replicate=1 dp_shard=1 tp=1 (world 2)"};
 const Layout kPp2Shard2{"pp 2 x dp_shard 2", 4, "--pp 2 --microbatches 1 --dp-shard 2 --batch-size 6 --sync-bn",
@@ -106,11 +108,12 @@ void check_both_ways(const TempDir& dir, const Layout& a, const Layout& b) {
 
 }  // namespace
 
-TEST_CASE("a sharded checkpoint resumes under another layout: FSDP at other world sizes and layouts, one process") {
+TEST_CASE("a sharded checkpoint resumes under another layout: FSDP at other world sizes and layouts, one process, ZeRO-1") {
   TempDir dir("loom_reshard_fsdp");
   check_both_ways(dir, kSingle, kShard2);
   check_both_ways(dir, kShard2, kShard3);
   check_both_ways(dir, kDdp2, kShard3);
+  check_both_ways(dir, kZero2, kShard3);  // ZeRO-1's partitioned momentum, each owner's
 }
 
 TEST_CASE("a sharded checkpoint resumes under another layout: tensor parallel and pipeline stages") {
