@@ -304,10 +304,11 @@ TEST_CASE("consolidate: every tensor whole from any layout's set; a one-rank set
   CHECK(model.size() == globals.size() - 2);  // the two "optim." tensors left out
   const OrderedDict<Tensor> all = consolidate(index, /*with_optimizer=*/true);
   REQUIRE(all.size() == globals.size());
-  for (const auto& [name, t] : globals) {
+  for (const auto& entry : globals) {  // Note [doctest messages name no structured binding]
+    const std::string& name = entry.first;
     CAPTURE(name);
     REQUIRE(all.find(name) != nullptr);
-    CHECK(all.find(name)->tolist<double>() == t.tolist<double>());
+    CHECK(all.find(name)->tolist<double>() == entry.second.tolist<double>());
   }
   testing::TempDir dir;
   const std::string step_dir = dir.path.string() + "/" + step_dir_name(0);
