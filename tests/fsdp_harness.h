@@ -152,4 +152,18 @@ inline void check_strategies_against(const std::vector<OrderedDict<Tensor>>& ref
   }
 }
 
+// FULL_SHARD, SHARD_GRAD_OP and NO_SHARD at 2 and 3 ranks (3 steps of 4 float64 examples
+// per rank), each against DDP's weights on the same batches, bitwise.
+inline void check_every_strategy_equals_ddp(const std::shared_ptr<nn::Module>& start, const fsdp::FSDPOptions& base,
+                                            const std::string& what) {
+  for (int world : {2, 3}) {
+    const Batches data = make_batches(3, 4 * world, kFloat64);
+    CAPTURE(world);
+    check_strategies_against(ddp_reference(start, data, world), start, data, world,
+                             {fsdp::ShardingStrategy::FULL_SHARD, fsdp::ShardingStrategy::SHARD_GRAD_OP,
+                              fsdp::ShardingStrategy::NO_SHARD},
+                             base, what);
+  }
+}
+
 }  // namespace loom::testing

@@ -51,16 +51,9 @@ TEST_CASE("plan_units: each policy stage is a unit; the runs between are the ste
 
 TEST_CASE("transparency: FULL_SHARD, SHARD_GRAD_OP and NO_SHARD end with DDP's weights (small net, float64)") {
   manual_seed(3);
-  auto start = small_net();
-  for (int world : {2, 3}) {
-    const Batches data = make_batches(3, 4 * world, kFloat64);
-    CAPTURE(world);
-    // The same per-element arithmetic as DDP (scale by 1/N on the way in, sum, the same
-    // SGD kernel): equal bits.
-    check_strategies_against(ddp_reference(start, data, world), start, data, world,
-                             {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP, ShardingStrategy::NO_SHARD},
-                             {.auto_wrap_policy = kSmallNetPolicy}, "small net");
-  }
+  // The same per-element arithmetic as DDP (scale by 1/N on the way in, sum, the same SGD
+  // kernel): equal bits.
+  check_every_strategy_equals_ddp(small_net(), {.auto_wrap_policy = kSmallNetPolicy}, "small net");
 }
 
 TEST_CASE("transparency: ResNet (tiny, BatchNorm, float32) under every strategy ends with DDP's weights and buffers") {

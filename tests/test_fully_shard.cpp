@@ -114,15 +114,8 @@ std::unique_ptr<optim::Optimizer> adamw_with_exemptions(nn::Module& wrapped) {
 
 TEST_CASE("transparency: fully_shard under FULL_SHARD, SHARD_GRAD_OP and NO_SHARD ends with DDP's weights (float64)") {
   manual_seed(21);
-  auto start = uneven_net();
-  for (int world : {2, 3}) {
-    const Batches data = make_batches(3, 4 * world, kFloat64);
-    CAPTURE(world);
-    // The same per-element arithmetic as DDP and the flat layout: equal bits.
-    check_strategies_against(ddp_reference(start, data, world), start, data, world,
-                             {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP, ShardingStrategy::NO_SHARD},
-                             per_parameter({.auto_wrap_policy = kSmallNetPolicy}), "uneven net");
-  }
+  // The same per-element arithmetic as DDP and the flat layout: equal bits.
+  check_every_strategy_equals_ddp(uneven_net(), per_parameter({.auto_wrap_policy = kSmallNetPolicy}), "uneven net");
 }
 
 TEST_CASE("transparency: fully_shard of a ResNet (tiny, BatchNorm, float32) ends with DDP's weights and buffers") {

@@ -76,8 +76,10 @@ RankState describe_rank_state(const Distributed& dist, const ParallelModel& para
     if (!held.count(t.unsafe_impl()) || out.params.count(t.unsafe_impl())) return;
     const distributed::DTensorSpec* spec = parallel.tp_placements.find(name);
     const bool first = at.dp_replicate == 0 && at.dp_shard == 0 && (spec || at.tp == 0);
-    ckpt::LocalTensor local = ckpt::whole(name, t, first);  // a loom::Error if not contiguous: loading must land in t
-    if (spec) local = ckpt::sharded(name, t, spec->shape, spec->placement, dims.tp, at.tp), local.write = first;
+    // (A loom::Error if t is not contiguous: loading must land in t itself.)
+    ckpt::LocalTensor local =
+        spec ? ckpt::sharded(name, t, spec->shape, spec->placement, dims.tp, at.tp) : ckpt::whole(name, t);
+    local.write = first;
     out.model.push_back(local);
     if (parameter) out.params.emplace(t.unsafe_impl(), local);
   };
@@ -137,8 +139,9 @@ TrainingPosition load_sharded_checkpoint(const std::string& step_dir, const Dist
   CheckpointState state = unpack_training_state(file, step_dir + "/" + index.file_names[own], scheduler, scaler);
   RankState mine = describe_rank_state(dist, parallel);
   ckpt::load(index, mine.model);
-  if (const optim::Optimizer* local = stepping(optimizer))
-    ckpt::load_optimizer_state(const_cast<optim::Optimizer&>(*local), index, mine.params);
+  const parallel::ZeroRedundancyOptimizer* zero = zero_redundancy_of(optimizer);
+  if (optim::Optimizer* local = zero ? zero->local_optimizer() : &optimizer)
+    ckpt::load_optimizer_state(*local, index, mine.params);
   const std::string& saved_layout = *file.metadata.find(kLayout);
   const std::string layout = layout_name(dist, parallel);
   if (dist.is_main() && saved_layout != layout)
