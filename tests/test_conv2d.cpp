@@ -9,6 +9,8 @@
 #include <string>
 #include <thread>
 
+#include <omp.h>
+
 #include "autograd/ops.h"
 #include "gradcheck.h"
 #include "tensor_compare.h"  // defines: testing::relative_error
@@ -267,4 +269,19 @@ TEST_CASE("conv2d: a weight with no output channels or an empty kernel is named,
                        Error);
   CHECK_THROWS_WITH_AS(conv2d(x, zeros({0, 3, 3, 3})), doctest::Contains("has no output channels or an empty kernel"),
                        Error);
+}
+// Note [oneDNN's strided 1x1 weight gradient in nhwc]: with 2 threads, oneDNN's own kernel
+// got this weight gradient wrong in about one call in five; loom must get it right every time.
+TEST_CASE("a strided 1x1 convolution's weight gradient in nhwc, with 2 threads, every time") {
+  LayoutGuard guard("nhwc");
+  const int threads_before = omp_get_max_threads();
+  omp_set_num_threads(2);
+  for (int repeat = 0; repeat < 10; ++repeat)
+    for (int64_t channels : {3, 4, 7, 12}) {
+      const Config cfg{"1x1 stride 2", {8, channels, 16, 16}, {2 * channels, channels, 1, 1}, {2}, {0}, {1}, 1, false};
+      CAPTURE(channels);
+      CAPTURE(repeat);
+      check_float32_against_float64(cfg, 43 + static_cast<uint64_t>(repeat), 1e-5);
+    }
+  omp_set_num_threads(threads_before);
 }
