@@ -83,6 +83,29 @@ TEST_CASE("--amp bf16 trains in every mode with float32 weights; FSDP = DDP and 
   CHECK_MESSAGE(contains(said.output, "the step runs in float32") == float32_instead, said.output);
 }
 
+// Under float16 every rank holds part of the gradients in FSDP2, tp and pp, and the
+// scaler's verdict on inf is reduced over the world (Note [One verdict on inf for every
+// rank], parallel/sharded_grad_scaler.h): the compositions train, and FSDP2 = DDP bitwise.
+TEST_CASE("--amp fp16 trains under FSDP2, FSDP2 x TP and pp x FSDP2; FSDP2 = DDP bitwise") {
+  TempDir dir("loom_amp_fp16_launch");
+  const std::string loomrun = path_from_env("LOOMRUN"), train = path_from_env("TRAIN_CIFAR10");
+  auto run = [&](const std::string& name, int processes, const std::string& args) {
+    const fs::path weights = dir.path / (name + ".safetensors");
+    Result r = Launch(loomrun + " --standalone --nproc_per_node " + std::to_string(processes) + " " + train +
+                      kTrainArgs + " --seed 5 --amp fp16 --save " + weights.string() + args)
+                   .finish();
+    CAPTURE(name);
+    REQUIRE_MESSAGE(r.code == 0, r.output);
+    return read_file(weights);
+  };
+  const std::string ddp = run("ddp", 2, " --mode ddp");
+  const std::string fsdp2 = run("fsdp2", 2, " --mode fsdp --fsdp-layout per_parameter");
+  const bool fsdp2_is_ddp = fsdp2 == ddp;
+  CHECK(fsdp2_is_ddp);
+  run("fsdp2_tp", 4, " --dp-shard 2 --tp 2 --fsdp-layout per_parameter");
+  run("pp_fsdp2", 4, " --pp 2 --dp-shard 2 --fsdp-layout per_parameter");
+}
+
 TEST_CASE("--memory-format: auto is channels-last under --amp bf16 on the CPU, said once; a wrong value is named") {
   const std::string train = path_from_env("TRAIN_CIFAR10");
   const std::string args = train + kTrainArgs + " --seed 5 --mode single";

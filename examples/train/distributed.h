@@ -58,6 +58,8 @@ class Distributed {
   // (--pp) see the same batches, and only the last has the outputs to score, so only it
   // counts; so does one rank of a tensor-parallel group.
   bool counts_examples() const { return at_.pp == dims_.pp - 1 && at_.tp == 0; }
+  // The whole world's process group; null in one process.
+  std::shared_ptr<distributed::Communicator> world() const { return comm_; }
   // The mesh over the processes; null in one process.
   const distributed::DeviceMesh* mesh() const { return mesh_ ? &*mesh_ : nullptr; }
 

@@ -26,6 +26,7 @@
 #include "core/error.h"
 #include "core/tensor.h"
 #include "nn/optim/grad_scaler.h"  // defines: GradScaler
+#include "parallel/sharded_grad_scaler.h"  // defines: ShardedGradScaler
 #include "nn/optim/optimizer.h"
 
 namespace loom::examples {
@@ -36,8 +37,15 @@ class MixedPrecision {
   // amp: none | bf16 | fp16; anything else is a loom::Error naming the choices.
   // bf16 on a CPU without bfloat16 arithmetic runs float32 instead (Note [bf16 autocast
   // where the CPU has no bfloat16 arithmetic], core/cpu/bf16_path.h): see runs_float32_instead().
-  MixedPrecision(const std::string& amp, Device device)
-      : dtype_(dtype_of_flag(amp)), device_type_(device.type), scaler_({.enabled = amp == "fp16"}) {
+  // `world`: the process group of a multi-process run (null in one process); under fp16
+  // every rank then skips a step when any rank's gradients overflowed (Note [One verdict
+  // on inf for every rank], parallel/sharded_grad_scaler.h).
+  MixedPrecision(const std::string& amp, Device device, std::shared_ptr<distributed::Communicator> world = nullptr)
+      : dtype_(dtype_of_flag(amp)),
+        device_type_(device.type),
+        scaler_(std::make_unique<distributed::ShardedGradScaler>(
+            std::vector<std::shared_ptr<distributed::Communicator>>{std::move(world)},
+            optim::GradScalerOptions{.enabled = amp == "fp16"})) {
     if (dtype_ == kBFloat16 && device.type == DeviceType::CPU && !cpu::bf16_autocast_pays()) {
       dtype_ = kFloat32;
       float32_instead_ = true;
@@ -52,19 +60,19 @@ class MixedPrecision {
     return std::make_unique<autocast::Guard>(device_type_, dtype_);
   }
   // loss.backward(), of the scaled loss under fp16.
-  void backward(const Tensor& loss) { scaler_.scale(loss).backward(); }
+  void backward(const Tensor& loss) { scaler_->scale(loss).backward(); }
   // What backward() multiplies the loss by: the GradScaler's scale under fp16, else 1
   // (a pipeline scales each micro-batch's loss itself).
-  double loss_scale() const { return scaler_.get_scale(); }
+  double loss_scale() const { return scaler_->get_scale(); }
   // optimizer.step(), under fp16 through the scaler: returns false when it skipped a step
   // with inf/NaN gradients.
   bool step(optim::Optimizer& optimizer) {
-    const bool stepped = scaler_.step(optimizer);  // a plain optimizer.step() when disabled
-    scaler_.update();
+    const bool stepped = scaler_->step(optimizer);  // a plain optimizer.step() when disabled
+    scaler_->update();
     return stepped;
   }
   // Checkpoints save and restore it (examples/train/checkpoint.h).
-  optim::GradScaler& scaler() { return scaler_; }
+  optim::GradScaler& scaler() { return *scaler_; }
 
  private:
   static DType dtype_of_flag(const std::string& amp) {
@@ -77,7 +85,7 @@ class MixedPrecision {
   DType dtype_;  // kFloat32: --amp none
   bool float32_instead_ = false;
   DeviceType device_type_;
-  optim::GradScaler scaler_;
+  std::unique_ptr<optim::GradScaler> scaler_;
 };
 
 }  // namespace loom::examples

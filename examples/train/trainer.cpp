@@ -326,7 +326,7 @@ class Trainer {
         optimizer_(build_optimizer(parallel_.module->parameters(), *parallel_.model, *parallel_.module, dist_.mesh(),
                                     config, lr_)),
         scheduler_(make_scheduler(config, lr_, *optimizer_, data_.steps_per_epoch)),
-        amp_(config.amp, device_),
+        amp_(config.amp, device_, dist_.world()),
         checkpointer_(config, dist_, parallel_, *optimizer_, scheduler_.get(), &amp_.scaler()) {
     if (config.amp == "bf16" && device().type == DeviceType::CPU && dist_.is_main())
       std::printf("--amp bf16 on the CPU: %s; %s activations (--memory-format)%s\n", cpu::bf16_path_description(),

@@ -72,8 +72,9 @@ void GradScaler::unscale_(Optimizer& opt) {
       grad.bump_version();
     }
   }
-  st.found_inf = false;
-  for (const auto& [device, flag] : found_inf) st.found_inf = st.found_inf || flag.item<float>() != 0.0f;
+  bool found_here = false;
+  for (const auto& [device, flag] : found_inf) found_here = found_here || flag.item<float>() != 0.0f;
+  st.found_inf = found_inf_anywhere(found_here);
   st.stage = Stage::Unscaled;
 }
 

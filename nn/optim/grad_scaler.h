@@ -58,6 +58,9 @@ struct GradScalerOptions {
 class GradScaler {
  public:
   explicit GradScaler(GradScalerOptions options = {});
+  virtual ~GradScaler() = default;
+  GradScaler(const GradScaler&) = delete;
+  GradScaler& operator=(const GradScaler&) = delete;
 
   // outputs * scale (differentiable). Call backward() on the result.
   Tensor scale(const Tensor& outputs) const;
@@ -82,6 +85,14 @@ class GradScaler {
   // "_growth_tracker" (float64 / int64 scalars). Empty when disabled.
   OrderedDict<Tensor> state_dict() const;
   void load_state_dict(const OrderedDict<Tensor>& state);
+
+ protected:
+  // Whether the step's gradients held an inf/NaN anywhere, given what unscale_ found in
+  // this process's gradients of one optimizer: that verdict itself here. Where each rank
+  // holds only part of the gradients (FSDP's shards, a tensor-parallel weight's rows, a
+  // pipeline stage's parameters) every rank must take the same decision:
+  // distributed::ShardedGradScaler (parallel/sharded_grad_scaler.h) reduces it over ranks.
+  virtual bool found_inf_anywhere(bool found_here) { return found_here; }
 
  private:
   enum class Stage { Ready, Unscaled, Stepped };
