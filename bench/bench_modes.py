@@ -127,7 +127,8 @@ COLUMNS = [{"key": "mode", "title": "configuration"}, {"key": "img_per_s", "titl
 # rows' medians, with the range of the per-repeat ratios (the machine's drift) beside it.
 PAIRS = [("loom mp", "loom single"), ("loom pipeline 1f1b", "loom pipeline gpipe"),
          ("loom ddp+zero1", "loom ddp"), ("loom fsdp full_shard", "loom ddp"), ("loom fsdp shard_grad_op", "loom ddp"),
-         ("loom fsdp2 full_shard", "loom fsdp full_shard"), ("loom pp processes gpipe", "loom pipeline gpipe"), ("loom pp processes 1f1b", "loom pipeline 1f1b"),
+         ("loom fsdp2 full_shard", "loom fsdp full_shard"), ("loom pp 2 x fsdp2 2", "loom pp 2 x fsdp 2"),
+         ("loom fsdp2 2 x tp 2", "loom fsdp 2 x tp 2"), ("loom pp processes gpipe", "loom pipeline gpipe"), ("loom pp processes 1f1b", "loom pipeline 1f1b"),
          ("loom pp processes interleaved", "loom pipeline interleaved"),
          ("loom pp processes gpipe", "torch pipeline (Pipe, gpipe)")] + list(COUNTERPARTS.items())
 
@@ -280,17 +281,26 @@ def main():
         # The guide's recipe: a pipeline whose stages are sharded (FSDP per stage), and one
         # whose stages' optimizer states are (ZeRO-1 per stage); 4 processes, as above.
         ("loom pp 2 x fsdp 2", lambda t: loom(args, t, "single", "--pp", "2", "--dp-shard", "2", "--chunks", c,
-                                              processes=4, replicas=2)),
+                                              "--fsdp-layout", "flat", processes=4, replicas=2)),
+        ("loom pp 2 x fsdp2 2", lambda t: loom(args, t, "single", "--pp", "2", "--dp-shard", "2", "--chunks", c,
+                                               "--fsdp-layout", "per_parameter", processes=4, replicas=2)),
         ("loom pp 2 x zero1 2", lambda t: loom(args, t, "single", "--pp", "2", "--dp-replicate", "2",
                                                "--zero-redundancy-optimizer", "--chunks", c, processes=4, replicas=2)),
         # Tensor parallelism (docs/tensor_parallel.md): every block's 3x3 convolutions split
         # over a process per device; the ranks all read the whole global batch.
         (f"loom tp {d}", lambda t: loom(args, t, "single", "--tp", d, processes=args.devices, replicas=1)),
+        # FSDP x TP: 2 data-parallel replicas of 2 tp ranks (4 processes, as pp x dp above), in
+        # either layout (FSDP2 cuts each tp shard again on dim 0).
+        ("loom fsdp 2 x tp 2", lambda t: loom(args, t, "single", "--dp-shard", "2", "--tp", "2", "--fsdp-layout", "flat",
+                                              processes=4, replicas=2)),
+        ("loom fsdp2 2 x tp 2", lambda t: loom(args, t, "single", "--dp-shard", "2", "--tp", "2", "--fsdp-layout",
+                                               "per_parameter", processes=4, replicas=2)),
         # The sharded family (docs/sharding.md, docs/fsdp.md): as ddp, a process per device.
+        # "fsdp": FSDP1's flat layout; "fsdp2": the per-parameter one (train_cifar10's default).
         ("loom fsdp full_shard", lambda t: loom(args, t, "fsdp", "--sharding-strategy", "full_shard",
-                                                processes=args.devices)),
+                                                "--fsdp-layout", "flat", processes=args.devices)),
         ("loom fsdp shard_grad_op", lambda t: loom(args, t, "fsdp", "--sharding-strategy", "shard_grad_op",
-                                                   processes=args.devices)),
+                                                   "--fsdp-layout", "flat", processes=args.devices)),
         # FSDP2's layout (fully_shard): the same units and collectives, each parameter cut on dim 0.
         ("loom fsdp2 full_shard", lambda t: loom(args, t, "fsdp", "--sharding-strategy", "full_shard",
                                                  "--fsdp-layout", "per_parameter", processes=args.devices)),

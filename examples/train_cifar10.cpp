@@ -144,8 +144,8 @@ int main(int argc, char** argv) {
         "never under --pp, where a stage's units stay gathered through the step's micro-batches)");
     auto& fsdp_layout = flags.add<std::string>(
         "fsdp-layout", c.fsdp_layout,
-        "--dp-shard: flat | per_parameter (FSDP2's fully_shard: each parameter cut on dim 0, so --optimizer adamw "
-        "keeps its weight-decay groups)");
+        "--dp-shard: per_parameter (FSDP2's fully_shard: each parameter cut on dim 0, so --optimizer adamw keeps its "
+        "weight-decay groups) | flat (FSDP1: each unit's parameters as one flat tensor, cut in equal ranges)");
     auto& shard_group_size = flags.add<int64_t>("shard-group-size", c.shard_group_size,
                                                 "fsdp hybrid_shard: ranks per shard group (divides the world)");
     const ConvBenchmarkFlags conv_benchmark = add_conv_benchmark_flags(flags);

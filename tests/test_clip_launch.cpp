@@ -39,8 +39,8 @@ TEST_CASE("--clip-grad-norm clips by the whole model's norm under --tp, --pp and
   CHECK(max_weight_difference(one, saved(dir, 2, whole + " --pp 2 --microbatches 1 --balance 5,5", "pp")) <= 1e-5);
   const std::string halves = " --batch-size 8 --clip-grad-norm 0.5 --init " + init;
   const std::string ddp = saved(dir, 2, halves + " --dp-replicate 2", "ddp");
-  CHECK(max_weight_difference(ddp, saved(dir, 2, halves + " --dp-shard 2", "fsdp")) <= 1e-5);
-  Result mixed = Launch(train(4, halves + " --dp-shard 2 --tp 2")).finish();
+  CHECK(max_weight_difference(ddp, saved(dir, 2, halves + " --dp-shard 2 --fsdp-layout flat", "fsdp")) <= 1e-5);
+  Result mixed = Launch(train(4, halves + " --dp-shard 2 --tp 2 --fsdp-layout flat")).finish();
   CHECK(mixed.code != 0);
   CHECK_MESSAGE(contains(mixed.output, "FSDP's flat shards mix tensor-parallel shards"), mixed.output);
   // FSDP2's rows of tp shards and of whole tensors are counted apart: the norm of one process.

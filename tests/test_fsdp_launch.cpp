@@ -44,16 +44,22 @@ TEST_CASE("--mode fsdp from the same --init equals --mode ddp after 2 steps; its
   REQUIRE_MESSAGE(ddp.code == 0, ddp.output);
   const std::string reference = read_file(dir.path / "ddp.safetensors");
   CHECK(reference.size() > 10000);
+  // Both layouts: FSDP2's per-parameter shards (the default) and FSDP1's flat ones.
+  for (const std::string layout : {"per_parameter", "flat"})
   for (const char* strategy : {"full_shard", "shard_grad_op", "no_shard"}) {
+    CAPTURE(layout);
     CAPTURE(strategy);
-    const fs::path saved = dir.path / (std::string(strategy) + ".safetensors");
-    const fs::path metrics = dir.path / (std::string(strategy) + ".json");
-    Result fsdp = train("--nproc_per_node 2", std::string(" --mode fsdp --sharding-strategy ") + strategy + steps +
-                                                  " --save " + saved.string() + " --metrics-json " + metrics.string());
+    const std::string name = layout + "_" + strategy;
+    const fs::path saved = dir.path / (name + ".safetensors");
+    const fs::path metrics = dir.path / (name + ".json");
+    Result fsdp = train("--nproc_per_node 2", std::string(" --mode fsdp --sharding-strategy ") + strategy +
+                                                  " --fsdp-layout " + layout + steps + " --save " + saved.string() +
+                                                  " --metrics-json " + metrics.string());
     REQUIRE_MESSAGE(fsdp.code == 0, fsdp.output);
     CHECK(read_file(saved) == reference);  // bitwise: the same names, order and values as DDP's file
     // Parameters + gradients + momentum after a step: half of DDP's when sharded over 2
-    // ranks (padding: at most one element per unit), all of it under no_shard.
+    // ranks (padding: at most one element per unit, or per parameter's rows), all of it
+    // under no_shard.
     const double mine = loom::json::parse(read_file(metrics))["model_state_mib"].as_double();
     const double ddp_mib = loom::json::parse(read_file(dir.path / "ddp.json"))["model_state_mib"].as_double();
     MESSAGE(std::string(strategy), ": model_state_mib ", mine, " (ddp: ", ddp_mib, ")");
@@ -61,7 +67,7 @@ TEST_CASE("--mode fsdp from the same --init equals --mode ddp after 2 steps; its
     CHECK(std::abs(mine - expected) <= 0.1 + 1e-9);  // the JSON rounds to 0.1 MiB
   }
   // A single-process run loads the FSDP file (strict: every key, no prefix) and evaluates it.
-  Result eval = train("", " --eval-only --init " + (dir.path / "full_shard.safetensors").string());
+  Result eval = train("", " --eval-only --init " + (dir.path / "per_parameter_full_shard.safetensors").string());
   CHECK_MESSAGE(eval.code == 0, eval.output);
   CHECK_MESSAGE(contains(eval.output, "eval: test loss"), eval.output);
 }
@@ -122,8 +128,9 @@ TEST_CASE("--mode fsdp --checkpoint-dir then --resume continues bit for bit, fro
   // (tests/test_resharding_launch.cpp checks the weights of every such pair).
   Result wider = train("--nproc_per_node 3", fsdp + " --max-steps 6 --checkpoint-dir " + sharded + " --resume");
   CHECK_MESSAGE(wider.code == 0, wider.output);
-  CHECK_MESSAGE(contains(wider.output, "resharded step 4 from pp=1 dp_replicate=1 dp_shard=2 tp=1 (world 2), FSDP1 flat shards (2 "
-                                       "files) into pp=1 dp_replicate=1 dp_shard=3 tp=1 (world 3), FSDP1 flat shards"),
+  CHECK_MESSAGE(contains(wider.output, "resharded step 4 from pp=1 dp_replicate=1 dp_shard=2 tp=1 (world 2), FSDP2 per-parameter shards "
+                                       "(2 files) into pp=1 dp_replicate=1 dp_shard=3 tp=1 (world 3), FSDP2 per-parameter "
+                                       "shards"),
                 wider.output);
   Result other = train("--nproc_per_node 2", " --mode fsdp --sharding-strategy no_shard --seed 3 --max-steps 8 "
                        "--checkpoint-dir " + sharded + " --resume");

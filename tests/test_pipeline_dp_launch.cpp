@@ -95,8 +95,8 @@ TEST_CASE("--pp 2 with --mode ddp, --dp-replicate 2 + ZeRO-1, + SyncBatchNorm: o
 // is sharded.
 TEST_CASE("--pp 2 with --dp-shard 2 (FSDP1 and FSDP2, + SyncBatchNorm), and with --dp-replicate 2 --dp-shard 2 (HSDP): one micro-batch trains as without --pp") {
   TempDir dir("loom_pp_shard");
-  check_pipeline_trains_alike(dir, " --dp-shard 2", 2);
-  check_pipeline_trains_alike(dir, " --dp-shard 2 --fsdp-layout per_parameter", 2);  // FSDP2 on each stage
+  check_pipeline_trains_alike(dir, " --dp-shard 2 --fsdp-layout flat", 2);  // FSDP1's flat shards on each stage
+  check_pipeline_trains_alike(dir, " --dp-shard 2", 2);                       // FSDP2 on each stage (the default)
   check_pipeline_trains_alike(dir, " --dp-shard 2 --sync-bn", 2);
   check_pipeline_trains_alike(dir, " --dp-replicate 2 --dp-shard 2", 4);
 }

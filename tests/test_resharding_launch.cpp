@@ -40,7 +40,7 @@ struct Layout {
 // micro-batch.
 const Layout kSingle{"single", 1, "--batch-size 12", "pp=1 dp_replicate=1 dp_shard=1 tp=1 (world 1)"};
 const Layout kDdp2{"ddp 2", 2, "--dp-replicate 2 --batch-size 6 --sync-bn", "pp=1 dp_replicate=2 dp_shard=1 tp=1 (world 2)"};
-const Layout kShard2{"dp_shard 2", 2, "--dp-shard 2 --batch-size 6 --sync-bn",
+const Layout kShard2{"dp_shard 2", 2, "--dp-shard 2 --fsdp-layout flat --batch-size 6 --sync-bn",
                      "pp=1 dp_replicate=1 dp_shard=2 tp=1 (world 2), FSDP1 flat shards"};
 const Layout kShard3{"dp_shard 3 (FSDP2)", 3, "--dp-shard 3 --fsdp-layout per_parameter --batch-size 4 --sync-bn",
                      "pp=1 dp_replicate=1 dp_shard=3 tp=1 (world 3), FSDP2 per-parameter shards"};
@@ -48,9 +48,9 @@ const Layout kZero2{"ddp 2 + ZeRO-1", 2, "--dp-replicate 2 --zero-redundancy-opt
                     "pp=1 dp_replicate=2 dp_shard=1 tp=1 (world 2)"};
 const Layout kTp2{"tp 2", 2, "--tp 2 --batch-size 12", "pp=1 dp_replicate=1 dp_shard=1 tp=2 (world 2)"};
 const Layout kPp2{"pp 2", 2, "--pp 2 --microbatches 1 --batch-size 12", "pp=2 dp_replicate=1 dp_shard=1 tp=1 (world 2)"};
-const Layout kPp2Shard2{"pp 2 x dp_shard 2", 4, "--pp 2 --microbatches 1 --dp-shard 2 --batch-size 6 --sync-bn",
+const Layout kPp2Shard2{"pp 2 x dp_shard 2", 4, "--pp 2 --microbatches 1 --dp-shard 2 --fsdp-layout flat --batch-size 6 --sync-bn",
                         "pp=2 dp_replicate=1 dp_shard=2 tp=1 (world 4), FSDP1 flat shards"};
-const Layout kShard2Tp2{"dp_shard 2 x tp 2", 4, "--dp-shard 2 --tp 2 --batch-size 6 --sync-bn",
+const Layout kShard2Tp2{"dp_shard 2 x tp 2", 4, "--dp-shard 2 --tp 2 --fsdp-layout flat --batch-size 6 --sync-bn",
                         "pp=1 dp_replicate=1 dp_shard=2 tp=2 (world 4), FSDP1 flat shards"};
 const Layout kPp2Fsdp2{"pp 2 x dp_shard 2 (FSDP2)", 4,
                        "--pp 2 --microbatches 1 --dp-shard 2 --fsdp-layout per_parameter --batch-size 6 --sync-bn",

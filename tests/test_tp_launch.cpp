@@ -69,9 +69,10 @@ TEST_CASE("--tp 2 trains as one process, and each step moves the formula's bytes
 TEST_CASE("--tp 2 with --dp-replicate 2 and with --dp-shard 2 train as DDP on the 2 data-parallel ranks") {
   TempDir dir("loom_tp_dp");
   check_trains_alike(dir, 2, "--dp-replicate 2", 4, "--dp-replicate 2 --tp 2");
+  // FSDP1 x TP: flat shards of each rank's tp shards.
+  check_trains_alike(dir, 2, "--dp-replicate 2", 4, "--dp-shard 2 --tp 2 --fsdp-layout flat");
+  // FSDP2 x TP (the default layout): each parameter's tp shard cut again on dim 0 over dp_shard.
   check_trains_alike(dir, 2, "--dp-replicate 2", 4, "--dp-shard 2 --tp 2");
-  // FSDP2 x TP: each parameter's tp shard cut again on dim 0 over dp_shard.
-  check_trains_alike(dir, 2, "--dp-replicate 2", 4, "--dp-shard 2 --tp 2 --fsdp-layout per_parameter");
 }
 
 TEST_CASE("--tp 2 with --pp 2 trains as the pipeline alone") {
@@ -99,7 +100,7 @@ TEST_CASE("--model vit_tiny --tp 3 (attention by its 3 heads, the MLP by feature
   // And over tp shards (FSDP2 x TP): the groups by the model's names still.
   check_trains_alike(dir, 1, "", 6, "--dp-shard 2 --tp 3 --fsdp-layout per_parameter", recipe);
   // FSDP's flat shards mix parameters with and without weight decay: refused, saying why.
-  Result fsdp = Launch(run_on(2, recipe + " --dp-shard 2")).finish();
+  Result fsdp = Launch(run_on(2, recipe + " --dp-shard 2 --fsdp-layout flat")).finish();
   CHECK(fsdp.code != 0);
   CHECK_MESSAGE(contains(fsdp.output, "use --fsdp-layout per_parameter (FSDP2: each parameter sharded on its own), "
                                       "--weight-decay 0, or DDP"),
@@ -121,7 +122,7 @@ TEST_CASE("--tp 2 checkpoints each rank's shards with their places in the whole 
   Result other = Launch(run_on(2, "--dp-shard 2 --seed 5 --max-steps 4 --checkpoint-dir " + copy + " --resume")).finish();
   CHECK_MESSAGE(other.code == 0, other.output);
   CHECK_MESSAGE(contains(other.output, "resharded step 2 from pp=1 dp_replicate=1 dp_shard=1 tp=2 (world 2) (2 files) "
-                                       "into pp=1 dp_replicate=1 dp_shard=2 tp=1 (world 2), FSDP1 flat shards"),
+                                       "into pp=1 dp_replicate=1 dp_shard=2 tp=1 (world 2), FSDP2 per-parameter shards"),
                 other.output);
   Result second = Launch(run_on(2, flags + " --max-steps 4 --checkpoint-dir " + ckpt + " --resume --save " + got)).finish();
   REQUIRE_MESSAGE(second.code == 0, second.output);

@@ -97,7 +97,7 @@ struct TrainConfig {
   std::string reshard_after_forward = "default";
   // --dp-shard: flat (FSDP1: each unit's parameters in one buffer cut in N) | per_parameter
   // (FSDP2's fully_shard: every parameter cut on dim 0, stepped under its own name).
-  std::string fsdp_layout = "flat";
+  std::string fsdp_layout = "per_parameter";
 };
 
 struct TrainResult {
