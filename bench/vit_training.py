@@ -35,7 +35,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import results_file  # noqa: E402
 
-# The line both trainers print after every epoch (examples/train/trainer.cpp, the reference script).
+# The line both trainers print after every epoch (train/trainer.cpp, the reference script).
 EPOCH = re.compile(r"^epoch (\d+)/(\d+)\s+train loss ([\d.]+)\s+train acc ([\d.]+)%\s+test loss ([\d.]+)\s+"
                    r"test acc ([\d.]+)%\s+time ([\d.]+)s\s+([\d.]+) img/s", re.M)
 

@@ -13,7 +13,7 @@
 // the values: every output is allocated by the caller (core/kernels.h: "kernels only fill
 // it"), so skipping the kernels leaves the allocation sequence, and with it the caching
 // allocator's statistics and peaks, exactly as a real step's. That is how train_cifar10
-// --estimate-memory predicts each rank's peak in seconds (examples/train/estimate_memory.h).
+// --estimate-memory predicts each rank's peak in seconds (train/estimate_memory.h).
 //
 // - The switch is process-wide, not per thread: pipeline stages, DataParallel replicas,
 //   DataLoader workers and OpenMP teams run on threads of their own and must all skip

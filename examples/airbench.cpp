@@ -18,8 +18,8 @@
 #include "data/data_root.h"                    // defines: find_cifar10_root
 #include "examples/speedrun/airbench94.h"      // defines: run_airbench94, load_cifar10_tensors
 #include "core/cpu/kernel_benchmark.h"           // defines: backends::cpu::benchmark (reported)
-#include "examples/train/conv_benchmark.h"    // defines: --conv-benchmark (Note [Kernel autotuning])
-#include "examples/train/flags.h"              // defines: Flags
+#include "train/conv_benchmark.h"    // defines: --conv-benchmark (Note [Kernel autotuning])
+#include "train/flags.h"              // defines: Flags
 #include "nn/json.h"                           // defines: json::Value, json::dump
 #include "parallel/comm/process_group.h"       // defines: init_process_group, default_group
 
@@ -79,7 +79,7 @@ json::Value metrics(const examples::Airbench94Result& r, const examples::Airbenc
 }  // namespace
 
 int main(int argc, char** argv) try {
-  examples::Flags flags("airbench", "CIFAR-10 to 94% test accuracy with the airbench94 recipe, timed end to end.");
+  training::Flags flags("airbench", "CIFAR-10 to 94% test accuracy with the airbench94 recipe, timed end to end.");
   auto& data_dir = flags.add<std::string>("data", "", "the cifar-10-batches-bin folder (default: $LOOM_DATA, then data/)");
   auto& seed = flags.add<int64_t>("seed", 0, "seed of the initial weights, the order and the augmentation");
   auto& threads = flags.add<int64_t>("threads", 0, "compute threads per process (0: OpenMP's default)");
@@ -91,9 +91,9 @@ int main(int argc, char** argv) try {
   auto& memory_format = flags.add<std::string>("memory-format", "channels_last",
                                                 "channels_last (NHWC through the whole net: no reorders) or contiguous");
   auto& metrics_json = flags.add<std::string>("metrics-json", "", "write the run's figures to this JSON file");
-  const examples::ConvBenchmarkFlags conv_benchmark = examples::add_conv_benchmark_flags(flags);
+  const training::ConvBenchmarkFlags conv_benchmark = training::add_conv_benchmark_flags(flags);
   flags.parse(argc, argv);
-  examples::apply_conv_benchmark_flags(conv_benchmark);
+  training::apply_conv_benchmark_flags(conv_benchmark);
   LOOM_CHECK(amp == "none" || amp == "bf16", "--amp: expected none or bf16, got '", amp, "'");
   LOOM_CHECK(tta >= 0 && tta <= 2, "--tta: expected 0, 1 or 2, got ", tta);
   LOOM_CHECK(threads >= 0, "--threads: expected 0 (OpenMP's default) or more, got ", threads);

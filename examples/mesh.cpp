@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "core/error.h"                        // defines: loom::Error
-#include "examples/train/flags.h"              // defines: Flags
+#include "train/flags.h"              // defines: Flags
 #include "parallel/checkpoint/sharded_state.h" // defines: cut, Chunk, chunks_of_flat_range
 #include "parallel/parallel_dims.h"            // defines: ParallelDims
 
@@ -61,7 +61,7 @@ void print_boxes(const distributed::ParallelDims& dims, int world, int64_t rows,
 
 int main(int argc, char** argv) {
   try {
-    examples::Flags flags("mesh", "Draws the ranks of a world on the mesh [pp, dp_replicate, dp_shard, tp].");
+    training::Flags flags("mesh", "Draws the ranks of a world on the mesh [pp, dp_replicate, dp_shard, tp].");
     auto& world = flags.add<int64_t>("world", 8, "processes (WORLD_SIZE)");
     auto& pp = flags.add<int64_t>("pp", 2, "pipeline stages");
     auto& dp_replicate = flags.add<int64_t>("dp-replicate", 1, "replicas");

@@ -24,6 +24,10 @@ Tensor Sequential::forward(const Tensor& input) {
   return x;
 }
 
+std::shared_ptr<Sequential> Sequential::sequential() const {
+  return std::static_pointer_cast<Sequential>(const_cast<Sequential*>(this)->shared_from_this());
+}
+
 std::shared_ptr<Module> Sequential::clone_structure() const {
   auto copy = std::make_shared<Sequential>();
   for (const auto& [name, child] : children_) copy->register_module(name, child->clone_structure());

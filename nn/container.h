@@ -34,6 +34,8 @@ class Sequential : public Module {
   }
 
   Tensor forward(const Tensor& input) override;
+  // A Sequential is its own list of layers.
+  std::shared_ptr<Sequential> sequential() const override;
   // Containers clone each child's structure (their children may be any module type).
   std::shared_ptr<Module> clone_structure() const override;
 };

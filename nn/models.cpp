@@ -50,10 +50,7 @@ std::shared_ptr<Module> make_model(const std::string& name, const ModelArgs& arg
 }
 
 std::shared_ptr<Sequential> sequential_view(const Module& model) {
-  if (auto* resnet = dynamic_cast<const ResNet*>(&model)) return resnet->sequential();
-  if (auto* vit = dynamic_cast<const VisionTransformer*>(&model)) return vit->sequential();
-  if (auto* seq = dynamic_cast<const Sequential*>(&model))
-    return std::static_pointer_cast<Sequential>(const_cast<Sequential*>(seq)->shared_from_this());
+  if (std::shared_ptr<Sequential> layers = model.sequential()) return layers;
   LOOM_FAIL("a ", model.type_name(), " has no sequential() view of its layers, which pipelines cut and FSDP wraps; "
             "give it one as ResNet and VisionTransformer do (docs/models.md)");
 }

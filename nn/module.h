@@ -42,6 +42,8 @@
 
 namespace loom::nn {
 
+class Sequential;  // nn/container.h
+
 // Replaces the data behind `self` (storage, shape, strides, offset, dtype) with `data`'s,
 // keeping the TensorImpl, and so every handle, requires_grad and hooks: PyTorch's
 // `param.data = data`. See Note [Parameters keep their identity].
@@ -143,6 +145,12 @@ class Module : public std::enable_shared_from_this<Module> {
   // tensors have the right shapes but uninitialised values. Cloneable<T> implements it
   // for leaf layers and models; containers (Sequential) override it.
   virtual std::shared_ptr<Module> clone_structure() const;
+
+  // ---- the layers in forward order, as a Sequential sharing this module's modules (and so
+  // its parameters): what pipelines cut into stages and FSDP wraps unit by unit. Null here:
+  // a model offers one by overriding it (ResNet, VisionTransformer; a Sequential is its own).
+  // Its state_dict keys are positional ("0.weight"): checkpoint through the model itself.
+  virtual std::shared_ptr<Sequential> sequential() const { return nullptr; }
 
   // ---- printing: "ResNet(\n  (conv1): Conv2d(3, 64, kernel_size=(3, 3), ...)\n ...)".
   virtual std::string extra_repr() const { return ""; }

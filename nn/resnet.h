@@ -68,7 +68,7 @@ class ResNet : public Cloneable<ResNet> {
   // Model parallelism and pipelines cut this list into stages, one block per layer; keys in
   // its own state_dict are positional ("0.weight"), so checkpoint through the ResNet, not
   // through the Sequential.
-  std::shared_ptr<Sequential> sequential() const;
+  std::shared_ptr<Sequential> sequential() const override;
   // Channels into fc: widths[3] * the block's expansion.
   int64_t num_features() const;
 

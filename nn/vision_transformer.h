@@ -90,7 +90,7 @@ class VisionTransformer : public Cloneable<VisionTransformer> {
   // norm, ClassTokenPool, head. Pipelines cut it into stages of blocks and FSDP wraps each
   // block as a unit; its own state_dict keys are positional ("1.self_attn.q_proj.weight"),
   // so checkpoint through the VisionTransformer.
-  std::shared_ptr<Sequential> sequential() const;
+  std::shared_ptr<Sequential> sequential() const override;
   int64_t num_patches() const;
   // Parameters to exempt from weight decay besides biases and norms: {"cls_token",
   // "pos_embed"}, timm's model.no_weight_decay() (optim::param_groups_weight_decay).

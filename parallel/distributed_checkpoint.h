@@ -104,7 +104,7 @@ safetensors::File read_shard(const std::string& step_dir, int rank, int world_si
 // checkpoint this run resumed from, and must not be mistaken for its future.
 void remove_other_checkpoints(const std::string& dir, const std::string& step_dir);
 // Every step directory under `dir` (a first start clears an earlier run's; see Note
-// [Resuming after a restart] in examples/train/checkpoint.h). Returns how many.
+// [Resuming after a restart] in train/checkpoint.h). Returns how many.
 int remove_all_checkpoints(const std::string& dir);
 
 }  // namespace loom::distributed::checkpoint

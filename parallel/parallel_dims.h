@@ -48,6 +48,7 @@ struct ParallelDims {
   // In one process, over several devices (no process group; world 1):
   int dp_devices = 1;  // DataParallel replicas, one device each
   int mp_stages = 1;   // model-parallel or pipeline stages, one device each
+  bool mp_microbatched = false;  // the mp stages run micro-batches under a schedule (a Pipeline), not layer-wise
 
   // Checks each degree (>= 1; dp_shard may be -1 to infer) and that their product is the
   // world size, inferring dp_shard = world / (pp · dp_replicate · tp). Every error names
@@ -62,6 +63,7 @@ struct ParallelDims {
   bool dp_enabled() const { return batch_size() > 1; }  // the batch is split over ranks
   bool dp_devices_enabled() const { return dp_devices > 1; }
   bool mp_enabled() const { return mp_stages > 1; }
+  bool in_process_pipeline_enabled() const { return mp_enabled() && mp_microbatched; }
   // How many shards every batch is split into: the data-parallel degree.
   int batch_size() const { return dp_replicate * dp_shard; }
 

@@ -8,7 +8,7 @@
 // get_total_norm raised to the p-th power, summed over every group in turn (the max for
 // p = inf), then the p-th root. Each element of the gradient must be held by exactly one
 // rank of the groups named: a tensor every rank of a group holds whole is counted by one
-// of them only (Note [Whose gradients a rank adds to the norm], examples/train/grad_clipping.h).
+// of them only (Note [Whose gradients a rank adds to the norm], train/grad_clipping.h).
 #pragma once
 
 #include <memory>

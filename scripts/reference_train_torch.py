@@ -29,7 +29,7 @@ step up to float rounding, which grows slowly with the steps. It is the check th
 trains like PyTorch, not just that it trains: a wrong gradient that still descends would
 show up here as a different curve.
 
-The flags mean what train_cifar10's do (examples/train/trainer.cpp): the schedule spans
+The flags mean what train_cifar10's do (train/trainer.cpp): the schedule spans
 --epochs and is stepped after every optimizer step, --max-steps only stops early; the step
 is forward, loss, zero_grad, backward, clip_grad_norm_, optimizer step. --metrics-json
 writes train_cifar10's keys for the last epoch, and "per_epoch", a record per epoch.
@@ -153,7 +153,7 @@ def adamw_param_groups(model, weight_decay, no_weight_decay):
 
 
 def build_optimizer(a, model):
-    """examples/train/optimizer.cpp's build_optimizer: SGD over every parameter, or AdamW
+    """train/optimizer.cpp's build_optimizer: SGD over every parameter, or AdamW
     (PyTorch's betas 0.9, 0.999 and eps 1e-8, loom's defaults too) over the two groups."""
     if a.optimizer == "sgd":
         return torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum, weight_decay=a.weight_decay,

@@ -1,5 +1,5 @@
 // train_cifar10 --clip-grad-norm: the whole model's gradient norm, however the model is cut
-// (examples/train/grad_clipping.h). With clipping active at every step, each cut trains as
+// (train/grad_clipping.h). With clipping active at every step, each cut trains as
 // the run it must equal from the same --init: --tp and --pp as one process, --dp-shard as
 // --dp-replicate. Sums in another order differ in the last bits only (float32, <= 1e-5).
 #include <doctest/doctest.h>

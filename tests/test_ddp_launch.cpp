@@ -81,7 +81,7 @@ TEST_CASE("--backend nccl without a GPU (or without NCCL): a clear error" * doct
                     kTrainArgs + " --device cuda --backend nccl")
                  .finish();
   CHECK(r.code != 0);
-  // train_cifar10 checks --device before it joins the process group (examples/train/
+  // train_cifar10 checks --device before it joins the process group (train/
   // device.h), so without a GPU that check speaks first: why, and to train on the CPU
   // (where --mode ddp picks gloo).
   CHECK_MESSAGE(contains(r.output, cuda::is_compiled() ? "--device cuda: no CUDA device is available"

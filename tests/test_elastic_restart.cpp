@@ -1,11 +1,11 @@
 // Elastic restarts, end to end: `kill -9` of one rank of train_cifar10 --mode ddp in the
 // middle of an epoch, under loomrun --max-restarts 1. loomrun starts the group again,
 // the trainer resumes from its last complete checkpoint (Note [Resuming after a restart]
-// in examples/train/checkpoint.h), and the final weights equal an uninterrupted run's
+// in train/checkpoint.h), and the final weights equal an uninterrupted run's
 // bit for bit -- on one node, and on two "nodes" (two loomruns on localhost, where the
 // store's restart generation keeps the attempts apart: Note [Restart generations]).
 // The same with --mode fsdp, whose checkpoints are sharded: every rank's shard, then the
-// manifest (Note [Sharded checkpoints in train_cifar10], examples/train/sharded_checkpoint.h).
+// manifest (Note [Sharded checkpoints in train_cifar10], train/sharded_checkpoint.h).
 // meson passes the launcher's and the trainer's paths in LOOMRUN and TRAIN_CIFAR10.
 #include <doctest/doctest.h>
 

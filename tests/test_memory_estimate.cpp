@@ -1,4 +1,4 @@
-// train_cifar10 --estimate-memory (examples/train/estimate_memory.h): shape-only runs skip
+// train_cifar10 --estimate-memory (train/estimate_memory.h): shape-only runs skip
 // every computing kernel and keep every allocation (Note [Shape-only runs]); the predicted peak of
 // each rank is within 10% of what training measures (max_memory_allocated, as the
 // trainer's "memory per rank" line prints it) in one process, under DDP, FSDP and a

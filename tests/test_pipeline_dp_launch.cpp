@@ -1,7 +1,7 @@
 // train_cifar10 with --pp and the data-parallel degrees under loomrun: pipelines of
 // processes side by side, each stage replicated (--dp-replicate: DDP, with ZeRO-1 or
 // SyncBatchNorm), sharded (--dp-shard: FSDP on each stage's virtual stages) or both (HSDP),
-// as examples/train/parallelize.cpp composes them. With one micro-batch per batch a
+// as train/parallelize.cpp composes them. With one micro-batch per batch a
 // pipeline computes exactly what one process computes, so P x D processes must save what
 // the same flags without --pp save on D processes from the same --init; each rank
 // checkpoints its own stage, and a resumed run continues bit for bit.

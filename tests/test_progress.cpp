@@ -1,13 +1,13 @@
-// examples/train/progress.h: the expected-duration line a new user sees after the first few
+// train/progress.h: the expected-duration line a new user sees after the first few
 // steps of train_cifar10 (how long the run takes, and how to shorten it), as a pure function.
 #include <doctest/doctest.h>
 
 #include <string>
 #include <vector>
 
-#include "examples/train/progress.h"
+#include "train/progress.h"
 
-using namespace loom::examples;
+using namespace loom::training;
 
 namespace {
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }

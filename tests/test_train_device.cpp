@@ -1,4 +1,4 @@
-// examples/train on a device: --device cuda is a clear error on a machine without a GPU
+// train/ on a device: --device cuda is a clear error on a machine without a GPU
 // (runs everywhere), and a few training steps on the GPU follow the CPU's (needs a GPU).
 #include <doctest/doctest.h>
 
@@ -10,11 +10,11 @@
 #include "core/memory.h"                // defines: set_device_memory_limit, kNoMemoryLimit
 #include "cuda/backends.h"              // defines: cuda::set_cudnn_allow_tf32
 #include "cuda/device.h"                // defines: cuda::is_available, unavailable_reason
-#include "examples/train/device.h"      // defines: training_device
-#include "examples/train/trainer.h"     // defines: TrainConfig, train_cifar10
+#include "train/device.h"      // defines: training_device
+#include "train/trainer.h"     // defines: TrainConfig, train_cifar10
 
 using namespace loom;
-using namespace loom::examples;
+using namespace loom::training;
 
 namespace {
 

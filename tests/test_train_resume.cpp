@@ -1,6 +1,6 @@
-// train_cifar10 (examples/train/trainer.h): resume equivalence -- training 2k steps equals
+// train_cifar10 (train/trainer.h): resume equivalence -- training 2k steps equals
 // k steps + checkpoint + resume + k steps, bit for bit (Note [What a checkpoint holds] in
-// examples/train/checkpoint.h) -- and the errors of a config it cannot run.
+// train/checkpoint.h) -- and the errors of a config it cannot run.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -8,13 +8,13 @@
 #include <fstream>
 #include <iterator>
 
-#include "examples/train/checkpoint.h"
-#include "examples/train/trainer.h"
+#include "train/checkpoint.h"
+#include "train/trainer.h"
 #include "nn/safetensors.h"
 #include "saved_weights.h"  // defines: check_same_weights
 
 using namespace loom;
-using namespace loom::examples;
+using namespace loom::training;
 using loom::testing::check_same_weights;
 
 namespace {

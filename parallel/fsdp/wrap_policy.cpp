@@ -1,9 +1,6 @@
 #include "parallel/fsdp/wrap_policy.h"
 
 #include "core/error.h"
-#include "nn/models.h"              // defines: sequential_view
-#include "nn/resnet.h"              // defines: ResNet
-#include "nn/vision_transformer.h"  // defines: VisionTransformer
 
 namespace loom::fsdp {
 
@@ -31,12 +28,10 @@ std::vector<UnitPlan> plan_units(const std::vector<std::string>& stage_types, co
 
 std::shared_ptr<nn::Sequential> stages_of(const std::shared_ptr<nn::Module>& module) {
   LOOM_CHECK(module != nullptr, "FullyShardedDataParallel: the module is null");
-  if (auto seq = std::dynamic_pointer_cast<nn::Sequential>(module)) return seq;
-  if (dynamic_cast<const nn::ResNet*>(module.get()) || dynamic_cast<const nn::VisionTransformer*>(module.get()))
-    return nn::sequential_view(*module);
+  if (std::shared_ptr<nn::Sequential> layers = module->sequential()) return layers;
   LOOM_FAIL("FullyShardedDataParallel: loom runs an FSDP model as a sequence of stages, so the module must be an "
-            "nn::Sequential, a ResNet or a VisionTransformer (which provide sequential()); got a ", module->type_name(),
-            ". Wrap its layers in an nn::Sequential, in forward order");
+            "nn::Sequential or override Module::sequential() (as ResNet and VisionTransformer do); got a ",
+            module->type_name(), ", which does not. Wrap its layers in an nn::Sequential, in forward order");
 }
 
 }  // namespace loom::fsdp

@@ -98,7 +98,7 @@ std::vector<std::string> Supervisor::environment_for(const Worker& w) const {
       {"LOCAL_WORLD_SIZE", std::to_string(o_.nproc_per_node)},
       {"GROUP_RANK", std::to_string(o_.node_rank)},
       // The attempt, under loom's name and torchrun's: a training script resumes from its
-      // checkpoint when it is above 0 (examples/train/checkpoint.h).
+      // checkpoint when it is above 0 (train/checkpoint.h).
       {"LOOM_RESTART_COUNT", std::to_string(attempt_)},
       {"TORCHELASTIC_RESTART_COUNT", std::to_string(attempt_)},
       {"TORCHELASTIC_MAX_RESTARTS", std::to_string(o_.max_restarts)},

@@ -69,6 +69,7 @@
 
 #include "parallel/model_parallel.h"
 #include "parallel/pipeline/schedule.h"
+#include "parallel/pipeline/step_result.h"  // defines: StepResult
 
 namespace loom::parallel::pipeline {
 
@@ -88,10 +89,7 @@ class Pipeline : public ModelParallel {
   Pipeline(std::shared_ptr<nn::Sequential> module, std::vector<Device> devices, std::vector<int64_t> balance,
            int64_t n_microbatches, std::string schedule, LossFn loss_fn, std::string checkpoint = "never");
 
-  struct StepResult {
-    Tensor loss;    // the batch's loss (Note [Micro-batch losses add up to the batch's]), detached
-    Tensor output;  // the last stage's outputs of every micro-batch, concatenated, detached
-  };
+  using StepResult = ::loom::parallel::pipeline::StepResult;  // the batch's loss and the last stage's outputs
   // Forward and backward of one batch under the schedule; the parameters' gradients
   // accumulate (call the optimizer's zero_grad() first, as before loss.backward()).
   // The stages run in the caller's autocast state (Note [What a device thread inherits]);

@@ -82,6 +82,7 @@
 #include "core/tensor.h"
 #include "nn/container.h"                  // defines: nn::Sequential
 #include "parallel/comm/communicator.h"   // defines: distributed::Communicator
+#include "parallel/pipeline/step_result.h"  // defines: StepResult
 
 namespace loom::parallel::pipeline {
 
@@ -100,10 +101,8 @@ class PipelineStage : public nn::Module {
                 std::shared_ptr<distributed::Communicator> group, Device device, int64_t n_microbatches,
                 std::string schedule, LossFn loss_fn);
 
-  struct StepResult {
-    Tensor loss;    // the batch's loss, on every rank (all-reduced), float64 on the CPU
-    Tensor output;  // the last stage's outputs of every micro-batch, concatenated (there only)
-  };
+  // The batch's loss on every rank (all-reduced), the outputs where the last stage runs.
+  using StepResult = ::loom::parallel::pipeline::StepResult;
   // Forward and backward of one batch under the schedule; this rank's parameters'
   // gradients accumulate (zero_grad first). Every rank passes the batch: the first stage
   // reads the input, the last the target, all of them its size (a middle stage may pass

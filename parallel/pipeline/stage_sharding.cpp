@@ -21,10 +21,9 @@ bool has_trainable_parameters(nn::Module& module) {
   return false;
 }
 
-using MakeFSDP = std::function<std::shared_ptr<FullyShardedDataParallel>(std::shared_ptr<nn::Module>,
-                                                                          fsdp::FSDPOptions)>;
+}  // namespace
 
-StageShards shard_virtual_stages(PipelineStage& stage, fsdp::FSDPOptions options, const MakeFSDP& make) {
+StageShards shard_stage(PipelineStage& stage, fsdp::FSDPOptions options, const MakeFSDP& make) {
   // Under a pipeline a unit stays gathered through the step unless asked otherwise:
   // torchtitan's reshard_after_forward = not pp_enabled (Note [FSDP under a pipeline],
   // runtime.cpp).
@@ -66,11 +65,9 @@ StageShards shard_virtual_stages(PipelineStage& stage, fsdp::FSDPOptions options
   return shards;
 }
 
-}  // namespace
-
 StageShards shard_stage(PipelineStage& stage, std::shared_ptr<distributed::Communicator> shard_group,
                         fsdp::FSDPOptions options) {
-  return shard_virtual_stages(stage, std::move(options), [&](std::shared_ptr<nn::Module> piece, fsdp::FSDPOptions o) {
+  return shard_stage(stage, std::move(options), [&](std::shared_ptr<nn::Module> piece, fsdp::FSDPOptions o) {
     return std::make_shared<FullyShardedDataParallel>(std::move(piece), shard_group, std::move(o));
   });
 }
@@ -79,7 +76,7 @@ StageShards shard_stage(PipelineStage& stage,
                         std::pair<std::shared_ptr<distributed::Communicator>,
                                   std::shared_ptr<distributed::Communicator>> process_groups,
                         fsdp::FSDPOptions options) {
-  return shard_virtual_stages(stage, std::move(options), [&](std::shared_ptr<nn::Module> piece, fsdp::FSDPOptions o) {
+  return shard_stage(stage, std::move(options), [&](std::shared_ptr<nn::Module> piece, fsdp::FSDPOptions o) {
     return std::make_shared<FullyShardedDataParallel>(std::move(piece), process_groups, std::move(o));
   });
 }

@@ -41,6 +41,7 @@
 //   ZeroRedundancyOptimizer opt(stage.parameters(), optimizer_class<optim::SGD>(sgd_options), mesh.group("dp"));
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -60,6 +61,12 @@ using StageShards = std::vector<std::shared_ptr<fsdp::FullyShardedDataParallel>>
 // same point.
 StageShards shard_stage(PipelineStage& stage, std::shared_ptr<distributed::Communicator> shard_group,
                         fsdp::FSDPOptions options = {});
+// Each virtual stage through `make` (the caller's own FSDP construction: a trainer's
+// apply_fsdp, so that a stage's parts are wrapped as its whole models are), with `options`
+// adjusted for a pipeline first (Note [FSDP under a pipeline]).
+using MakeFSDP = std::function<std::shared_ptr<fsdp::FullyShardedDataParallel>(std::shared_ptr<nn::Module> part,
+                                                                              fsdp::FSDPOptions options)>;
+StageShards shard_stage(PipelineStage& stage, fsdp::FSDPOptions options, const MakeFSDP& make);
 // HYBRID_SHARD: (shard group, replicate group), as FullyShardedDataParallel's pair form.
 StageShards shard_stage(PipelineStage& stage,
                         std::pair<std::shared_ptr<distributed::Communicator>,

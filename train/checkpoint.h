@@ -1,0 +1,112 @@
+// Checkpoint: the whole training state in one safetensors file, so that a resumed run
+// continues exactly as an uninterrupted one would.
+//
+// Note [What a checkpoint holds]
+// Exact resumption needs every piece of state the next step reads:
+//   model.*      parameters and buffers (BatchNorm running stats, num_batches_tracked)
+//   optimizer.*  momentum buffers and hyperparameters (optim's Note [Flat optimizer state])
+//   scheduler.*  the LR schedule's position
+//   scaler.*     the loss scale and its growth tracker (--amp fp16 only: GradScaler)
+//   metadata     epoch and step within it (the data order of an epoch is a pure function
+//                of (seed, epoch), so skipping the consumed batches restores the sampler
+//                position), the global step, the default generator's (seed, offset),
+//                and the epoch's running metrics so its summary line is unchanged.
+// Saved atomically (temp file + rename): a crash mid-save leaves the previous one intact.
+//
+// Note [Resuming after a restart]
+// Under loomrun --max-restarts (or torchrun --max-restarts) a failed group starts again
+// with LOOM_RESTART_COUNT (TORCHELASTIC_RESTART_COUNT) above 0, and train_cifar10
+// --checkpoint-dir D then resumes from D's checkpoint without being told: the restart
+// count, not the mere presence of a checkpoint, is the signal. A first start (count 0)
+// trains from scratch even when D holds an old run's checkpoint -- reusing a directory
+// never silently continues a finished or unrelated run -- and --resume stays the way to
+// continue by hand (after a requeue, say). A restart that happens before the first
+// checkpoint was written starts from scratch, as the first attempt did (the sharded format
+// removes an earlier run's step directories at a first start for this reason). Only a
+// complete checkpoint is ever seen: rank 0 writes it to a temporary file, syncs it, and
+// renames it into place, so a rank killed mid-save leaves the previous one; a sharded one
+// is complete when its manifest vouches for every shard (Note [The manifest is written
+// last], parallel/distributed_checkpoint.h). D must be the same
+// directory for every rank (a shared file system on several nodes); the trainer checks
+// that all ranks agree on resuming.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "train/progress.h"
+#include "nn/module.h"
+#include "nn/optim/grad_scaler.h"
+#include "nn/optim/lr_scheduler.h"
+#include "nn/optim/optimizer.h"
+#include "nn/safetensors.h"  // defines: safetensors::File, Metadata
+
+namespace loom::training {
+
+// The entries of `part` into `out`, each name under `prefix` ("model." + "conv1.weight").
+template <typename V>
+void add_prefixed(OrderedDict<V>& out, const std::string& prefix, const OrderedDict<V>& part) {
+  for (const auto& [name, value] : part) out.insert(prefix + name, value);
+}
+
+// The entries of `all` whose names start with `prefix`, without it.
+template <typename V>
+OrderedDict<V> take_prefixed(const OrderedDict<V>& all, const std::string& prefix) {
+  OrderedDict<V> part;
+  for (const auto& [name, value] : all)
+    if (name.rfind(prefix, 0) == 0) part.insert(name.substr(prefix.size()), value);
+  return part;
+}
+
+struct TrainingPosition {
+  int64_t epoch = 0;          // the epoch in progress (or the next one, at an epoch boundary)
+  int64_t step_in_epoch = 0;  // optimizer steps already taken in that epoch
+  int64_t global_step = 0;
+  RunningMetrics metrics;     // of the epoch in progress
+};
+
+std::string checkpoint_path(const std::string& dir);
+
+// What to resume from: with `resume` (--resume), or when this process is a restart
+// (LOOM_RESTART_COUNT or TORCHELASTIC_RESTART_COUNT above 0), the checkpoint file in
+// `dir` (full) or its newest complete step directory (sharded: Note [Sharded checkpoints
+// in train_cifar10], sharded_checkpoint.h); "" for a first start or a restart with
+// nothing complete yet. `resume` with nothing to resume is a loom::Error. With `log`,
+// incomplete sharded checkpoints that were skipped are named on stderr, with the reason.
+// See Note [Resuming after a restart].
+std::string checkpoint_to_resume(const std::string& dir, bool resume, bool sharded, bool log);
+
+void save_checkpoint(const std::string& dir, const nn::Module& model, const optim::Optimizer& optimizer,
+                     const optim::LRScheduler* scheduler, const TrainingPosition& position,
+                     const optim::GradScaler* scaler = nullptr);
+
+// Restores model, optimizer, scheduler, an enabled scaler (when the checkpoint has its
+// state; else it keeps its initial scale) and the default generator; returns the position.
+TrainingPosition load_checkpoint(const std::string& dir, nn::Module& model, optim::Optimizer& optimizer,
+                                 optim::LRScheduler* scheduler, optim::GradScaler* scaler = nullptr);
+
+// The same two steps with the model's and the optimizer's state as dicts, for a caller
+// that makes and loads them itself: --mode fsdp consolidates its sharded state on rank 0
+// and gives each rank its shard back (parallel/fsdp/state_dict.h).
+void save_checkpoint(const std::string& dir, const OrderedDict<Tensor>& model_state,
+                     const OrderedDict<Tensor>& optimizer_state, const optim::LRScheduler* scheduler,
+                     const TrainingPosition& position, const optim::GradScaler* scaler = nullptr);
+struct CheckpointState {
+  OrderedDict<Tensor> model, optimizer;
+  TrainingPosition position;
+  safetensors::Metadata metadata;  // the file's: a sharded one's says which cut it belongs to
+};
+// Restores scheduler, scaler and generator as load_checkpoint does; returns the rest.
+CheckpointState read_checkpoint(const std::string& dir, optim::LRScheduler* scheduler,
+                                optim::GradScaler* scaler = nullptr);
+
+// Both formats' file contents: the model's and the optimizer's state (whole, or this
+// rank's shard) beside the scheduler's, the scaler's, the generator's and the position.
+safetensors::File pack_training_state(const OrderedDict<Tensor>& model_state, const OrderedDict<Tensor>& optimizer_state,
+                                      const optim::LRScheduler* scheduler, const TrainingPosition& position,
+                                      const optim::GradScaler* scaler);
+// The inverse; `path` names the file in errors. Restores scheduler, scaler and generator.
+CheckpointState unpack_training_state(const safetensors::File& file, const std::string& path,
+                                      optim::LRScheduler* scheduler, optim::GradScaler* scaler);
+
+}  // namespace loom::training

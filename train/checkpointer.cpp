@@ -1,0 +1,121 @@
+#include "train/checkpointer.h"
+
+#include <cstdio>
+
+#include "core/error.h"                         // defines: LOOM_CHECK
+#include "train/optimizer.h"           // defines: BuiltOptimizer (ZeRO-1's partition)
+#include "train/sharded_checkpoint.h"  // defines: save_sharded_checkpoint, load_sharded_checkpoint
+#include "nn/safetensors.h"                     // defines: safetensors::save_file
+#include "parallel/fsdp/state_dict.h"           // defines: full_state_dict, full_optim_state_dict
+#include "parallel/tensor/tp_state_dict.h"      // defines: gather_tp_state (--tp)
+
+namespace loom::training {
+
+Checkpointer::Checkpointer(const TrainConfig& config, const Distributed& dist, ParallelModel& parallel,
+                           const BuiltOptimizer& optimizer, optim::LRScheduler* scheduler, optim::GradScaler* scaler)
+    : config_(config),
+      dist_(dist),
+      parallel_(parallel),
+      built_(optimizer),
+      optimizer_(*optimizer),
+      scheduler_(scheduler),
+      scaler_(scaler) {
+  const auto& dims = dist.dims();
+  // Whether the ranks hold different state: then each writes its own.
+  const bool sharded_state =
+      dims.dp_shard_enabled() || dims.pp_enabled() || dims.tp_enabled() || optimizer.zero_redundancy != nullptr;
+  const std::string& format = config.checkpoint_format;
+  LOOM_CHECK(format.empty() || format == "full" || format == "sharded", "--checkpoint-format: expected full "
+             "(FULL_STATE_DICT: one file gathered on rank 0) or sharded (SHARDED_STATE_DICT: a file per rank and a "
+             "manifest), got '", format, "'");
+  // Sharded checkpoints hold pieces of the plain model's tensors (Note [Sharded checkpoints in
+  // train_cifar10]): any run across processes, or in one process on one device, can write one
+  // that any other layout resumes from. Not the in-process multi-device modes, whose replicas
+  // and stages live on devices of one process.
+  LOOM_CHECK(format != "sharded" || (!dims.dp_devices_enabled() && !dims.mp_enabled()), "--checkpoint-format "
+             "sharded: ", dims.str(), " keeps its replicas or stages on devices of one process; use full");
+  LOOM_CHECK(format != "full" || !dims.tp_enabled(), "--checkpoint-format full with --tp ", dims.tp, ": each "
+             "tensor-parallel rank's optimizer state is for its own shards and is never gathered onto one; use "
+             "sharded (the default under --tp; --save writes the whole model's weights)");
+  LOOM_CHECK(format != "full" || !dims.pp_enabled(), "--checkpoint-format full with --pp ", dims.pp, ": each "
+             "stage's optimizer state lives on its own ranks and is never gathered onto one; use sharded (the "
+             "default under --pp)");
+  sharded_ = format.empty() ? sharded_state : format == "sharded";
+}
+
+TrainingPosition Checkpointer::resume() {
+  const std::string& dir = config_.checkpoint_dir;
+  LOOM_CHECK(!config_.resume || !dir.empty(), "--resume needs --checkpoint-dir DIR");
+  // Skipped checkpoints and where a run resumed are said even under --quiet: a run that
+  // silently continued from an older step than expected would be hard to explain.
+  const std::string from = checkpoint_to_resume(dir, config_.resume, sharded_, dist_.is_main());
+  const bool resuming = !from.empty();
+  LOOM_CHECK(dist_.sum(resuming ? 1.0 : 0.0) == (resuming ? dist_.world_size() : 0), "--checkpoint-dir ", dir,
+             ": some ranks found a checkpoint to resume from and others did not; on several nodes the directory "
+             "must be shared by every rank");
+  if (!resuming) {
+    if (sharded_ && !dir.empty() && dist_.is_main()) {
+      const int removed = clear_sharded_checkpoints(dir);
+      if (removed > 0 && config_.progress)
+        std::fprintf(stderr, "%s: removed %d sharded checkpoint(s) of an earlier run (a first start trains from "
+                     "scratch; --resume continues one)\n", dir.c_str(), removed);
+    }
+    return {};
+  }
+  TrainingPosition at;
+  if (sharded_) {
+    at = load_sharded_checkpoint(from, dist_, parallel_, built_, scheduler_, scaler_);
+    // Every rank must have picked the same step (a shard written meanwhile could differ).
+    LOOM_CHECK(dist_.sum(static_cast<double>(at.global_step)) == dist_.world_size() * at.global_step,
+               "--checkpoint-dir ", dir, ": the ranks resumed from different sharded checkpoints; on several nodes "
+               "the directory must be shared by every rank");
+  } else if (auto* fsdp = parallel_.whole_model_fsdp()) {
+    CheckpointState state = read_checkpoint(dir, scheduler_, scaler_);
+    fsdp::load_full_state_dict(*fsdp, state.model);
+    fsdp::load_full_optim_state_dict(*fsdp, optimizer_, state.optimizer);
+    at = state.position;
+  } else {
+    at = load_checkpoint(dir, *parallel_.model, optimizer_, scheduler_, scaler_);
+  }
+  // A checkpoint's epoch metrics are every rank's sum; one rank carries them on.
+  if (!dist_.is_main()) at.metrics = RunningMetrics{};
+  if (dist_.is_main())
+    std::fprintf(stderr, "resumed from %s at epoch %lld, step %lld\n", from.c_str(),
+                 static_cast<long long>(at.epoch + 1), static_cast<long long>(at.global_step));
+  return at;
+}
+
+void Checkpointer::save(const TrainingPosition& at) {
+  if (config_.checkpoint_dir.empty()) return;
+  const std::string& dir = config_.checkpoint_dir;
+  if (sharded_) {
+    save_sharded_checkpoint(dir, dist_, parallel_, built_, scheduler_, at, scaler_);
+  } else if (auto* fsdp = parallel_.whole_model_fsdp()) {  // gathered: every rank takes part, rank 0 writes
+    OrderedDict<Tensor> model_state = fsdp::full_state_dict(*fsdp);
+    OrderedDict<Tensor> optimizer_state = fsdp::full_optim_state_dict(*fsdp, optimizer_);
+    if (dist_.is_main()) save_checkpoint(dir, model_state, optimizer_state, scheduler_, at, scaler_);
+  } else {
+    built_.gather_state();  // ZeRO-1: the whole state to rank 0 (a collective)
+    if (dist_.is_main()) save_checkpoint(dir, *parallel_.model, optimizer_, scheduler_, at, scaler_);
+  }
+  dist_.barrier();
+}
+
+void Checkpointer::save_weights(const std::string& path) {
+  if (path.empty()) return;
+  if (parallel_.gather_weights) parallel_.gather_weights();  // --pp: the whole model on every rank
+  // FSDP: the model's parameters are shards; every rank gathers, rank 0 of each shard
+  // group gets them. --tp: those (or the model's own) are each rank's tp shards, gathered
+  // whole over the tp ranks, who all hold them. Rank 0 writes the file: the model's own
+  // keys and shapes, as a single process saves them (without DDP's "module.").
+  fsdp::FullyShardedDataParallel* fsdp = parallel_.whole_model_fsdp();
+  OrderedDict<Tensor> state = fsdp ? fsdp::full_state_dict(*fsdp) : parallel_.whole->state_dict();
+  if (!state.empty() && !parallel_.tp_placements.empty())
+    state = distributed::gather_tp_state(state, parallel_.tp_placements);
+  if (dist_.is_main()) {
+    safetensors::save_file(state, path, {{"format", "pt"}});  // as nn::save writes a module
+    std::printf("saved weights to %s\n", path.c_str());
+  }
+}
+
+}  // namespace loom::training

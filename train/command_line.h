@@ -1,0 +1,25 @@
+// train_cifar10's command line: one table of flags, each bound to the TrainConfig field it
+// sets (its default is the field's), grouped for --help; and the program's main.
+//
+//   int main(int argc, char** argv) { return loom::training::train_main(argc, argv); }
+//
+//   TrainConfig config = parse_train_flags(argc, argv);   // loom::Error on bad input
+//
+// Rules that concern one flag's value are checked where the value is used
+// (validate_config, train/trainer.cpp, checks them all before any data is read); the
+// table only turns text into fields.
+#pragma once
+
+#include "train/trainer.h"  // defines: TrainConfig
+
+namespace loom::training {
+
+// The TrainConfig the flags describe; exits 0 after printing --help.
+TrainConfig parse_train_flags(int argc, char** argv);
+
+// parse_train_flags, then train_cifar10; a loom::Error is printed as one line and
+// returns 1. A program that registers its own models (register_model_spec,
+// train/model_spec.h) first is a trainer for them too.
+int train_main(int argc, char** argv);
+
+}  // namespace loom::training

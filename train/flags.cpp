@@ -1,0 +1,146 @@
+#include "train/flags.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace loom::training {
+namespace {
+
+template <typename T>
+std::string type_name();
+template <> std::string type_name<int64_t>() { return "N"; }
+template <> std::string type_name<double>() { return "X"; }
+template <> std::string type_name<std::string>() { return "S"; }
+template <> std::string type_name<bool>() { return ""; }
+
+template <typename T>
+T parse_value(const std::string& flag, const std::string& text) {
+  if constexpr (std::is_same_v<T, std::string>) {
+    return text;
+  } else {
+    std::istringstream in(text);
+    T value{};
+    in >> value;
+    LOOM_CHECK(in && in.peek() == EOF, "--", flag, ": expected ",
+               std::is_same_v<T, int64_t> ? "an integer" : "a number", ", got '", text, "'");
+    return value;
+  }
+}
+
+template <typename T>
+std::string to_text(const T& value) {
+  if constexpr (std::is_same_v<T, std::string>) {
+    return value.empty() ? "" : value;
+  } else if constexpr (std::is_same_v<T, bool>) {
+    return value ? "on" : "off";
+  } else {
+    std::ostringstream out;
+    out << value;
+    return out.str();
+  }
+}
+
+}  // namespace
+
+Flags::Flags(std::string program, std::string description)
+    : program_(std::move(program)), description_(std::move(description)) {}
+
+template <typename T>
+T& Flags::add(const std::string& name, T default_value, const std::string& help) {
+  auto value = std::make_shared<T>(std::move(default_value));
+  storage_.push_back(value);
+  bind(name, *value, help);
+  return *value;
+}
+
+template <typename T>
+void Flags::bind(const std::string& name, T& target, const std::string& help) {
+  LOOM_CHECK(find(name) == nullptr, program_, ": --", name, " is defined twice");
+  auto flag = std::make_unique<Flag>();
+  flag->section = section_;
+  flag->name = name;
+  flag->help = help;
+  flag->default_text = to_text(target);
+  flag->type = type_name<T>();
+  flag->is_switch = std::is_same_v<T, bool>;
+  T* field = &target;
+  flag->set = [field, name](const std::string& text) {
+    if constexpr (std::is_same_v<T, bool>) {
+      *field = text.empty() || text == "1" || text == "true" || text == "on";
+    } else {
+      *field = parse_value<T>(name, text);
+    }
+  };
+  flags_.push_back(std::move(flag));
+}
+
+void Flags::section(const std::string& title) { section_ = title; }
+
+template int64_t& Flags::add<int64_t>(const std::string&, int64_t, const std::string&);
+template double& Flags::add<double>(const std::string&, double, const std::string&);
+template std::string& Flags::add<std::string>(const std::string&, std::string, const std::string&);
+template bool& Flags::add<bool>(const std::string&, bool, const std::string&);
+template void Flags::bind<int64_t>(const std::string&, int64_t&, const std::string&);
+template void Flags::bind<double>(const std::string&, double&, const std::string&);
+template void Flags::bind<std::string>(const std::string&, std::string&, const std::string&);
+template void Flags::bind<bool>(const std::string&, bool&, const std::string&);
+
+Flags::Flag* Flags::find(const std::string& name) {
+  for (auto& flag : flags_)
+    if (flag->name == name) return flag.get();
+  return nullptr;
+}
+
+bool Flags::given(const std::string& name) const {
+  for (const auto& flag : flags_)
+    if (flag->name == name) return flag->given;
+  return false;
+}
+
+void Flags::parse(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::fputs(help().c_str(), stdout);
+      std::exit(0);
+    }
+    LOOM_CHECK(arg.rfind("--", 0) == 0, program_, ": unexpected argument '", arg, "'; flags start with --. See --help");
+    std::string name = arg.substr(2), value;
+    bool has_value = false;
+    if (auto eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      has_value = true;
+    }
+    Flag* flag = find(name);
+    LOOM_CHECK(flag, program_, ": unknown flag --", name, ". See --help for the list");
+    if (!flag->is_switch && !has_value) {
+      LOOM_CHECK(i + 1 < argc, program_, ": --", name, " needs a value (", flag->type, ")");
+      value = argv[++i];
+    }
+    flag->set(value);
+    flag->given = true;
+  }
+}
+
+std::string Flags::help() const {
+  std::ostringstream out;
+  out << "usage: " << program_ << " [flags]\n\n" << description_ << "\n";
+  std::string section = "-";  // none printed yet
+  for (const auto& flag : flags_) {
+    if (flag->section != section) {  // flags without a section are listed under "flags"
+      section = flag->section;
+      out << "\n" << (section.empty() ? "flags" : section) << ":\n";
+    }
+    std::string left = "  --" + flag->name + (flag->type.empty() ? "" : " " + flag->type);
+    out << left << std::string(left.size() < 28 ? 28 - left.size() : 1, ' ') << flag->help;
+    if (!flag->is_switch && !flag->default_text.empty()) out << " (default: " << flag->default_text << ")";
+    out << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace loom::training

@@ -1,0 +1,127 @@
+// The CIFAR-10 training loop behind examples/train_cifar10, as a function so that tests
+// can run it (resume equivalence) and the parallel modes can share it.
+//
+// One step is the loop every PyTorch user knows:
+//   output = model(images); loss = criterion(output, labels);
+//   optimizer.zero_grad(); loss.backward(); optimizer.step(); scheduler.step()
+//
+// --mode ddp (under loomrun) runs the same loop in every process, with the model wrapped
+// in DistributedDataParallel and each process on its shard of every epoch; what changes
+// is in train/distributed.h.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "parallel/comm/traffic.h"  // defines: Traffic (the bytes each collective moved)
+
+namespace loom::training {
+
+struct TrainConfig {
+  std::optional<std::string> data;  // CIFAR-10 root; see data::find_cifar10_root
+  std::string model = "resnet18";   // a name nn::make_model knows; tiny: a narrow ResNet for tests and demos
+  int64_t epochs = 3;
+  int64_t max_steps = -1;  // stop after this many optimizer steps (all epochs); -1: no limit
+  int64_t batch_size = 128;
+  double lr = 0.1;
+  double momentum = 0.9;
+  double weight_decay = 5e-4;
+  bool nesterov = false;
+  double label_smoothing = 0.0;
+  std::string schedule = "none";  // none | cosine | onecycle | warmup_cosine (stepped every optimizer step)
+  double warmup_epochs = 1;       // warmup_cosine: epochs of linear warm-up before the cosine
+  std::string optimizer = "sgd";  // sgd | adamw (weight decay decoupled; none on biases, norms, embeddings)
+  double clip_grad_norm = 0;      // > 0: clip the whole model's gradient 2-norm to it before each step
+  int64_t workers = 2;
+  int64_t threads = 0;  // OpenMP threads for compute; 0 = the runtime's default
+  uint64_t seed = 0;
+  std::string device = "cpu";
+  std::string device_memory_limit;  // "1.5GiB": a budget per device of this process (train/device.h); "": none
+  std::string amp = "none";    // none | bf16 | fp16 (train/mixed_precision.h)
+  std::string memory_format = "auto";  // auto | contiguous | channels_last (train/device.h)
+  bool augment = true;
+  bool shuffle = true;
+  std::string init;            // safetensors weights to start from
+  std::string save;            // write final weights here (safetensors)
+  std::string checkpoint_dir;  // full training state, written every checkpoint_every steps and each epoch
+  int64_t checkpoint_every = 100;  // 0: only at epoch ends (and when --max-steps stops the run)
+  bool resume = false;
+  // full | sharded (PyTorch's FULL_STATE_DICT | SHARDED_STATE_DICT); "": sharded under
+  // fsdp or ZeRO-1, full elsewhere. Note [Sharded checkpoints in train_cifar10].
+  std::string checkpoint_format;
+  bool eval_only = false;
+  bool synthetic = false;      // random CIFAR-shaped data: throughput without I/O
+  int64_t synthetic_size = 50000;
+  int64_t eval_limit = -1;     // evaluate on at most this many test images; -1: all
+  std::string metrics_json;
+  bool progress = true;
+  // Print each rank's predicted peak memory instead of training: shape-only steps
+  // (train/estimate_memory.h).
+  bool estimate_memory = false;
+  // Data parallelism; the defaults are one process on one device. dp: DataParallel, one
+  // process over dp_devices devices (parallel/data_parallel.h); ddp: one process per
+  // device under loomrun (train/distributed.h).
+  // mp: the model cut into stages on mp_devices devices (parallel/model_parallel.h);
+  // pipeline: those stages on threads of their own, over micro-batches
+  // (parallel/pipeline/pipeline.h).
+  std::string mode = "single";       // single | dp | mp | pipeline | ddp | fsdp
+  int64_t dp_devices = 0;            // dp: devices to use; 0 = every GPU (cuda), 2 (cpu)
+  int64_t mp_devices = 2;            // mp, pipeline: stages, one device each
+  int64_t microbatches = 4;          // pipeline: micro-batches per batch (--microbatches; torchgpipe's --chunks)
+  std::string pipeline_schedule = "1f1b";  // pipeline: gpipe | 1f1b | interleaved_1f1b
+  int64_t virtual_stages = 1;        // pipeline, interleaved_1f1b: virtual stages per stage (V)
+  std::vector<int64_t> balance;      // pipeline, mp: layers per virtual stage (stages x V); empty: by balance_by
+  std::string balance_by = "cost";   // pipeline, mp: cost | time (Note [Stage balance], parallel/balance.h)
+  // The degrees across processes (train/degrees.h): 0 = not given (--mode's preset).
+  int64_t pp = 1;                    // pipeline stages as processes (under loomrun), one per rank
+  int64_t dp_replicate = 0;          // replicas (DistributedDataParallel)
+  int64_t dp_shard = 0;              // shards (FullyShardedDataParallel); -1: what the world leaves
+  int64_t tp = 1;                    // tensor-parallel ranks
+  std::string pipeline_checkpoint = "never";  // pipeline: never | except_last | always (recompute activations)
+  // none | full | selective: recompute each block's activations in its backward (every
+  // block, or every selective_ac_option-th): apply_ac, train/parallelize.h.
+  std::string activation_checkpoint = "none";
+  int64_t selective_ac_option = 2;
+  std::string backend;               // ddp: gloo | nccl; "" = nccl on CUDA, gloo on CPU
+  bool sync_bn = false;              // ddp: BatchNorm2d statistics over every rank
+  std::string lr_scaling = "none";   // none | linear (lr x world size: the global batch grew)
+  double bucket_cap_mb = 25;         // ddp: gradient bucket size
+  bool zero_redundancy_optimizer = false;  // ddp: ZeRO-1, each rank the optimizer state of its partition
+  std::string sharding_strategy = "full_shard";  // fsdp: full_shard | shard_grad_op | no_shard | hybrid_shard
+  int64_t shard_group_size = 0;      // fsdp hybrid_shard: ranks per shard group (must divide the world)
+  // --dp-shard: default | always | never (torchtitan's fsdp_reshard_after_forward): free a
+  // unit's parameters after its forward. default: always, but never under --pp, where a
+  // stage's units stay gathered through the step's micro-batches.
+  std::string reshard_after_forward = "default";
+  // --dp-shard: flat (FSDP1: each unit's parameters in one buffer cut in N) | per_parameter
+  // (FSDP2's fully_shard: every parameter cut on dim 0, stepped under its own name).
+  std::string fsdp_layout = "per_parameter";
+};
+
+struct TrainResult {
+  double train_loss = 0, train_acc = 0, test_loss = 0, test_acc = 0;
+  int64_t test_images = 0;  // how many test images the last evaluation counted (every rank)
+  double img_per_s = 0;  // training images per second over the timed steps (all ranks)
+  double median_step_s = 0;  // the median time of a timed step (rank 0's, under ddp)
+  // The most --device's allocator had handed out in this process: every CPU device shares
+  // one allocator; on GPUs it is --device's alone (dp, mp, pipeline: not the others').
+  int64_t peak_memory_bytes = 0;
+  // This rank's parameters + gradients + optimizer state at the end of its last step
+  // (nn::model_state_bytes): what ZeRO and FSDP shard; activations are not in it.
+  int64_t model_state_bytes = 0;
+  int64_t steps = 0;     // optimizer steps taken in total (including before a resume)
+  int64_t epochs = 0;    // epochs completed
+  // What this process's collectives moved inside its training steps (bytes per kind, as
+  // nccl-tests count them: parallel/comm/traffic.h), over comm_steps steps of this run.
+  distributed::Traffic comm;
+  int64_t comm_steps = 0;
+};
+
+TrainResult train_cifar10(const TrainConfig& config);
+
+// {"train_loss": ..., ...} written atomically.
+void write_metrics_json(const TrainResult& result, const std::string& path);
+
+}  // namespace loom::training
