@@ -38,17 +38,24 @@ std::string joined_model_names() {
   return list;
 }
 
-}  // namespace
-
-TrainConfig parse_train_flags(int argc, char** argv) {
+// The table, bound to a TrainConfig and to the few values that are not fields as they are
+// typed (turned into fields by parse_train_flags).
+struct CommandLine {
   TrainConfig c;
-  Flags flags("train_cifar10", "Trains a model on CIFAR-10 (ResNet18, CIFAR variant, by default; other ResNets and "
-              "ViTs with --model) in any parallel mode, as examples/reference/train_ddp.py does with PyTorch.");
-  // Flags whose text is not the field itself: turned into fields after parsing.
   std::string data, balance = c.balance_by;
   int64_t seed = static_cast<int64_t>(c.seed), chunks = c.microbatches;
   bool no_augment = !c.augment, no_shuffle = !c.shuffle, quiet = !c.progress;
+  Flags flags;
+  ConvBenchmarkFlags conv_benchmark;
 
+  CommandLine();
+  CommandLine(const CommandLine&) = delete;
+  CommandLine& operator=(const CommandLine&) = delete;
+};
+
+CommandLine::CommandLine()
+    : flags("train_cifar10", "Trains a model on CIFAR-10 (ResNet18, CIFAR variant, by default; other ResNets and "
+              "ViTs with --model) in any parallel mode, as examples/reference/train_ddp.py does with PyTorch.") {
   flags.section("data");
   flags.bind("data", data, "CIFAR-10 binary folder (else $LOOM_DATA, else data/, else ../shared/data/)");
   flags.bind("synthetic", c.synthetic, "random CIFAR-shaped data (throughput without I/O)");
@@ -96,7 +103,7 @@ TrainConfig parse_train_flags(int argc, char** argv) {
   flags.bind("estimate-memory", c.estimate_memory,
              "print each rank's predicted peak memory for these flags (shape-only steps: allocations without "
              "arithmetic) and exit without training (docs/memory.md)");
-  const ConvBenchmarkFlags conv_benchmark = add_conv_benchmark_flags(flags);
+  conv_benchmark = add_conv_benchmark_flags(flags);
 
   flags.section("checkpoints and metrics");
   flags.bind("save", c.save, "write final weights (safetensors)");
@@ -153,22 +160,33 @@ TrainConfig parse_train_flags(int argc, char** argv) {
   flags.bind("mp-devices", c.mp_devices, "mp, pipeline: stages, one device each");
   flags.bind("dp-devices", c.dp_devices,
              "dp: devices (0: every GPU with --device cuda, 2 on cpu: cpu:0 and cpu:1)");
+}
 
-  flags.parse(argc, argv);
-  apply_conv_benchmark_flags(conv_benchmark);
+}  // namespace
 
-  if (!data.empty()) c.data = data;
-  c.seed = static_cast<uint64_t>(seed);
-  c.augment = !no_augment;
-  c.shuffle = !no_shuffle;
-  c.progress = !quiet;
-  LOOM_CHECK(!flags.given("chunks") || !flags.given("microbatches") || chunks == c.microbatches, "--chunks ", chunks,
-             " and --microbatches ", c.microbatches,
+TrainConfig parse_train_flags(int argc, char** argv) {
+  CommandLine line;
+  TrainConfig& c = line.c;
+  line.flags.parse(argc, argv);
+  apply_conv_benchmark_flags(line.conv_benchmark);
+
+  if (!line.data.empty()) c.data = line.data;
+  c.seed = static_cast<uint64_t>(line.seed);
+  c.augment = !line.no_augment;
+  c.shuffle = !line.no_shuffle;
+  c.progress = !line.quiet;
+  LOOM_CHECK(!line.flags.given("chunks") || !line.flags.given("microbatches") || line.chunks == c.microbatches,
+             "--chunks ", line.chunks, " and --microbatches ", c.microbatches,
              " are one setting (micro-batches per batch) given twice; keep one");
-  if (flags.given("chunks")) c.microbatches = chunks;
-  parse_balance(balance, c);
+  if (line.flags.given("chunks")) c.microbatches = line.chunks;
+  parse_balance(line.balance, c);
   LOOM_CHECK(!c.eval_only || !c.init.empty() || c.resume, "--eval-only needs --init PATH (or --resume)");
   return c;
+}
+
+std::vector<Flags::Info> train_flags() {
+  CommandLine line;
+  return line.flags.list();
 }
 
 int train_main(int argc, char** argv) {

@@ -10,12 +10,19 @@
 // table only turns text into fields.
 #pragma once
 
+#include <vector>
+
+#include "train/flags.h"    // defines: Flags::Info
 #include "train/trainer.h"  // defines: TrainConfig
 
 namespace loom::training {
 
 // The TrainConfig the flags describe; exits 0 after printing --help.
 TrainConfig parse_train_flags(int argc, char** argv);
+
+// Every flag of the table: its section, name and whether it is a switch (for programs that
+// rewrite a train_cifar10 command line: the memory estimator's advice).
+std::vector<Flags::Info> train_flags();
 
 // parse_train_flags, then train_cifar10; a loom::Error is printed as one line and
 // returns 1. A program that registers its own models (register_model_spec,

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -14,6 +15,8 @@
 #include "core/allocator.h"                // defines: memory_stats (peaks, external bytes, system allocations)
 #include "core/atomic_file.h"              // defines: write_file_atomically (--metrics-json)
 #include "core/shape_only.h"               // defines: shape_only (Note [Shape-only runs])
+#include "nn/json.h"                       // defines: json::parse (the runs' --metrics-json)
+#include "train/command_line.h"            // defines: train_flags (the flag table)
 #include "parallel/comm/process_group.h"   // defines: is_initialized, default_store, get_rank (who advises)
 
 namespace loom::training {
@@ -155,40 +158,46 @@ void report_memory_estimate(const std::vector<DeviceMemoryEstimate>& mine, const
                                           "out-of-memory error that lists the strategies that fit");
   std::fflush(stdout);
   if (config.metrics_json.empty()) return;
-  std::string json = "{\"estimate\": true";
+  json::Value out;
+  out.set("estimate", true);
   const auto list = [&](const char* name, const std::function<int64_t(const DeviceMemoryEstimate&)>& value) {
-    json += std::string(", \"") + name + "\": [";
-    for (size_t i = 0; i < all.size(); ++i) {
-      char number[32];
-      std::snprintf(number, sizeof number, "%s%.3f", i ? ", " : "", mib(value(all[i])));
-      json += number;
-    }
-    json += "]";
+    json::Value::Array mibs;  // per rank (or device), in MiB to 3 decimals
+    for (const DeviceMemoryEstimate& e : all) mibs.emplace_back(std::round(mib(value(e)) * 1000) / 1000);
+    out.set(name, std::move(mibs));
   };
   list("peak_mib", [](const DeviceMemoryEstimate& e) { return e.peak; });
   list("model_state_mib", [](const DeviceMemoryEstimate& e) { return e.model_state(); });
   list("other_held_mib", [](const DeviceMemoryEstimate& e) { return e.other_held(); });
   list("comm_mib", [](const DeviceMemoryEstimate& e) { return e.communication; });
   list("activations_mib", [](const DeviceMemoryEstimate& e) { return e.activations(); });
-  json += ", \"steps\": " + std::to_string(steps) + "}\n";
-  write_file_atomically(config.metrics_json, json, "--metrics-json");
+  out.set("steps", static_cast<int64_t>(steps));
+  write_file_atomically(config.metrics_json, json::dump(out) + "\n", "--metrics-json");
 }
 
 // ---- Note [Advice after an out-of-memory error] ------------------------------------------
 namespace {
 
 // Flags that say how to run rather than what to estimate (dropped from the advice's runs),
-// and flags that choose the strategy (dropped where an alternative sets its own).
+// and flags that choose the strategy (dropped where an alternative sets its own): the flag
+// table's parallelism sections.
 const std::set<std::string> kRunFlags = {"metrics-json", "save", "checkpoint-dir", "checkpoint-every", "resume",
                                          "max-steps", "epochs", "quiet", "device-memory-limit", "estimate-memory",
                                          "eval-only", "eval-limit"};
-const std::set<std::string> kStrategyFlags = {
-    "mode", "dp-shard", "dp-replicate", "pp", "tp", "zero-redundancy-optimizer", "sharding-strategy",
-    "shard-group-size", "reshard-after-forward", "fsdp-layout", "mp-devices", "dp-devices", "microbatches", "chunks",
-    "pipeline-schedule", "virtual-stages", "balance", "pipeline-checkpoint", "sync-bn", "bucket-cap-mb", "backend"};
-// train_cifar10's switches: flags without a value.
-const std::set<std::string> kSwitches = {"nesterov", "no-augment", "no-shuffle", "resume", "eval-only", "synthetic",
-                                         "quiet", "sync-bn", "zero-redundancy-optimizer", "estimate-memory"};
+
+std::set<std::string> strategy_flags() {
+  std::set<std::string> names;
+  for (const Flags::Info& flag : train_flags())
+    if (flag.section.rfind("parallelism", 0) == 0) names.insert(flag.name);
+  return names;
+}
+
+// Flags without a value, from the table.
+std::set<std::string> switches() {
+  std::set<std::string> names;
+  for (const Flags::Info& flag : train_flags())
+    if (flag.is_switch) names.insert(flag.name);
+  return names;
+}
 
 // This process's command line after the program, as given.
 std::vector<std::string> own_arguments() {
@@ -210,7 +219,7 @@ std::vector<std::string> without(const std::vector<std::string>& args, const std
       out.push_back(args[i]);
       continue;
     }
-    if (!inline_value && !kSwitches.count(name)) ++i;  // its value
+    if (!inline_value && !switches().count(name)) ++i;  // its value
   }
   return out;
 }
@@ -235,16 +244,17 @@ std::string loomrun_path(const std::string& self) {
   return std::filesystem::exists(beside) ? beside.string() : "loomrun";
 }
 
-// The numbers of "key": [a, b, ...] in a JSON text; empty if absent.
+// The numbers of "key": [a, b, ...] in a JSON text (--metrics-json's); empty if absent or
+// unreadable.
 std::vector<double> json_list(const std::string& text, const std::string& key) {
   std::vector<double> out;
-  size_t at = text.find("\"" + key + "\"");
-  if (at == std::string::npos) return out;
-  at = text.find('[', at);
-  const size_t end = text.find(']', at);
-  if (at == std::string::npos || end == std::string::npos) return out;
-  std::stringstream items(text.substr(at + 1, end - at - 1));
-  for (std::string item; std::getline(items, item, ',');) out.push_back(std::atof(item.c_str()));
+  try {
+    const json::Value document = json::parse(text);
+    if (const json::Value* list = document.find(key); list && list->is_array())
+      for (const json::Value& item : list->as_array()) out.push_back(item.as_double());
+  } catch (const Error&) {
+    out.clear();  // a run that died mid-write: no estimate
+  }
   return out;
 }
 
@@ -305,7 +315,7 @@ std::string advice(const TrainConfig& config, int world) {
            "; run train_cifar10 --estimate-memory with the strategies to compare)";
   const std::vector<std::string> args = own_arguments();
   const std::vector<std::string> base = without(args, kRunFlags);
-  const std::vector<std::string> plain = without(base, kStrategyFlags);
+  const std::vector<std::string> plain = without(base, strategy_flags());
   const int n = std::max(world, 2);
   const std::string ranks = std::to_string(n);
   std::vector<std::pair<Alternative, const std::vector<std::string>*>> runs = {

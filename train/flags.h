@@ -30,6 +30,13 @@ class Flags {
   // The flags added after this are listed under `title` in --help.
   void section(const std::string& title);
 
+  // The table itself, for programs that rewrite a command line (train/estimate_memory.cpp).
+  struct Info {
+    std::string section, name;
+    bool is_switch = false;  // takes no value
+  };
+  std::vector<Info> list() const;
+
   void parse(int argc, char** argv);
   // Whether the user gave this flag (vs its default).
   bool given(const std::string& name) const;
