@@ -162,10 +162,10 @@ safetensors::File read_shard(const std::string& step_dir, int rank, int world_si
   const Manifest manifest = read_manifest(step_dir);
   // See Note [Same world, same layout].
   LOOM_CHECK(manifest.world_size == world_size, "sharded checkpoint ", step_dir, " was written by ",
-             manifest.world_size, " ranks, but this run has ", world_size, ". A sharded checkpoint loads only at the "
-             "world size that wrote it (resharding is not supported): resume with ", manifest.world_size,
-             " ranks, or write a full checkpoint (train_cifar10 --checkpoint-format full), which loads at any world "
-             "size");
+             manifest.world_size, " ranks, but this run has ", world_size, ". Read rank by rank, a sharded checkpoint "
+             "loads only at the world size that wrote it (resharding is not supported here; a set of pieces loads "
+             "under any layout through parallel/checkpoint/load_plan.h): resume with ", manifest.world_size,
+             " ranks, or write a full checkpoint (fsdp::full_state_dict), which loads at any world size");
   return safetensors::read_file(step_dir + "/" + manifest.shards[static_cast<size_t>(rank)].file);
 }
 

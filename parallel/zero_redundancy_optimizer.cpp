@@ -394,8 +394,8 @@ void ZeroRedundancyOptimizer::load_sharded_state_dict(const OrderedDict<Tensor>&
   LOOM_CHECK(same, "ZeroRedundancyOptimizer.load_sharded_state_dict: the state was cut for ",
              describe_partition(saved), " but this rank's partition is ", describe_partition(mine),
              ". A sharded state loads only at the world size and with the parameters that wrote it (resharding is "
-             "not supported); a consolidated state (consolidate_state_dict; train_cifar10 --checkpoint-format full) "
-             "loads at any world size");
+             "not supported); a consolidated state (consolidate_state_dict) loads at any world size, and the state by "
+             "parameter name (parallel/checkpoint/optimizer_state.h) under any partition");
   Optimizer::load_state_dict(groups);  // the hyperparameters (a scheduler's lr among them); no state
   if (local_) local_->load_state_dict(local_state);
   state_.clear();

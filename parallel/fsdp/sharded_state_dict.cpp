@@ -111,8 +111,8 @@ void check_sharded_compatible(const FullyShardedDataParallel& fsdp, const safete
   LOOM_CHECK(differences.empty(), "FSDP sharded checkpoint ", source, " was cut for another layout:", differences,
              "\nA sharded checkpoint loads only into the same world size, sharding strategy and model that wrote it "
              "(resharding is not supported). Resume with the checkpoint's world size and strategy, or save a full "
-             "state dict instead (fsdp::full_state_dict; train_cifar10 --checkpoint-format full), which loads at any "
-             "world size");
+             "state dict instead (fsdp::full_state_dict), which loads at any world size, or pieces "
+             "(parallel/checkpoint/fsdp_state.h), which load under any layout");
 }
 
 }  // namespace loom::fsdp

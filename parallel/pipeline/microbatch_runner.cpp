@@ -68,8 +68,7 @@ MicrobatchRunner::MicrobatchRunner(std::vector<VirtualStage> virtual_stages, int
     const std::string layer = random_layer(*virtual_stages_[c].module);
     LOOM_CHECK(layer.empty(), name(int64_t(c)), " has a Dropout in training mode (", layer, "), which draws a new "
                "mask when checkpoint='", checkpoint_, "' recomputes its forward, so the gradients would not be this "
-               "step's. Use checkpoint='never' (train_cifar10 --pipeline-checkpoint never), or put the module in "
-               "eval mode");
+               "step's. Use checkpoint='never', or put the module in eval mode");
   }
   random_offset_ = default_generator().offset();
 }
@@ -78,7 +77,7 @@ void MicrobatchRunner::check_recomputed_exactly() const {
   LOOM_CHECK(!recomputes() || default_generator().offset() == random_offset_, "the default generator drew random "
              "numbers during a step with checkpoint='", checkpoint_, "' (a random op in a stage?). The "
              "recomputed forward cannot draw the same ones, so the gradients are not this step's; use "
-             "checkpoint='never' (train_cifar10 --pipeline-checkpoint never) for such a model");
+             "checkpoint='never' for such a model");
 }
 
 bool MicrobatchRunner::checkpointed(int64_t m) const {

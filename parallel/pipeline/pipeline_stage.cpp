@@ -85,8 +85,8 @@ void PipelineStage::agree_on_settings() {
     const std::vector<int64_t> theirs = all[size_t(r)].tolist<int64_t>();
     LOOM_CHECK(theirs == mine, "PipelineStage: the ranks of the pipeline group disagree on the pipeline: rank ",
                stage_, " has ", describe_settings(mine), " but rank ", r, " has ", describe_settings(theirs),
-               ". Every stage must be built with the same balance, micro-batches and schedule (train_cifar10: "
-               "--balance, --microbatches, --pipeline-schedule, --virtual-stages)");
+               ". Every stage must be built with the same balance, micro-batches and schedule (and so the same "
+               "number of virtual stages)");
   }
 }
 
