@@ -184,18 +184,20 @@ const std::set<std::string> kRunFlags = {"metrics-json", "save", "checkpoint-dir
                                          "max-steps", "epochs", "quiet", "device-memory-limit", "estimate-memory",
                                          "eval-only", "eval-limit"};
 
-std::set<std::string> strategy_flags() {
-  std::set<std::string> names;
-  for (const Flags::Info& flag : train_flags())
-    if (flag.section.rfind("parallelism", 0) == 0) names.insert(flag.name);
-  return names;
-}
+struct TableNames {
+  std::set<std::string> strategy, switches;  // the parallelism sections' flags; flags without a value
+};
 
-// Flags without a value, from the table.
-std::set<std::string> switches() {
-  std::set<std::string> names;
-  for (const Flags::Info& flag : train_flags())
-    if (flag.is_switch) names.insert(flag.name);
+// Read off the flag table once (building it builds every model's name list).
+const TableNames& table_names() {
+  static const TableNames names = [] {
+    TableNames out;
+    for (const Flags::Info& flag : train_flags()) {
+      if (flag.section.rfind("parallelism", 0) == 0) out.strategy.insert(flag.name);
+      if (flag.is_switch) out.switches.insert(flag.name);
+    }
+    return out;
+  }();
   return names;
 }
 
@@ -219,7 +221,7 @@ std::vector<std::string> without(const std::vector<std::string>& args, const std
       out.push_back(args[i]);
       continue;
     }
-    if (!inline_value && !switches().count(name)) ++i;  // its value
+    if (!inline_value && !table_names().switches.count(name)) ++i;  // its value
   }
   return out;
 }
@@ -315,7 +317,7 @@ std::string advice(const TrainConfig& config, int world) {
            "; run train_cifar10 --estimate-memory with the strategies to compare)";
   const std::vector<std::string> args = own_arguments();
   const std::vector<std::string> base = without(args, kRunFlags);
-  const std::vector<std::string> plain = without(base, strategy_flags());
+  const std::vector<std::string> plain = without(base, table_names().strategy);
   const int n = std::max(world, 2);
   const std::string ranks = std::to_string(n);
   std::vector<std::pair<Alternative, const std::vector<std::string>*>> runs = {

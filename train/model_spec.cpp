@@ -46,11 +46,12 @@ std::vector<std::string> model_names() {
 void register_model_spec(ModelSpec spec) {
   LOOM_CHECK(!spec.names.empty() && spec.build, "register_model_spec: the ", spec.family,
              " spec needs names and a build function");
-  for (const std::string& name : spec.names)
-    for (const std::string& known : model_names())
-      LOOM_CHECK(name != known, "register_model_spec: --model ", name, " is registered already");
   Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
+  std::lock_guard<std::mutex> lock(r.mutex);  // checked and added under one lock
+  for (const ModelSpec& known : r.specs)
+    for (const std::string& name : spec.names)
+      for (const std::string& taken : known.names)
+        LOOM_CHECK(name != taken, "register_model_spec: --model ", name, " is registered already");
   r.specs.push_back(std::move(spec));
 }
 
