@@ -2,7 +2,7 @@
 #
 #   docker build -t loom .
 #   docker run --rm --shm-size=1g loom              # ./test.sh: the whole suite
-#   docker run --rm --shm-size=1g loom ./run.sh --epochs 1 --data /data/cifar-10-batches-bin
+#   docker run --rm --shm-size=1g -v /path/to/data:/data loom ./run.sh --epochs 1 --data /data/cifar-10-batches-bin
 #
 # --shm-size: ranks on one host exchange tensors through POSIX shared memory (/dev/shm),
 # which Docker caps at 64 MiB by default.
