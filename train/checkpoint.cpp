@@ -52,12 +52,6 @@ std::string checkpoint_to_resume(const std::string& dir, bool resume, bool shard
   return latest.step_dir;
 }
 
-void save_checkpoint(const std::string& dir, const nn::Module& model, const optim::Optimizer& optimizer,
-                     const optim::LRScheduler* scheduler, const TrainingPosition& position,
-                     const optim::GradScaler* scaler) {
-  save_checkpoint(dir, model.state_dict(), optimizer.state_dict(), scheduler, position, scaler);
-}
-
 safetensors::File pack_training_state(const OrderedDict<Tensor>& model_state, const OrderedDict<Tensor>& optimizer_state,
                                       const optim::LRScheduler* scheduler, const TrainingPosition& position,
                                       const optim::GradScaler* scaler) {
@@ -87,14 +81,6 @@ void save_checkpoint(const std::string& dir, const OrderedDict<Tensor>& model_st
   std::filesystem::create_directories(dir);
   safetensors::File file = pack_training_state(model_state, optimizer_state, scheduler, position, scaler);
   safetensors::save_file(file.tensors, checkpoint_path(dir), file.metadata);  // atomic
-}
-
-TrainingPosition load_checkpoint(const std::string& dir, nn::Module& model, optim::Optimizer& optimizer,
-                                 optim::LRScheduler* scheduler, optim::GradScaler* scaler) {
-  CheckpointState state = read_checkpoint(dir, scheduler, scaler);
-  model.load_state_dict(state.model, /*strict=*/true);
-  optimizer.load_state_dict(state.optimizer);
-  return state.position;
 }
 
 CheckpointState read_checkpoint(const std::string& dir, optim::LRScheduler* scheduler, optim::GradScaler* scaler) {

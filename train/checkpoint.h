@@ -76,18 +76,10 @@ std::string checkpoint_path(const std::string& dir);
 // See Note [Resuming after a restart].
 std::string checkpoint_to_resume(const std::string& dir, bool resume, bool sharded, bool log);
 
-void save_checkpoint(const std::string& dir, const nn::Module& model, const optim::Optimizer& optimizer,
-                     const optim::LRScheduler* scheduler, const TrainingPosition& position,
-                     const optim::GradScaler* scaler = nullptr);
-
-// Restores model, optimizer, scheduler, an enabled scaler (when the checkpoint has its
-// state; else it keeps its initial scale) and the default generator; returns the position.
-TrainingPosition load_checkpoint(const std::string& dir, nn::Module& model, optim::Optimizer& optimizer,
-                                 optim::LRScheduler* scheduler, optim::GradScaler* scaler = nullptr);
-
-// The same two steps with the model's and the optimizer's state as dicts, for a caller
-// that makes and loads them itself: --mode fsdp consolidates its sharded state on rank 0
-// and gives each rank its shard back (parallel/fsdp/state_dict.h).
+// Writes the training state (Note [What a checkpoint holds]) to checkpoint_path(dir),
+// atomically; the model's and the optimizer's state are whole (ParallelModel's
+// full_state_dict and full_optim_state_dict: FSDP's shards and ZeRO-1's partitions
+// gathered on rank 0, which calls it).
 void save_checkpoint(const std::string& dir, const OrderedDict<Tensor>& model_state,
                      const OrderedDict<Tensor>& optimizer_state, const optim::LRScheduler* scheduler,
                      const TrainingPosition& position, const optim::GradScaler* scaler = nullptr);
@@ -96,7 +88,9 @@ struct CheckpointState {
   TrainingPosition position;
   safetensors::Metadata metadata;  // the file's: a sharded one's says which cut it belongs to
 };
-// Restores scheduler, scaler and generator as load_checkpoint does; returns the rest.
+// Restores the scheduler, an enabled scaler (when the checkpoint has its state; else it
+// keeps its initial scale) and the default generator; returns the model's and the
+// optimizer's state (whole) and the position.
 CheckpointState read_checkpoint(const std::string& dir, optim::LRScheduler* scheduler,
                                 optim::GradScaler* scaler = nullptr);
 

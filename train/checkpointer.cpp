@@ -6,8 +6,6 @@
 #include "train/optimizer.h"           // defines: BuiltOptimizer (ZeRO-1's partition)
 #include "train/sharded_checkpoint.h"  // defines: save_sharded_checkpoint, load_sharded_checkpoint
 #include "nn/safetensors.h"                     // defines: safetensors::save_file
-#include "parallel/fsdp/state_dict.h"           // defines: full_state_dict, full_optim_state_dict
-#include "parallel/tensor/tp_state_dict.h"      // defines: gather_tp_state (--tp)
 
 namespace loom::training {
 
@@ -17,7 +15,6 @@ Checkpointer::Checkpointer(const TrainConfig& config, const Distributed& dist, P
       dist_(dist),
       parallel_(parallel),
       built_(optimizer),
-      optimizer_(*optimizer),
       scheduler_(scheduler),
       scaler_(scaler) {
   const auto& dims = dist.dims();
@@ -69,13 +66,11 @@ TrainingPosition Checkpointer::resume() {
     LOOM_CHECK(dist_.sum(static_cast<double>(at.global_step)) == dist_.world_size() * at.global_step,
                "--checkpoint-dir ", dir, ": the ranks resumed from different sharded checkpoints; on several nodes "
                "the directory must be shared by every rank");
-  } else if (auto* fsdp = parallel_.whole_model_fsdp()) {
+  } else {  // every rank reads the whole state; each part takes its own (FSDP: its shards)
     CheckpointState state = read_checkpoint(dir, scheduler_, scaler_);
-    fsdp::load_full_state_dict(*fsdp, state.model);
-    fsdp::load_full_optim_state_dict(*fsdp, optimizer_, state.optimizer);
+    parallel_.load_full_state_dict(state.model);
+    parallel_.load_full_optim_state_dict(built_, state.optimizer);
     at = state.position;
-  } else {
-    at = load_checkpoint(dir, *parallel_.model, optimizer_, scheduler_, scaler_);
   }
   // A checkpoint's epoch metrics are every rank's sum; one rank carries them on.
   if (!dist_.is_main()) at.metrics = RunningMetrics{};
@@ -90,28 +85,19 @@ void Checkpointer::save(const TrainingPosition& at) {
   const std::string& dir = config_.checkpoint_dir;
   if (sharded_) {
     save_sharded_checkpoint(dir, dist_, parallel_, built_, scheduler_, at, scaler_);
-  } else if (auto* fsdp = parallel_.whole_model_fsdp()) {  // gathered: every rank takes part, rank 0 writes
-    OrderedDict<Tensor> model_state = fsdp::full_state_dict(*fsdp);
-    OrderedDict<Tensor> optimizer_state = fsdp::full_optim_state_dict(*fsdp, optimizer_);
+  } else {  // gathered (FSDP's shards, ZeRO-1's partitions): every rank takes part, rank 0 writes
+    OrderedDict<Tensor> model_state = parallel_.full_state_dict();
+    OrderedDict<Tensor> optimizer_state = parallel_.full_optim_state_dict(built_, dist_.is_main());
     if (dist_.is_main()) save_checkpoint(dir, model_state, optimizer_state, scheduler_, at, scaler_);
-  } else {
-    built_.gather_state();  // ZeRO-1: the whole state to rank 0 (a collective)
-    if (dist_.is_main()) save_checkpoint(dir, *parallel_.model, optimizer_, scheduler_, at, scaler_);
   }
   dist_.barrier();
 }
 
 void Checkpointer::save_weights(const std::string& path) {
   if (path.empty()) return;
-  if (parallel_.gather_weights) parallel_.gather_weights();  // --pp: the whole model on every rank
-  // FSDP: the model's parameters are shards; every rank gathers, rank 0 of each shard
-  // group gets them. --tp: those (or the model's own) are each rank's tp shards, gathered
-  // whole over the tp ranks, who all hold them. Rank 0 writes the file: the model's own
-  // keys and shapes, as a single process saves them (without DDP's "module.").
-  fsdp::FullyShardedDataParallel* fsdp = parallel_.whole_model_fsdp();
-  OrderedDict<Tensor> state = fsdp ? fsdp::full_state_dict(*fsdp) : parallel_.whole->state_dict();
-  if (!state.empty() && !parallel_.tp_placements.empty())
-    state = distributed::gather_tp_state(state, parallel_.tp_placements);
+  // Rank 0 writes the file: the model's own keys and shapes, as a single process saves
+  // them (without DDP's "module."), whatever cut the ranks hold.
+  const OrderedDict<Tensor> state = parallel_.full_state_dict();
   if (dist_.is_main()) {
     safetensors::save_file(state, path, {{"format", "pt"}});  // as nn::save writes a module
     std::printf("saved weights to %s\n", path.c_str());

@@ -22,7 +22,7 @@
 #include "train/checkpoint.h"   // defines: TrainingPosition
 #include "train/distributed.h"  // defines: Distributed
 #include "train/optimizer.h"    // defines: BuiltOptimizer
-#include "train/parallelize.h"  // defines: ParallelModel
+#include "train/parallel_model.h"  // defines: ParallelModel (full and local state)
 #include "train/trainer.h"      // defines: TrainConfig
 
 namespace loom::training {
@@ -55,7 +55,6 @@ class Checkpointer {
   const Distributed& dist_;
   ParallelModel& parallel_;
   const BuiltOptimizer& built_;
-  optim::Optimizer& optimizer_;  // *built_.optimizer
   optim::LRScheduler* scheduler_;
   optim::GradScaler* scaler_;
   bool sharded_ = false;

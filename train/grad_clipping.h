@@ -3,7 +3,7 @@
 // nn/optim/clip_grad.h).
 //
 //   loss.backward();
-//   GradClipper clipper(parallel, optimizer, dims, mesh, /*max_norm=*/1.0);  // once
+//   GradClipper clipper(parallel, optimizer, /*max_norm=*/1.0);  // once
 //   clipper.clip(amp);                                                        // every step, every rank
 //   optimizer.step();
 //
@@ -24,31 +24,27 @@
 #include <vector>
 
 #include "train/mixed_precision.h"  // defines: MixedPrecision
-#include "train/parallelize.h"      // defines: ParallelModel
+#include "train/parallel_model.h"   // defines: ParallelModel, GradNormTerms
 #include "nn/optim/optimizer.h"              // defines: Optimizer
-#include "parallel/device_mesh.h"            // defines: DeviceMesh
-#include "parallel/parallel_dims.h"          // defines: ParallelDims
 
 namespace loom::training {
 
 // Clips the gradients of the parameters `optimizer` steps to a whole-model 2-norm of at
 // most `max_norm`. What a rank adds to the norm and the groups the sum runs over are fixed
-// by the cut, so the constructor works them out once (and refuses tp x dp_shard); clip() is
-// then a collective over the mesh's pp, dp_shard and tp groups (those enabled) every step.
-// `mesh` is null in one process.
+// by the cut, so the constructor asks the ParallelModel once (ParallelModel::grad_norm_terms,
+// which refuses FSDP1's flat shards over tp); clip() is then a collective over the mesh's pp,
+// dp_shard and tp groups (those enabled) every step.
 class GradClipper {
  public:
-  GradClipper(const ParallelModel& parallel, optim::Optimizer& optimizer, const distributed::ParallelDims& dims,
-              const distributed::DeviceMesh* mesh, double max_norm);
+  GradClipper(const ParallelModel& parallel, optim::Optimizer& optimizer, double max_norm);
   // Returns the norm before clipping.
   double clip(MixedPrecision& amp);
 
  private:
   optim::Optimizer& optimizer_;
   double max_norm_;
-  std::vector<Tensor> params_;    // what the optimizer steps: scaled
-  std::vector<Tensor> counted_;   // of those, what this rank adds to the norm
-  std::vector<std::shared_ptr<distributed::Communicator>> sum_over_;  // the groups that hold different parts
+  std::vector<Tensor> params_;  // what the optimizer steps: scaled
+  GradNormTerms terms_;         // of those, what this rank adds to the norm; the groups it sums over
 };
 
 }  // namespace loom::training

@@ -16,7 +16,6 @@
 #include "parallel/model_parallel.h"                 // defines: ModelParallel, choose_balance
 #include "parallel/pipeline/pipeline.h"              // defines: Pipeline
 #include "parallel/pipeline/pipeline_processes.h"    // defines: apply_pipeline_processes
-#include "parallel/pipeline/schedule.h"              // defines: virtual_stage (a stage's virtual stages' numbers)
 #include "parallel/pipeline/stage_replicas.h"        // defines: replicate_stage (--pp with --dp-replicate)
 #include "parallel/pipeline/stage_sharding.h"        // defines: shard_stage, gather_stage_weights (--pp with --dp-shard)
 #include "parallel/sync_batch_norm.h"                // defines: convert_sync_batchnorm
@@ -187,16 +186,6 @@ std::shared_ptr<fsdp::FullyShardedDataParallel> apply_fsdp(std::shared_ptr<nn::M
   return std::make_shared<fsdp::FullyShardedDataParallel>(std::move(part), mesh.group("dp_shard"), std::move(options));
 }
 
-nn::Module& ParallelModel::for_evaluation() {
-  if (!gather_weights) return *module;
-  gather_weights();  // --pp: every rank evaluates the whole model
-  return *whole;
-}
-
-fsdp::FullyShardedDataParallel* ParallelModel::whole_model_fsdp() const {
-  return sharded_parts.size() == 1 && sharded_parts[0].prefix.empty() ? sharded_parts[0].fsdp.get() : nullptr;
-}
-
 // --pp with --dp-shard: FSDP on each of the stage's virtual stages over "dp_shard" (HSDP:
 // and across "dp_replicate"); parameters stay gathered over a step's micro-batches and
 // gradients are reduce-scattered once per chunk (Note [FSDP under a pipeline]). The ranks
@@ -204,39 +193,29 @@ fsdp::FullyShardedDataParallel* ParallelModel::whole_model_fsdp() const {
 static void shard_pipeline_stage(ParallelModel& out, std::shared_ptr<parallel::pipeline::PipelineStage> stage,
                                  const distributed::ParallelDims& dims, const distributed::DeviceMesh& mesh,
                                  const TrainConfig& config) {
-  auto copy = out.model->clone();
+  auto copy = out.model().clone();
   // Each virtual stage through apply_fsdp, as the whole model is without --pp; shard_stage
   // adjusts the options for a pipeline first (Note [FSDP under a pipeline]).
   const parallel::pipeline::StageShards shards = parallel::pipeline::shard_stage(
       *stage, fsdp_options(dims, config), [&](std::shared_ptr<nn::Module> part, fsdp::FSDPOptions options) {
         return apply_fsdp(std::move(part), mesh, std::move(options));
       });
-  for (size_t v = 0; v < shards.size(); ++v) {
-    const int64_t c = parallel::pipeline::virtual_stage(stage->stage_index(), int64_t(v), stage->num_stages());
-    if (shards[v]) out.sharded_parts.push_back({detail::str("virtual_stage", c, "."), shards[v]});
-  }
-  auto layers = nn::sequential_view(*copy);
-  out.whole = copy;
-  out.gather_weights = [stage, shards, layers] { parallel::pipeline::gather_stage_weights(*stage, shards, *layers); };
+  out.set_stage(std::move(stage), shards, std::move(copy));
 }
 
 ParallelModel parallelize(std::shared_ptr<nn::Module> model, const distributed::ParallelDims& dims,
                           const distributed::DeviceMesh* mesh, const TrainConfig& config, Device device,
                           nn::CrossEntropyLoss& criterion) {
-  ParallelModel out;
-  out.model = out.module = out.whole = model;
+  ParallelModel out(model, dims, mesh);
   apply_ac(*model, config);  // first: marks in place, which every cut and wrapper below keeps
   if (dims.dp_devices_enabled()) {  // in one process, over several devices
-    out.module = apply_data_parallel(model, dims.dp_devices, config, device);
+    out.set_whole_part({apply_data_parallel(model, dims.dp_devices, config, device), nullptr});
     return out;
   }
   if (dims.mp_enabled()) {
     InProcessStages stages = apply_model_parallel(*model, dims, config, device, criterion);
-    out.module = stages.module;
-    if (stages.pipeline)
-      out.pipeline_step = [pipeline = stages.pipeline](const Tensor& input, const Tensor& target, double loss_scale) {
-        return pipeline->step(input, target, loss_scale);
-      };
+    out.set_whole_part({stages.module, nullptr});
+    out.set_pipeline(stages.pipeline.get());  // null: layer-wise
     return out;
   }
   if (mesh == nullptr) return out;  // one process, one device
@@ -247,21 +226,18 @@ ParallelModel parallelize(std::shared_ptr<nn::Module> model, const distributed::
   if (config.sync_bn) nn::convert_sync_batchnorm(model, mesh->group("batch"));
   if (dims.pp_enabled()) {  // the pipeline split first; then each stage's parts
     auto stage = apply_pipeline(*model, mesh->group("pp"), dims, config, device, criterion);
-    out.gather_weights = [stage] { stage->share_weights(); };
     // The stage runs the model's own layers, so splitting them splits the stage's.
-    if (dims.tp_enabled()) out.tp_placements = apply_tp(*model, mesh->group("tp"), config);
+    if (dims.tp_enabled()) out.set_tp_placements(apply_tp(*model, mesh->group("tp"), config));
     if (dims.dp_shard_enabled()) {
       shard_pipeline_stage(out, stage, dims, *mesh, config);
-    } else if (dims.dp_replicate_enabled()) {
-      parallel::pipeline::replicate_stage(*stage, mesh->group("dp_replicate"), ddp_options(config));
+      return out;
     }
-    out.module = stage;
-    out.pipeline_step = [stage](const Tensor& input, const Tensor& target, double loss_scale) {
-      return stage->step(input, target, loss_scale);  // this rank's stage; the loss on every rank
-    };
+    if (dims.dp_replicate_enabled())
+      parallel::pipeline::replicate_stage(*stage, mesh->group("dp_replicate"), ddp_options(config));
+    out.set_stage(stage, {}, nullptr);  // its step: this rank's stage; the loss on every rank
     return out;
   }
-  if (dims.tp_enabled()) out.tp_placements = apply_tp(*model, mesh->group("tp"), config);
+  if (dims.tp_enabled()) out.set_tp_placements(apply_tp(*model, mesh->group("tp"), config));
   if (dims.dp_shard_enabled()) {  // FSDP over each rank's tp shards: 2-D, as FSDP2 on a DTensor model
     // As torchtitan's apply_fsdp: the last block stays gathered from its forward to its
     // backward, beside the head (Note [Which units stay gathered], parallel/fsdp/runtime.cpp).
@@ -270,10 +246,9 @@ ParallelModel parallelize(std::shared_ptr<nn::Module> model, const distributed::
     fsdp::FSDPOptions options = fsdp_options(dims, config);
     options.keep_last_gathered = 2;
     auto fsdp = apply_fsdp(model, *mesh, std::move(options));
-    out.sharded_parts.push_back({"", fsdp});
-    out.module = fsdp;
+    out.set_whole_part({fsdp, fsdp});
   } else if (dims.dp_replicate_enabled()) {
-    out.module = apply_ddp(model, mesh->group("dp_replicate"), config);
+    out.set_whole_part({apply_ddp(model, mesh->group("dp_replicate"), config), nullptr});
   }
   return out;
 }

@@ -13,14 +13,14 @@
 //   auto dims = parallel_dims_from_flags(config, world_size);   // degrees.h
 //   auto mesh = dims.build_mesh("cpu");                         // under loomrun
 //   ParallelModel parallel = parallelize(model, dims, &mesh, config, device, criterion);
-//   optim::SGD optimizer(parallel.module->parameters(), ...);   // this rank's parameters
+//   optim::SGD optimizer(parallel.module().parameters(), ...);   // this rank's parameters
 //
-// The loop then calls parallel.module (forward) or, under a pipeline, parallel.pipeline_step
+// The loop then calls parallel.module() (forward) or, under a pipeline, parallel.pipeline()
 // (forward and backward of the whole batch, the schedule's): that is its one branch, as
-// torchtitan's train_step. It never asks which wrapper it got.
+// torchtitan's train_step. It never asks which wrapper it got; checkpoints and clipping ask
+// the ParallelModel (parallel_model.h, Note [Model parts]).
 #pragma once
 
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,43 +33,11 @@
 #include "parallel/fsdp/fully_sharded_data_parallel.h"  // defines: FullyShardedDataParallel
 #include "parallel/parallel_dims.h"             // defines: ParallelDims
 #include "parallel/pipeline/pipeline_stage.h"   // defines: PipelineStage (--pp)
-#include "parallel/pipeline/step_result.h"     // defines: StepResult (a pipeline's step)
 #include "parallel/ddp/distributed_data_parallel.h"  // defines: DDPOptions
 #include "parallel/tensor/parallel_style.h"     // defines: StatePlacements (--tp)
+#include "train/parallel_model.h"               // defines: ParallelModel, ModelPart
 
 namespace loom::training {
-
-struct ParallelModel {
-  // The plain model: its parameters' names (checkpoints, --save), and what a pipeline's
-  // ranks evaluate once gather_weights has given each of them the whole model.
-  std::shared_ptr<nn::Module> model;
-  // What the loop calls, and whose parameters() this rank's optimizer steps: the model,
-  // or its wrapper (DataParallel, DDP, FSDP, ModelParallel, Pipeline), or --pp's stage.
-  std::shared_ptr<nn::Module> module;
-  // Under a pipeline (--pp, --mode pipeline): forward and backward of one batch.
-  std::function<parallel::pipeline::StepResult(const Tensor& input, const Tensor& target, double loss_scale)>
-      pipeline_step;
-  // --pp: `whole` made whole on every rank (each stage's weights broadcast from its owner).
-  std::function<void()> gather_weights;
-  // What holds the whole model after gather_weights: the model itself, or under --pp
-  // with --dp-shard a copy (the stages' own layers run through FSDP and hold shards).
-  std::shared_ptr<nn::Module> whole;
-  // --dp-shard: the FSDP modules, and the prefix each one's state goes under in a sharded
-  // checkpoint: one for the whole model (""), or one per virtual stage of a stage.
-  struct ShardedPart {
-    std::string prefix;
-    std::shared_ptr<fsdp::FullyShardedDataParallel> fsdp;
-  };
-  std::vector<ShardedPart> sharded_parts;
-  // --tp: how each split tensor of `model` (and `whole`) is cut over the "tp" ranks; empty
-  // without tensor parallelism.
-  distributed::StatePlacements tp_placements;
-
-  // The module to evaluate: the module the loop calls, or under --pp the whole model.
-  nn::Module& for_evaluation();
-  // The FSDP of the whole model (--dp-shard without --pp), else null.
-  fsdp::FullyShardedDataParallel* whole_model_fsdp() const;
-};
 
 // --pp: this process's stage of the pipeline over mesh "pp" (parallel/pipeline/
 // pipeline_processes.h); --balance agreed over the world; --microbatches micro-batches

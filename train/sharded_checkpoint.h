@@ -35,7 +35,7 @@
 #include "train/distributed.h"  // defines: Distributed (rank, world, barrier)
 #include "train/trainer.h"      // defines: TrainConfig
 #include "train/optimizer.h"    // defines: BuiltOptimizer
-#include "train/parallelize.h"  // defines: ParallelModel (its sharded parts)
+#include "train/parallel_model.h"  // defines: ParallelModel (local_state: this rank's boxes)
 
 namespace loom::training {
 
@@ -48,7 +48,7 @@ void save_sharded_checkpoint(const std::string& dir, const Distributed& dist, co
                              const optim::GradScaler* scaler);
 
 // Every rank: its part of the model and optimizer state from the complete `step_dir`,
-// whatever layout wrote it, and the scheduler, scaler and generator (as load_checkpoint);
+// whatever layout wrote it, and the scheduler, scaler and generator (as read_checkpoint);
 // returns the position. A loom::Error naming the tensor when the set does not cover it or
 // holds another shape of it (another model). Not collective.
 TrainingPosition load_sharded_checkpoint(const std::string& step_dir, const Distributed& dist,

@@ -256,17 +256,17 @@ StepOutput train_step(ParallelModel& parallel, nn::CrossEntropyLoss& criterion, 
                       MixedPrecision& amp, const Tensor& images, Tensor labels,
                       const std::function<void()>& before_step = {}) {
   StepOutput out;
-  if (parallel.pipeline_step) {
+  if (parallel::pipeline::PipelineSchedule* pipeline = parallel.pipeline()) {
     trace::Span span("pipeline forward and backward", "train");
     optimizer.zero_grad();
     auto autocast_scope = amp.autocast();  // the stages inherit it; backward runs without
-    parallel::pipeline::StepResult r = parallel.pipeline_step(images, labels, amp.loss_scale());
+    parallel::pipeline::StepResult r = pipeline->step(images, labels, amp.loss_scale());
     out = {r.loss, r.output, r.output.defined() ? labels.to(r.output.device()) : labels};
   } else {
     {
       trace::Span span("forward", "train");
       auto autocast_scope = amp.autocast();  // --amp bf16|fp16: 16-bit convs and matmuls
-      out.logits = (*parallel.module)(images);
+      out.logits = parallel.module()(images);
       out.labels = labels.to(out.logits.device());  // --mode mp: the logits are on the last stage's device
       out.loss = criterion(out.logits, out.labels);
     }
@@ -323,7 +323,7 @@ class Trainer {
         // pipeline stages do not.
         lr_(config.lr_scaling == "linear" ? config.lr * dist_.dims().batch_size() : config.lr),
         // SGD over this rank's parameters, or inside ZeroRedundancyOptimizer (ZeRO-1).
-        optimizer_(build_optimizer(parallel_.module->parameters(), *parallel_.model, *parallel_.module, dist_.mesh(),
+        optimizer_(build_optimizer(parallel_.module().parameters(), parallel_.model(), parallel_.module(), dist_.mesh(),
                                     config, lr_)),
         scheduler_(make_scheduler(config, lr_, *optimizer_, data_.steps_per_epoch)),
         amp_(config.amp, device_, dist_.world()),
@@ -337,7 +337,7 @@ class Trainer {
                         "keeps bfloat16)"
                       : "");
     if (config.clip_grad_norm > 0) {  // over the whole model, however it is cut
-      clipper_.emplace(parallel_, *optimizer_, dist_.dims(), dist_.mesh(), config.clip_grad_norm);
+      clipper_.emplace(parallel_, *optimizer_, config.clip_grad_norm);
       clip_ = [this] { clipper_->clip(amp_); };
     }
     position_ = checkpointer_.resume();  // --resume, or a restart: Note [Resuming after a restart]
@@ -359,7 +359,7 @@ class Trainer {
   // numbers), each device's peak. Note [How the memory estimate is made].
   TrainResult estimate_memory() {
     std::optional<ShapeOnlyGuard> shape_only(std::in_place);
-    parallel_.module->train();
+    parallel_.module().train();
     auto batch = data_.train.begin();
     const auto step = [&] {
       if (batch == data_.train.end()) batch = data_.train.begin();  // an epoch shorter than the steps
@@ -369,7 +369,7 @@ class Trainer {
     };
     const auto all_steady = [&](bool mine) { return dist_.max(mine ? 0 : 1) == 0; };
     const auto estimates = measure_shape_only_steps(training_devices(device(), dist_.dims()), step, all_steady,
-                                                    *parallel_.module, *optimizer_);
+                                                    parallel_.module(), *optimizer_);
     shape_only.reset();
     report_memory_estimate(estimates, dist_, config_);
     return result_;
@@ -386,7 +386,7 @@ class Trainer {
     EpochClock clock;
     int64_t step_in_epoch = 0;
     bool out_of_steps = false;
-    parallel_.module->train();
+    parallel_.module().train();
     for (data::Batch& batch : data_.train) {
       if (step_in_epoch < skip) {  // trained on already, before the restart
         ++step_in_epoch;
@@ -414,7 +414,7 @@ class Trainer {
       times_.add(position_.global_step, counted, start);
       clock.images += counted;
       // After the step, outside its timing: gradients still held, the optimizer's state grown.
-      result_.model_state_bytes = nn::model_state_bytes(*parallel_.module, *optimizer_);
+      result_.model_state_bytes = nn::model_state_bytes(parallel_.module(), *optimizer_);
       bar.update(step_in_epoch, metrics, dist_.dims().batch_size() * clock.images_per_second());
       bar.say_expected_duration({config_.epochs, data_.steps_per_epoch, config_.max_steps, config_.batch_size,
                                  data_.eval_real},

@@ -73,7 +73,7 @@
 
 namespace loom::parallel::pipeline {
 
-class Pipeline : public ModelParallel {
+class Pipeline : public ModelParallel, public PipelineSchedule {
  public:
   using LossFn = std::function<Tensor(const Tensor& output, const Tensor& target)>;
 
@@ -95,7 +95,7 @@ class Pipeline : public ModelParallel {
   // The stages run in the caller's autocast state (Note [What a device thread inherits]);
   // loss_scale multiplies every micro-batch's loss before its backward, as
   // GradScaler::scale(loss).backward() would (result.loss stays unscaled).
-  StepResult step(const Tensor& input, const Tensor& target, double loss_scale = 1.0);
+  StepResult step(const Tensor& input, const Tensor& target, double loss_scale = 1.0) override;
 
   int64_t n_microbatches() const { return n_microbatches_; }
   // S: the pipeline's stages (devices, threads); stages() holds their S·V virtual stages.

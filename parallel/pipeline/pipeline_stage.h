@@ -86,7 +86,7 @@
 
 namespace loom::parallel::pipeline {
 
-class PipelineStage : public nn::Module {
+class PipelineStage : public nn::Module, public PipelineSchedule {
  public:
   using LossFn = std::function<Tensor(const Tensor& output, const Tensor& target)>;
 
@@ -108,7 +108,7 @@ class PipelineStage : public nn::Module {
   // reads the input, the last the target, all of them its size (a middle stage may pass
   // only one of the two). loss_scale multiplies every micro-batch's loss before its
   // backward (GradScaler's scale). A collective over the group.
-  StepResult step(const Tensor& input, const Tensor& target, double loss_scale = 1.0);
+  StepResult step(const Tensor& input, const Tensor& target, double loss_scale = 1.0) override;
 
   // Data parallelism over this stage's replicas (2-D: pp x dp). after_step runs at the
   // end of every step that succeeded (DDP: broadcast rank 0's buffers, so that replicas
