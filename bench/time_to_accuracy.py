@@ -117,7 +117,7 @@ def state_name(kind, seed, steps):
 
 def command(a, kind, seed, data, metrics):
     common = ["--data", data, "--seed", str(seed)]
-    steps = [] if a.steps == TOTAL_STEPS else ["--steps", str(a.steps)]
+    steps = [] if a.steps == TOTAL_STEPS else ["--max-steps", str(a.steps)]
     if kind == "torch":
         return ([a.torch_python, "bench/airbench_torch.py", *common, "--threads",
                  str(a.threads), "--metrics-json", metrics, *steps, *shlex.split(a.torch_args)],
@@ -380,7 +380,7 @@ def write_curve(a):
     steps, rows = 0, []
     for e in epochs:
         steps += e["steps"]
-        rows.append({"epoch": e["epoch"], "steps": steps, "train_loss": e["train_loss"],
+        rows.append({"epoch": e["epoch"] + 1, "steps": steps,  # counted from 1, as the programs print it "train_loss": e["train_loss"],
                      "test_acc": 100 * e["accuracy"], "elapsed_s": e["elapsed_s"]})
     rows.append({"epoch": "end (6-view TTA)", "steps": run["steps"], "test_acc": 100 * run["tta_accuracy"],
                  "elapsed_s": run["wall_time_s"]})

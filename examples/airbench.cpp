@@ -83,7 +83,7 @@ int main(int argc, char** argv) try {
   auto& data_dir = flags.add<std::string>("data", "", "the cifar-10-batches-bin folder (default: $LOOM_DATA, then data/)");
   auto& seed = flags.add<int64_t>("seed", 0, "seed of the initial weights, the order and the augmentation");
   auto& threads = flags.add<int64_t>("threads", 0, "compute threads per process (0: OpenMP's default)");
-  auto& steps = flags.add<int64_t>("steps", -1, "stop after N steps (-1: the whole run, 476 steps)");
+  auto& steps = flags.add<int64_t>("max-steps", -1, "stop after N steps (-1: the whole run, 476 steps)");
   auto& epochs = flags.add<double>("epochs", 9.9, "length of the run in epochs (the schedules scale with it)");
   auto& amp = flags.add<std::string>("amp", "none", "none, or bf16: CPU autocast (needs AVX-512 bf16)");
   auto& tta = flags.add<int64_t>("tta", 2, "test-time augmentation: 0 none, 1 mirror, 2 mirror + translate");

@@ -14,8 +14,26 @@
 
 using namespace loom;
 
+// `demo_mlp [--max-steps N]`, as the other small programs and train_cifar10 take it; any
+// other argument is an error that says so (exit 2), never a silent run of some other length.
+static int parse_steps(int argc, char** argv) {
+  int steps = 2000;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    char* end = nullptr;
+    const long value = arg == "--max-steps" && i + 1 < argc ? std::strtol(argv[++i], &end, 10) : -1;
+    if (end == nullptr || *end != '\0' || value < 1 || value > 1000000) {
+      std::fprintf(stderr, "usage: %s [--max-steps N]   (N SGD steps, 1 to 1000000; default 2000); got '%s'\n",
+                   argv[0], argv[i]);
+      std::exit(2);
+    }
+    steps = static_cast<int>(value);
+  }
+  return steps;
+}
+
 int main(int argc, char** argv) {
-  int steps = argc > 1 ? std::atoi(argv[1]) : 2000;
+  const int steps = parse_steps(argc, argv);
   const int64_t batch = 256, hidden = 64;
   Generator gen(0);
 

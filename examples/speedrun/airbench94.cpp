@@ -156,7 +156,7 @@ Airbench94Result run_airbench94(const Airbench94Config& config, const CifarTenso
     result.per_epoch.push_back(record);
     char line[200];
     const int used = std::snprintf(line, sizeof line, "epoch %2lld  steps %4lld  train_loss %.4f  time %.1f s",
-                                   static_cast<long long>(epoch), static_cast<long long>(step), record.train_loss,
+                                   static_cast<long long>(epoch + 1), static_cast<long long>(step), record.train_loss,
                                    record.elapsed_s);
     if (record.accuracy >= 0 && used > 0 && used < static_cast<int>(sizeof line))
       std::snprintf(line + used, sizeof line - static_cast<size_t>(used), "  test_acc %.2f%%", 100 * record.accuracy);
