@@ -158,14 +158,14 @@ void check_balance(const std::vector<int64_t>& balance, int64_t stages, int64_t 
     positive = positive && b >= 1;
   }
   const std::string given = detail::str("got ", balance.size(), " entries adding up to ", total);
-  LOOM_CHECK(static_cast<int64_t>(balance.size()) == stages && total == layers && positive, "--balance: expected ",
-             stages, " positive layer counts (one per virtual stage: stages × --virtual-stages) adding up to the "
-             "Sequential's length, ", layers, " layers; ", given);
+  LOOM_CHECK(static_cast<int64_t>(balance.size()) == stages && total == layers && positive, "balance: expected ",
+             stages, " positive layer counts (one per virtual stage: stages × virtual stages per stage) adding up to "
+             "the Sequential's length, ", layers, " layers; ", given);
 }
 
 void check_balance_by(const std::string& by) {
-  LOOM_CHECK(by == "cost" || by == "time", "--balance: expected cost, time or comma-separated layer counts such as "
-             "7,7, got '", by, "'");
+  LOOM_CHECK(by == "cost" || by == "time", "balance_by: expected \"cost\" (the cost model) or \"time\" (measured), "
+             "got '", by, "'");
 }
 
 std::vector<int64_t> choose_balance(nn::Sequential& module, const std::vector<int64_t>& given, const std::string& by,

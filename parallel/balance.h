@@ -15,7 +15,7 @@
 // holds 75% of the parameters but about a quarter of the work.
 //
 // Note [Balance by a cost model]
-// The default (train_cifar10 --balance cost). Each layer's cost is counted, not timed
+// The default (balance_by "cost"). Each layer's cost is counted, not timed
 // (Note [Counted, not timed], core/flop_counter.h): its forward FLOPs, the bytes of the
 // activations it writes (Note [Activation bytes by difference], balance.cpp), both for the
 // whole micro-batch, and its parameter bytes, weighed into one number of forward FLOPs:
@@ -25,7 +25,7 @@
 // only on the shapes, so every rank of every run computes the same balance, whatever the
 // load: replicas of a stage under pp × dp cut alike, and a run repeats bit for bit.
 //
-// balance_by_time() (--balance time, torchgpipe's balance_by_time) measures each layer's
+// balance_by_time() (balance_by "time", torchgpipe's balance_by_time) measures each layer's
 // forward and backward instead. It sees what the cost model cannot (a slow kernel, a
 // cache that a layer's weights overflow), but it changes with the machine's noise, so
 // across processes it is measured once, on global rank 0, and broadcast to every rank
@@ -68,10 +68,10 @@ std::vector<int64_t> balance_by_cost_model(nn::Sequential& module, const Tensor&
 std::vector<int64_t> balance_by_time(nn::Sequential& module, const Tensor& sample, int64_t stages, int repeats = 5);
 
 // A loom::Error unless `balance` has `stages` positive entries adding up to `layers`,
-// naming the Sequential's length (torchgpipe's balance; the trainer's --balance).
+// naming the Sequential's length (torchgpipe's balance).
 void check_balance(const std::vector<int64_t>& balance, int64_t stages, int64_t layers);
 
-// A loom::Error naming the choices unless `by` is "cost" or "time" (--balance).
+// A loom::Error naming the choices unless `by` is "cost" or "time".
 void check_balance_by(const std::string& by);
 
 // The balance a run asks for, in one process: `given` (checked) if not empty, else
@@ -79,7 +79,7 @@ void check_balance_by(const std::string& by);
 std::vector<int64_t> choose_balance(nn::Sequential& module, const std::vector<int64_t>& given, const std::string& by,
                                     int64_t stages, const Tensor& sample);
 
-// "4,3,4,3", as the trainer prints a balance and --balance takes one.
+// "4,3,4,3": a balance as logs print it and command lines take it.
 std::string balance_str(const std::vector<int64_t>& balance);
 
 }  // namespace loom::parallel

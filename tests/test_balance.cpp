@@ -245,7 +245,7 @@ TEST_CASE("every rank's balance is checked against the world's: an error naming 
     auto net = sleepy_layers(false);
     (void)parallel::pipeline::agree_on_balance(*net, {}, "flops", 2, zeros({2, 3}), *comm);
   });
-  for (const std::string& e : bad) CHECK(contains(e, "--balance: expected cost, time or comma-separated layer counts"));
+  for (const std::string& e : bad) CHECK(contains(e, "balance_by: expected \"cost\" (the cost model) or \"time\""));
 }
 
 TEST_CASE("balance_by_time: one count per stage covering every layer, and the module left as it was") {
@@ -280,7 +280,7 @@ TEST_CASE("choose_balance: given counts checked; cost and time; anything else na
   CHECK(parallel::choose_balance(*seq, {}, "cost", 2, sample) == parallel::balance_by_cost_model(*seq, sample, 2));
   CHECK(parallel::choose_balance(*seq, {}, "time", 2, sample).size() == 2);
   CHECK_THROWS_WITH_AS(parallel::choose_balance(*seq, {}, "size", 2, sample),
-                       doctest::Contains("expected cost, time or comma-separated layer counts such as 7,7, got 'size'"),
+                       doctest::Contains("balance_by: expected \"cost\" (the cost model) or \"time\" (measured), got 'size'"),
                        Error);
   CHECK_THROWS_WITH_AS(parallel::choose_balance(*seq, {}, "cost", n + 1, sample),
                        doctest::Contains("every stage needs at least one layer"), Error);

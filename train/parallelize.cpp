@@ -50,6 +50,19 @@ static Tensor balance_sample(const TrainConfig& config, const distributed::Paral
   return zeros({std::max<int64_t>(per_pass, 1), 3, 32, 32}, TensorOptions().device(device));
 }
 
+// --balance N,N,...: one positive count per virtual stage (`chunks`: stages × --virtual-stages),
+// adding up to the model's `layers`; checked here, where the layers are known, so that the
+// error names the flags (the library's own check names its arguments).
+static void check_balance_flag(const TrainConfig& config, int64_t chunks, int64_t layers) {
+  if (config.balance.empty()) return;
+  int64_t total = 0;
+  bool positive = true;
+  for (int64_t b : config.balance) total += b, positive = positive && b >= 1;
+  LOOM_CHECK(static_cast<int64_t>(config.balance.size()) == chunks && total == layers && positive, "--balance: expected ",
+             chunks, " positive layer counts (one per virtual stage: stages × --virtual-stages) adding up to the "
+             "Sequential's length, ", layers, " layers; got ", config.balance.size(), " entries adding up to ", total);
+}
+
 // "pipeline balance: 4,3,4,3 (by cost)", once per run.
 static void print_balance(const std::vector<int64_t>& balance, const TrainConfig& config) {
   if (config.progress)
@@ -79,6 +92,7 @@ static InProcessStages apply_model_parallel(nn::Module& model, const distributed
              " x --virtual-stages ", config.virtual_stages, ": the model has ", layers->size(), " layers to cut into "
              "chunks (one or more each), so use at most ", layers->size(), " chunks");
   // Measured (--balance time) as the stages will run: on each stage's share of the threads.
+  check_balance_flag(config, model_chunks, static_cast<int64_t>(layers->size()));
   const int threads = omp_get_max_threads();
   if (dims.mp_microbatched) omp_set_num_threads(std::max(1, threads / static_cast<int>(count)));
   const std::vector<int64_t> balance = parallel::choose_balance(*layers, config.balance, config.balance_by,
@@ -108,8 +122,10 @@ std::shared_ptr<parallel::pipeline::PipelineStage> apply_pipeline(nn::Module& mo
   // The balance is agreed over the world: under pp x dp the replicas of a stage must cut
   // alike too (Note [One balance for every rank]).
   auto world = distributed::default_group();
+  auto layers = nn::sequential_view(model);
+  check_balance_flag(config, pp_group->size() * config.virtual_stages, static_cast<int64_t>(layers->size()));
   auto stage = parallel::pipeline::apply_pipeline_processes(
-      nn::sequential_view(model), std::move(pp_group), device,
+      layers, std::move(pp_group), device,
       {.balance = config.balance, .balance_by = config.balance_by, .n_microbatches = config.microbatches,
        .schedule = config.pipeline_schedule, .virtual_stages = config.virtual_stages,
        .checkpoint = config.pipeline_checkpoint},

@@ -219,6 +219,8 @@ void check_flags(const TrainConfig& c) {
   LOOM_CHECK(c.pp == 1 || c.mode == "pipeline" || c.mode == "ddp" || c.mode == "single", "--pp ", c.pp,
              " runs the stages of a pipeline as processes: alone, with --mode pipeline or ddp, or with --dp-replicate; "
              "got --mode ", c.mode);
+  LOOM_CHECK(c.balance_by == "cost" || c.balance_by == "time", "--balance: expected cost, time or comma-separated "
+             "layer counts such as 7,7, got '", c.balance_by, "'");
   LOOM_CHECK((c.balance.empty() && c.balance_by == "cost") || c.mode == "pipeline" || c.mode == "mp" || c.pp > 1,
              "--balance cuts the model into stages: it needs --mode mp or pipeline, or --pp, got --mode ", c.mode);
   LOOM_CHECK(c.pipeline_checkpoint == "never" || c.pipeline_checkpoint == "except_last" ||

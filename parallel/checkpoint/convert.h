@@ -8,7 +8,7 @@
 // consolidate assembles each logical tensor from its pieces through the same load plan a
 // resume uses (load_plan.h): a tensor of its global shape is one wanted piece, filled from
 // every saved piece. The model's tensors carry the single-process names, so the result is
-// the file `train_cifar10 --save` writes (and `load_state_dict` of one process takes); the
+// the file one process's nn::save writes (and its load_state_dict takes); the
 // optimizer's state by name ("optim.*", Note [Optimizer state by name]) comes along only
 // when asked for. A one-rank set written from a file loads under any layout through the
 // same plan (every piece whole, rank 0's).

@@ -346,7 +346,7 @@ void Runtime::on_gradient_ready(size_t unit, size_t index) {
   launched_.push_back(unit);
   flat.release();
   // Note [Shape-only steps wait for each reduce-scatter]
-  // In a shape-only step (--estimate-memory, core/shape_only.h) the backward computes
+  // In a shape-only step (a memory estimate, core/shape_only.h) the backward computes
   // nothing, so every unit's full-size gradient buffer would wait at once in the
   // communicator's queue for its reduce-scatter, and the estimate would count them all.
   // In training the reduce-scatters keep pace with a backward that does compute, and

@@ -22,8 +22,8 @@
 // parameter's rows, padded per parameter, not a slice of the flat buffer), and per
 // unit its parameters' names, the flat parameter's total and padded numel, the shard size
 // and the dtype. check_sharded_compatible compares every field and names each that
-// differs, expected against found, so a resume with the wrong --nproc_per_node or
-// --sharding-strategy fails at once instead of loading a shard into the wrong place.
+// differs, expected against found, so a resume with the wrong world size or
+// sharding strategy fails at once instead of loading a shard into the wrong place.
 #pragma once
 
 #include <string>

@@ -22,7 +22,8 @@
 // number in LOOM_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT (0 for the first), up to
 // N times. The whole group restarts, not only the failed worker: a DDP group cannot
 // take a rank back mid-step, so the training script instead resumes from its last
-// checkpoint (train_cifar10 --checkpoint-dir does it when the count is above 0). An
+// checkpoint (loom's trainer does when the count is above 0: Note [Resuming after a
+// restart], train/checkpoint.h). An
 // interrupt (SIGINT/SIGTERM/SIGHUP) and a worker that cannot be started end the job
 // at once. On several nodes each node's loomrun restarts its own workers: a rank that
 // fails makes its peers' collectives fail, so every node's workers fail and restart,

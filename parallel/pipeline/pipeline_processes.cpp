@@ -42,8 +42,8 @@ void check_same_balance(const std::vector<int64_t>& balance, distributed::Commun
   std::string held;
   for (const auto& [b, ranks] : ranks_of) held += detail::str("\n  ranks ", ranks, ": ", balance_str(b));
   LOOM_CHECK(false, "the ranks cut the model into pipeline stages differently:", held,
-             "\nEvery rank must cut alike (Note [One balance for every rank]): give the same --balance to every "
-             "rank, or leave it to --balance cost (the default), which every rank computes alike");
+             "\nEvery rank must cut alike (Note [One balance for every rank]): pass every rank the same balance, or "
+             "leave it to balance_by \"cost\" (the default), which every rank computes alike");
 }
 
 // See Note [One balance for every rank].
@@ -71,9 +71,11 @@ std::shared_ptr<PipelineStage> apply_pipeline_processes(std::shared_ptr<nn::Sequ
                                                         PipelineStage::LossFn loss_fn, const Tensor& sample,
                                                         std::shared_ptr<distributed::Communicator> world) {
   LOOM_CHECK(layers != nullptr && group != nullptr, "apply_pipeline_processes: the layers or the group is null");
-  LOOM_CHECK(options.virtual_stages >= 1, "--virtual-stages: expected at least 1, got ", options.virtual_stages);
-  LOOM_CHECK(options.virtual_stages == 1 || options.schedule == "interleaved_1f1b", "--virtual-stages ",
-             options.virtual_stages, " needs --pipeline-schedule interleaved_1f1b, got ", options.schedule);
+  LOOM_CHECK(options.virtual_stages >= 1, "apply_pipeline_processes: virtual_stages: expected at least 1, got ",
+             options.virtual_stages);
+  LOOM_CHECK(options.virtual_stages == 1 || options.schedule == "interleaved_1f1b", "apply_pipeline_processes: ",
+             options.virtual_stages, " virtual stages per stage need the schedule interleaved_1f1b, got ",
+             options.schedule);
   const int64_t virtual_stages = group->size() * options.virtual_stages;  // the model's S·V pieces
   const std::vector<int64_t> balance =
       agree_on_balance(*layers, options.balance, options.balance_by, virtual_stages, sample, world ? *world : *group);

@@ -13,10 +13,10 @@
 // Every rank of the world must cut the model alike: the stages of one pipeline, and under
 // pp × dp the replicas of each stage, whose data-parallel wrappers refuse models of
 // different shapes. So the balance is agreed over the whole world, not one pipeline group:
-//   - given counts (--balance 4,3,4,3) are checked against the model's length;
+//   - given counts (balance {4, 3, 4, 3}) are checked against the model's length;
 //   - by cost (the default; Note [Balance by a cost model], parallel/balance.h) every rank
 //     computes the same counts from the shapes alone;
-//   - by time (--balance time) global rank 0 measures, once, and broadcasts to the world:
+//   - by time (balance_by "time") global rank 0 measures, once, and broadcasts to the world:
 //     measured on each pipeline group's rank 0, the groups would time the layers under
 //     different loads and cut the model differently.
 // Then every rank's balance is gathered and compared, whichever way it was made, and a

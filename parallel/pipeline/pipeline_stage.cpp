@@ -148,4 +148,10 @@ void PipelineStage::set_checkpoint(std::string checkpoint) {
   checkpoint_ = std::move(checkpoint);
 }
 
+bool has_trainable_parameters(const nn::Module& module) {
+  for (const Tensor& p : module.parameters())
+    if (p.requires_grad()) return true;
+  return false;
+}
+
 }  // namespace loom::parallel::pipeline

@@ -183,4 +183,9 @@ class PipelineStage : public nn::Module, public PipelineSchedule {
   std::string checkpoint_ = "never";
 };
 
+// Whether `module` has a parameter that requires grad. A virtual stage without one (a
+// pooling layer cut off alone, say) is left unwrapped by shard_stage and replicate_stage:
+// FSDP would have nothing to shard and DDP nothing to reduce.
+bool has_trainable_parameters(const nn::Module& module);
+
 }  // namespace loom::parallel::pipeline

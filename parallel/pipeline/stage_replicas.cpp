@@ -4,16 +4,6 @@
 
 namespace loom::parallel::pipeline {
 
-namespace {
-
-bool has_trainable_parameters(nn::Module& module) {
-  for (const Tensor& p : module.parameters())
-    if (p.requires_grad()) return true;
-  return false;
-}
-
-}  // namespace
-
 void replicate_stage(PipelineStage& stage, std::shared_ptr<distributed::Communicator> dp_group,
                      ddp::DDPOptions options) {
   // [local stage] -> its replica's DDP, or null for a virtual stage with nothing to train.

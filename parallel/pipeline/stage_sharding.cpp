@@ -11,17 +11,7 @@
 
 namespace loom::parallel::pipeline {
 
-namespace {
-
 using fsdp::FullyShardedDataParallel;
-
-bool has_trainable_parameters(nn::Module& module) {
-  for (const Tensor& p : module.parameters())
-    if (p.requires_grad()) return true;
-  return false;
-}
-
-}  // namespace
 
 StageShards shard_stage(PipelineStage& stage, fsdp::FSDPOptions options, const MakeFSDP& make) {
   // Under a pipeline a unit stays gathered through the step unless asked otherwise:

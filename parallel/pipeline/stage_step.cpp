@@ -140,7 +140,7 @@ struct PipelineStage::Run {
 
   // The dtype and shape of expected receive e on tag k, if known yet.
   // A gradient has its output's dtype and shape: the kept output's, or for a micro-batch
-  // whose forward is recomputed in its backward (--pipeline-checkpoint), and so kept
+  // whose forward is recomputed in its backward (set_checkpoint), and so kept
   // nothing yet, the boundary's agreed ones (this rank sent their header).
   // (The shape is the buffer's on the wire: NHWC for a channels-last boundary.)
   std::optional<std::pair<DType, Shape>> spec_of(int k, const Expected& e) const {
