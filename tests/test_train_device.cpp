@@ -23,17 +23,17 @@ const bool kGpu = cuda::is_available();
 // A tiny synthetic run: no dataset on disk, a few steps.
 TrainConfig tiny_run(const std::string& device) {
   TrainConfig c;
-  c.model = "tiny";
-  c.synthetic = true;
-  c.synthetic_size = 64;
-  c.batch_size = 16;
-  c.epochs = 1;
-  c.max_steps = 3;
-  c.eval_limit = 32;
-  c.workers = 0;
-  c.progress = false;
-  c.augment = false;
-  c.device = device;
+  c.model.name = "tiny";
+  c.data.synthetic = true;
+  c.data.synthetic_size = 64;
+  c.data.batch_size = 16;
+  c.training.epochs = 1;
+  c.training.max_steps = 3;
+  c.data.eval_limit = 32;
+  c.data.workers = 0;
+  c.metrics.progress = false;
+  c.data.augment = false;
+  c.training.device = device;
   return c;
 }
 
@@ -89,17 +89,17 @@ TEST_CASE("a few training steps on the GPU follow the CPU's" * doctest::skip(!kG
 
 TEST_CASE("--device-memory-limit: a budget the step cannot fit is PyTorch's OutOfMemoryError; one that fits trains") {
   TrainConfig tight = tiny_run("cpu:2");  // cpu:2: the dataset and the loader's batches stay on cpu, outside
-  tight.device_memory_limit = "1MiB";
+  tight.training.device_memory_limit = "1MiB";
   const std::string message = error_of(tight);
   INFO(message);
   CHECK(message.find("CPU out of memory. Tried to allocate ") != std::string::npos);
   CHECK(message.find("Device cpu:2 has a total capacity of ") != std::string::npos);
   CHECK(message.find("1.00 MiB allowed") != std::string::npos);
   TrainConfig roomy = tiny_run("cpu:3");
-  roomy.device_memory_limit = "64MiB";
+  roomy.training.device_memory_limit = "64MiB";
   CHECK(std::isfinite(train_cifar10(roomy).train_loss));
   TrainConfig bad = tiny_run("cpu");
-  bad.device_memory_limit = "1.5 gigs";
+  bad.training.device_memory_limit = "1.5 gigs";
   CHECK(error_of(bad).find("--device-memory-limit: expected a memory size such as 1.5GiB") != std::string::npos);
   for (const char* device : {"cpu:2", "cpu:3"}) set_device_memory_limit(kNoMemoryLimit, Device(device));
 }

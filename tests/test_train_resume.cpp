@@ -28,38 +28,37 @@ std::string temp_dir(const std::string& name) {
 
 TrainConfig small_run() {
   TrainConfig c;
-  c.model = "tiny";
-  c.synthetic = true;
-  c.synthetic_size = 320;  // 10 steps of 32 per epoch
-  c.batch_size = 32;
-  c.epochs = 3;
-  c.lr = 0.05;
-  c.schedule = "cosine";  // the scheduler's position must survive the resume too
-  c.workers = 1;
-  c.eval_limit = 64;
-  c.progress = false;
-  c.seed = 3;
+  c.model.name = "tiny";
+  c.data.synthetic = true;
+  c.data.synthetic_size = 320;  // 10 steps of 32 per epoch
+  c.data.batch_size = 32;
+  c.training.epochs = 3;
+  c.optim.lr = 0.05;
+  c.optim.schedule = "cosine";  // the scheduler's position must survive the resume too
+  c.data.workers = 1;
+  c.data.eval_limit = 64;
+  c.metrics.progress = false;
+  c.training.seed = 3;
   return c;
 }
 
-
 // Trains `straight` again, stopping after `stop` steps with a checkpoint, then resumes to
-// straight.max_steps; the final weights must equal straight.save's bit for bit. Returns
+// straight.training.max_steps; the final weights must equal straight.checkpoint.save's bit for bit. Returns
 // the resumed run's result.
 TrainResult check_resumes_exactly(const TrainConfig& straight, int64_t stop, const std::string& dir) {
   TrainConfig first = straight;
-  first.max_steps = stop;
-  first.save.clear();
-  first.checkpoint_dir = dir + "/ckpt" + std::to_string(stop);
-  first.checkpoint_every = 1000;  // only the checkpoint written when the run stops
+  first.training.max_steps = stop;
+  first.checkpoint.save.clear();
+  first.checkpoint.dir = dir + "/ckpt" + std::to_string(stop);
+  first.checkpoint.every = 1000;  // only the checkpoint written when the run stops
   train_cifar10(first);
-  REQUIRE(std::filesystem::exists(checkpoint_path(first.checkpoint_dir)));
+  REQUIRE(std::filesystem::exists(checkpoint_path(first.checkpoint.dir)));
   TrainConfig second = straight;
-  second.checkpoint_dir = first.checkpoint_dir;
-  second.resume = true;
-  second.save = dir + "/resumed" + std::to_string(stop) + ".safetensors";
+  second.checkpoint.dir = first.checkpoint.dir;
+  second.checkpoint.resume = true;
+  second.checkpoint.save = dir + "/resumed" + std::to_string(stop) + ".safetensors";
   TrainResult resumed = train_cifar10(second);
-  check_same_weights(straight.save, second.save);
+  check_same_weights(straight.checkpoint.save, second.checkpoint.save);
   return resumed;
 }
 
@@ -68,8 +67,8 @@ TrainResult check_resumes_exactly(const TrainConfig& straight, int64_t stop, con
 TEST_CASE("resuming mid-epoch and at an epoch boundary continues exactly") {
   const std::string dir = temp_dir("run");
   TrainConfig straight = small_run();
-  straight.max_steps = 24;
-  straight.save = dir + "/straight.safetensors";
+  straight.training.max_steps = 24;
+  straight.checkpoint.save = dir + "/straight.safetensors";
   TrainResult uninterrupted = train_cifar10(straight);
   CHECK(uninterrupted.steps == 24);
 
@@ -85,10 +84,10 @@ TEST_CASE("resuming mid-epoch and at an epoch boundary continues exactly") {
 TEST_CASE("--mode dp: DataParallel training resumes exactly, and its weights are the model's own keys") {
   const std::string dir = temp_dir("dp");
   TrainConfig straight = small_run();
-  straight.mode = "dp";
-  straight.dp_devices = 3;  // cpu:0, cpu:1, cpu:2; 32 images: chunks of 11, 11, 10
-  straight.max_steps = 8;
-  straight.save = dir + "/straight.safetensors";
+  straight.parallel.mode = "dp";
+  straight.parallel.dp_devices = 3;  // cpu:0, cpu:1, cpu:2; 32 images: chunks of 11, 11, 10
+  straight.training.max_steps = 8;
+  straight.checkpoint.save = dir + "/straight.safetensors";
   TrainResult uninterrupted = train_cifar10(straight);
   CHECK(uninterrupted.steps == 8);
 
@@ -96,11 +95,11 @@ TEST_CASE("--mode dp: DataParallel training resumes exactly, and its weights are
 
   // The saved keys are resnet_tiny's ("conv1.weight"), not DataParallel's "module.*": a
   // single-device run starts from them.
-  auto weights = safetensors::load_file(straight.save);
+  auto weights = safetensors::load_file(straight.checkpoint.save);
   CHECK(weights.find("conv1.weight") != nullptr);
   TrainConfig single = small_run();
-  single.init = straight.save;
-  single.max_steps = 1;
+  single.model.init = straight.checkpoint.save;
+  single.training.max_steps = 1;
   CHECK(std::isfinite(train_cifar10(single).train_loss));
   std::filesystem::remove_all(dir);
 }
@@ -110,15 +109,15 @@ TEST_CASE("--mode mp: the ResNet cut into stages on cpu:0..2 trains bit for bit 
   // split changes where layers run, not what they compute.
   const std::string dir = temp_dir("mp");
   TrainConfig single = small_run();
-  single.max_steps = 6;
-  single.save = dir + "/single.safetensors";
+  single.training.max_steps = 6;
+  single.checkpoint.save = dir + "/single.safetensors";
   TrainResult one = train_cifar10(single);
   TrainConfig staged = single;
-  staged.mode = "mp";
-  staged.mp_devices = 3;
-  staged.save = dir + "/staged.safetensors";
+  staged.parallel.mode = "mp";
+  staged.parallel.mp_devices = 3;
+  staged.checkpoint.save = dir + "/staged.safetensors";
   TrainResult three = train_cifar10(staged);
-  check_same_weights(single.save, staged.save);
+  check_same_weights(single.checkpoint.save, staged.checkpoint.save);
   CHECK(three.train_loss == one.train_loss);
   CHECK(three.test_loss == one.test_loss);
   std::filesystem::remove_all(dir);
@@ -127,27 +126,27 @@ TEST_CASE("--mode mp: the ResNet cut into stages on cpu:0..2 trains bit for bit 
 TEST_CASE("--mode pipeline: GPipe, 1F1B and checkpointed micro-batches train bit for bit alike, and resume exactly") {
   const std::string dir = temp_dir("pipe");
   TrainConfig gpipe = small_run();
-  gpipe.mode = "pipeline";
-  gpipe.mp_devices = 2;
-  gpipe.microbatches = 3;  // 32 images: micro-batches of 11, 11, 10
-  gpipe.pipeline_schedule = "gpipe";
-  gpipe.max_steps = 6;
-  gpipe.save = dir + "/gpipe.safetensors";
+  gpipe.parallel.mode = "pipeline";
+  gpipe.parallel.mp_devices = 2;
+  gpipe.parallel.microbatches = 3;  // 32 images: micro-batches of 11, 11, 10
+  gpipe.parallel.pipeline_schedule = "gpipe";
+  gpipe.training.max_steps = 6;
+  gpipe.checkpoint.save = dir + "/gpipe.safetensors";
   TrainResult a = train_cifar10(gpipe);
   CHECK(a.steps == 6);
   CHECK(std::isfinite(a.train_loss));
   TrainConfig one_f_one_b = gpipe;
-  one_f_one_b.pipeline_schedule = "1f1b";
-  one_f_one_b.save = dir + "/1f1b.safetensors";
+  one_f_one_b.parallel.pipeline_schedule = "1f1b";
+  one_f_one_b.checkpoint.save = dir + "/1f1b.safetensors";
   train_cifar10(one_f_one_b);
-  check_same_weights(gpipe.save, one_f_one_b.save);  // Note [Stages wait only for what they need]
+  check_same_weights(gpipe.checkpoint.save, one_f_one_b.checkpoint.save);  // Note [Stages wait only for what they need]
   // Note [Checkpointed micro-batches are recomputed exactly]: weights and BatchNorm
   // statistics as without --pipeline-checkpoint.
   TrainConfig recomputed = one_f_one_b;
-  recomputed.pipeline_checkpoint = "except_last";
-  recomputed.save = dir + "/except_last.safetensors";
+  recomputed.parallel.pipeline_checkpoint = "except_last";
+  recomputed.checkpoint.save = dir + "/except_last.safetensors";
   train_cifar10(recomputed);
-  check_same_weights(one_f_one_b.save, recomputed.save);
+  check_same_weights(one_f_one_b.checkpoint.save, recomputed.checkpoint.save);
 
   check_resumes_exactly(one_f_one_b, 4, dir);
   std::filesystem::remove_all(dir);
@@ -156,18 +155,18 @@ TEST_CASE("--mode pipeline: GPipe, 1F1B and checkpointed micro-batches train bit
 TEST_CASE("--amp fp16: the GradScaler's state is checkpointed and resuming continues exactly") {
   const std::string dir = temp_dir("amp");
   TrainConfig straight = small_run();
-  straight.amp = "fp16";
-  straight.max_steps = 8;
-  straight.save = dir + "/straight.safetensors";
+  straight.training.amp = "fp16";
+  straight.training.max_steps = 8;
+  straight.checkpoint.save = dir + "/straight.safetensors";
   train_cifar10(straight);
 
   TrainConfig first = small_run();
-  first.amp = "fp16";
-  first.max_steps = 4;
-  first.checkpoint_dir = dir + "/ckpt";
-  first.checkpoint_every = 1000;
+  first.training.amp = "fp16";
+  first.training.max_steps = 4;
+  first.checkpoint.dir = dir + "/ckpt";
+  first.checkpoint.every = 1000;
   train_cifar10(first);
-  auto saved = safetensors::load_file(checkpoint_path(first.checkpoint_dir));
+  auto saved = safetensors::load_file(checkpoint_path(first.checkpoint.dir));
   REQUIRE(saved.contains("scaler.scale"));
   // Every step since the last update of the scale counts towards growth: 4 finite steps,
   // or fewer after a backoff (an overflow resets the count and halves the scale).
@@ -176,22 +175,22 @@ TEST_CASE("--amp fp16: the GradScaler's state is checkpointed and resuming conti
   CHECK(((scale == 65536.0 && tracker == 4) || (scale < 65536.0 && tracker < 4)));
 
   TrainConfig second = small_run();
-  second.amp = "fp16";
-  second.max_steps = 8;
-  second.checkpoint_dir = first.checkpoint_dir;
-  second.resume = true;
-  second.save = dir + "/resumed.safetensors";
+  second.training.amp = "fp16";
+  second.training.max_steps = 8;
+  second.checkpoint.dir = first.checkpoint.dir;
+  second.checkpoint.resume = true;
+  second.checkpoint.save = dir + "/resumed.safetensors";
   train_cifar10(second);
-  check_same_weights(straight.save, second.save);
+  check_same_weights(straight.checkpoint.save, second.checkpoint.save);
   std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("resume without a checkpoint says where it looked") {
   TrainConfig c = small_run();
-  c.checkpoint_dir = temp_dir("empty");
-  c.resume = true;
+  c.checkpoint.dir = temp_dir("empty");
+  c.checkpoint.resume = true;
   CHECK_THROWS_WITH_AS(train_cifar10(c), doctest::Contains("no checkpoint at"), Error);
-  std::filesystem::remove_all(c.checkpoint_dir);
+  std::filesystem::remove_all(c.checkpoint.dir);
 }
 
 TEST_CASE("counts out of range and unknown pipeline settings are refused before anything runs, naming the flag") {
@@ -200,38 +199,46 @@ TEST_CASE("counts out of range and unknown pipeline settings are refused before 
     const char* message;
   };
   const Bad cases[] = {
-      {[](TrainConfig& c) { c.microbatches = 0; }, "--microbatches: expected at least 1 micro-batch per batch, got 0"},
-      {[](TrainConfig& c) { c.max_steps = -7; }, "--max-steps: expected -1 (no limit) or 0 or more"},
-      {[](TrainConfig& c) { c.epochs = 0; }, "--epochs: expected at least 1 (--eval-only evaluates without training)"},
-      {[](TrainConfig& c) { c.batch_size = 0; }, "--batch-size: expected at least 1, got 0"},
-      {[](TrainConfig& c) { c.threads = -2; }, "--threads: expected 0 (OpenMP's default) or more, got -2"},
-      {[](TrainConfig& c) { c.eval_limit = -5; }, "--eval-limit: expected -1 (the whole test set) or 0 or more, got -5"},
-      {[](TrainConfig& c) { c.dp_devices = -1; }, "--dp-devices: expected 0 (the default devices) or more, got -1"},
-      {[](TrainConfig& c) { c.checkpoint_every = -1; }, "--checkpoint-every: expected 0 (only at epoch ends) or more"},
-      {[](TrainConfig& c) { c.workers = -1; }, "--workers: expected 0 (load in the training thread) or more, got -1"},
-      {[](TrainConfig& c) { c.pipeline_checkpoint = "sometimes"; },
+      {[](TrainConfig& c) { c.parallel.microbatches = 0; },
+       "--microbatches: expected at least 1 micro-batch per batch, got 0"},
+      {[](TrainConfig& c) { c.training.max_steps = -7; }, "--max-steps: expected -1 (no limit) or 0 or more"},
+      {[](TrainConfig& c) { c.training.epochs = 0; },
+       "--epochs: expected at least 1 (--eval-only evaluates without training)"},
+      {[](TrainConfig& c) { c.data.batch_size = 0; }, "--batch-size: expected at least 1, got 0"},
+      {[](TrainConfig& c) { c.training.threads = -2; }, "--threads: expected 0 (OpenMP's default) or more, got -2"},
+      {[](TrainConfig& c) { c.data.eval_limit = -5; },
+       "--eval-limit: expected -1 (the whole test set) or 0 or more, got -5"},
+      {[](TrainConfig& c) { c.parallel.dp_devices = -1; },
+       "--dp-devices: expected 0 (the default devices) or more, got -1"},
+      {[](TrainConfig& c) { c.checkpoint.every = -1; }, "--checkpoint-every: expected 0 (only at epoch ends) or more"},
+      {[](TrainConfig& c) { c.data.workers = -1; },
+       "--workers: expected 0 (load in the training thread) or more, got -1"},
+      {[](TrainConfig& c) { c.parallel.pipeline_checkpoint = "sometimes"; },
        "--pipeline-checkpoint: expected never, except_last or always, got 'sometimes'"},
-      {[](TrainConfig& c) { c.pipeline_schedule = "zb"; }, "--pipeline-schedule: expected gpipe, 1f1b or interleaved_1f1b, got 'zb'"},
-      {[](TrainConfig& c) { c.virtual_stages = 2; }, "--virtual-stages 2 needs --pipeline-schedule interleaved_1f1b, got 1f1b"},
+      {[](TrainConfig& c) { c.parallel.pipeline_schedule = "zb"; },
+       "--pipeline-schedule: expected gpipe, 1f1b or interleaved_1f1b, got 'zb'"},
+      {[](TrainConfig& c) { c.parallel.virtual_stages = 2; },
+       "--virtual-stages 2 needs --pipeline-schedule interleaved_1f1b, got 1f1b"},
       {[](TrainConfig& c) {
-         c.mode = "mp";
-         c.pp = 2;
+         c.parallel.mode = "mp";
+         c.parallel.pp = 2;
        },
        "--pp 2 runs the stages of a pipeline as processes: alone, with --mode pipeline or ddp, or with "
        "--dp-replicate; got --mode mp"},
-      {[](TrainConfig& c) { c.balance = {7, 7}; }, "--balance cuts the model into stages: it needs --mode mp or pipeline"},
+      {[](TrainConfig& c) { c.parallel.balance = {7, 7}; },
+       "--balance cuts the model into stages: it needs --mode mp or pipeline"},
       {[](TrainConfig& c) {
-         c.mode = "pipeline";
-         c.balance = {1, 2};
+         c.parallel.mode = "pipeline";
+         c.parallel.balance = {1, 2};
        },
-       "--balance: expected 2 positive layer counts (one per virtual stage: stages × --virtual-stages) adding up to the "
-       "Sequential's length"},
+       "--balance: expected 2 positive layer counts (one per virtual stage: stages × --virtual-stages) adding up to "
+       "the Sequential's length"},
       {[](TrainConfig& c) {
-         c.mode = "single";
-         c.pipeline_checkpoint = "always";
+         c.parallel.mode = "single";
+         c.parallel.pipeline_checkpoint = "always";
        },
-       "--pipeline-checkpoint always recomputes a pipeline's micro-batches: it needs --mode pipeline or --pp, got --mode "
-       "single"},
+       "--pipeline-checkpoint always recomputes a pipeline's micro-batches: it needs --mode pipeline or --pp, got "
+       "--mode single"},
   };
   for (const Bad& bad : cases) {
     CAPTURE(bad.message);
@@ -240,23 +247,23 @@ TEST_CASE("counts out of range and unknown pipeline settings are refused before 
     CHECK_THROWS_WITH_AS(train_cifar10(c), doctest::Contains(bad.message), Error);
   }
   TrainConfig eval = small_run();
-  eval.epochs = 0;  // --eval-only needs no epochs
-  eval.eval_only = true;
-  eval.eval_limit = 300;  // not a whole number of the test loader's 256-image batches
+  eval.training.epochs = 0;  // --eval-only needs no epochs
+  eval.training.eval_only = true;
+  eval.data.eval_limit = 300;  // not a whole number of the test loader's 256-image batches
   // --metrics-json is written by an evaluation too, with the keys a training run writes.
-  eval.metrics_json = temp_dir("eval_metrics") + "/metrics.json";
+  eval.metrics.json = temp_dir("eval_metrics") + "/metrics.json";
   CHECK(train_cifar10(eval).test_images == 300);
   {
-    std::ifstream in(eval.metrics_json);
-    REQUIRE_MESSAGE(in, "--eval-only wrote no ", eval.metrics_json);
+    std::ifstream in(eval.metrics.json);
+    REQUIRE_MESSAGE(in, "--eval-only wrote no ", eval.metrics.json);
     std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     for (const char* key : {"\"test_loss\": ", "\"test_acc\": ", "\"test_images\": 300", "\"train_loss\": ",
                             "\"img_per_s\": ", "\"peak_memory_mib\": ", "\"steps\": 0", "\"epochs\": 0"})
       CHECK_MESSAGE(json.find(key) != std::string::npos, key, " missing from ", json);
   }
-  std::filesystem::remove_all(std::filesystem::path(eval.metrics_json).parent_path());
-  eval.metrics_json.clear();
-  eval.eval_limit = 0;
+  std::filesystem::remove_all(std::filesystem::path(eval.metrics.json).parent_path());
+  eval.metrics.json.clear();
+  eval.data.eval_limit = 0;
   const TrainResult none = train_cifar10(eval);
   CHECK(none.test_images == 0);
   CHECK(none.test_loss == 0);

@@ -21,7 +21,7 @@ Checkpointer::Checkpointer(const TrainConfig& config, const Distributed& dist, P
   // Whether the ranks hold different state: then each writes its own.
   const bool sharded_state =
       dims.dp_shard_enabled() || dims.pp_enabled() || dims.tp_enabled() || optimizer.zero_redundancy != nullptr;
-  const std::string& format = config.checkpoint_format;
+  const std::string& format = config.checkpoint.format;
   LOOM_CHECK(format.empty() || format == "full" || format == "sharded", "--checkpoint-format: expected full "
              "(FULL_STATE_DICT: one file gathered on rank 0) or sharded (SHARDED_STATE_DICT: a file per rank and a "
              "manifest), got '", format, "'");
@@ -41,11 +41,11 @@ Checkpointer::Checkpointer(const TrainConfig& config, const Distributed& dist, P
 }
 
 TrainingPosition Checkpointer::resume() {
-  const std::string& dir = config_.checkpoint_dir;
-  LOOM_CHECK(!config_.resume || !dir.empty(), "--resume needs --checkpoint-dir DIR");
+  const std::string& dir = config_.checkpoint.dir;
+  LOOM_CHECK(!config_.checkpoint.resume || !dir.empty(), "--resume needs --checkpoint-dir DIR");
   // Skipped checkpoints and where a run resumed are said even under --quiet: a run that
   // silently continued from an older step than expected would be hard to explain.
-  const std::string from = checkpoint_to_resume(dir, config_.resume, sharded_, dist_.is_main());
+  const std::string from = checkpoint_to_resume(dir, config_.checkpoint.resume, sharded_, dist_.is_main());
   const bool resuming = !from.empty();
   LOOM_CHECK(dist_.sum(resuming ? 1.0 : 0.0) == (resuming ? dist_.world_size() : 0), "--checkpoint-dir ", dir,
              ": some ranks found a checkpoint to resume from and others did not; on several nodes the directory "
@@ -53,7 +53,7 @@ TrainingPosition Checkpointer::resume() {
   if (!resuming) {
     if (sharded_ && !dir.empty() && dist_.is_main()) {
       const int removed = clear_sharded_checkpoints(dir);
-      if (removed > 0 && config_.progress)
+      if (removed > 0 && config_.metrics.progress)
         std::fprintf(stderr, "%s: removed %d sharded checkpoint(s) of an earlier run (a first start trains from "
                      "scratch; --resume continues one)\n", dir.c_str(), removed);
     }
@@ -81,8 +81,8 @@ TrainingPosition Checkpointer::resume() {
 }
 
 void Checkpointer::save(const TrainingPosition& at) {
-  if (config_.checkpoint_dir.empty()) return;
-  const std::string& dir = config_.checkpoint_dir;
+  if (config_.checkpoint.dir.empty()) return;
+  const std::string& dir = config_.checkpoint.dir;
   if (sharded_) {
     save_sharded_checkpoint(dir, dist_, parallel_, built_, scheduler_, at, scaler_);
   } else {  // gathered (FSDP's shards, ZeRO-1's partitions): every rank takes part, rank 0 writes

@@ -4,7 +4,7 @@
 //   Checkpointer checkpointer(config, dist, parallel, optimizer, scheduler, &scaler);
 //   TrainingPosition at = checkpointer.resume();   // --resume or a restart; else the start
 //   ... checkpointer.save(at);                     // a collective, every rank
-//   checkpointer.save_weights(config.save);        // --save: the whole model, one file
+//   checkpointer.save_weights(config.checkpoint.save);   // --save: the whole model, one file
 //
 // What each rank holds decides the format (Note [Sharded checkpoints in train_cifar10],
 // sharded_checkpoint.h):

@@ -5,9 +5,8 @@
 //
 //   TrainConfig config = parse_train_flags(argc, argv);   // loom::Error on bad input
 //
-// Rules that concern one flag's value are checked where the value is used
-// (validate_config, train/trainer.cpp, checks them all before any data is read); the
-// table only turns text into fields.
+// Each rule about the flags' values is part of the table, beside its flag (Note [One
+// table, one place for each rule], command_line.cpp); check_train_config runs them.
 #pragma once
 
 #include <vector>
@@ -19,6 +18,10 @@ namespace loom::training {
 
 // The TrainConfig the flags describe; exits 0 after printing --help.
 TrainConfig parse_train_flags(int argc, char** argv);
+
+// Every rule of the table on `config`, however it was filled: a loom::Error naming the
+// flag (or flags) and what was expected. train_cifar10 calls it first.
+void check_train_config(const TrainConfig& config);
 
 // Every flag of the table: its section, name and whether it is a switch (for programs that
 // rewrite a train_cifar10 command line: the memory estimator's advice).

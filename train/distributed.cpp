@@ -14,16 +14,18 @@ namespace dist = loom::distributed;
 
 Distributed::Distributed(const TrainConfig& config) {
   if (!needs_process_group(config)) {
-    LOOM_CHECK(!config.sync_bn, "--sync-bn needs data-parallel processes (--mode ddp or fsdp, --dp-replicate or "
+    LOOM_CHECK(!config.parallel.sync_bn,
+               "--sync-bn needs data-parallel processes (--mode ddp or fsdp, --dp-replicate or "
                "--dp-shard; with one process there is nothing to synchronise)");
-    LOOM_CHECK(config.backend.empty(), "--backend needs processes (--mode ddp or fsdp, or a degree above 1)");
+    LOOM_CHECK(config.parallel.backend.empty(), "--backend needs processes (--mode ddp or fsdp, or a degree above 1)");
     dims_ = parallel_dims_from_flags(config, 1);
     return;
   }
-  const Device device(config.device);
-  const std::string backend = config.backend.empty() ? (device.is_cuda() ? "nccl" : "gloo") : config.backend;
+  const Device device(config.training.device);
+  const std::string backend =
+      config.parallel.backend.empty() ? (device.is_cuda() ? "nccl" : "gloo") : config.parallel.backend;
   LOOM_CHECK(backend != "nccl" || device.is_cuda(), "--backend nccl moves CUDA tensors, but --device is ",
-             config.device, "; use --backend gloo for CPU training");
+             config.training.device, "; use --backend gloo for CPU training");
   // gloo with --device cuda works (Note [CUDA tensors through gloo]): slower than nccl,
   // but it lets ranks share one GPU, as with PyTorch.
   // make_communicator says clearly when a backend is not built into this loom (nccl
@@ -34,7 +36,7 @@ Distributed::Distributed(const TrainConfig& config) {
   world_ = comm_->size();
   dims_ = parallel_dims_from_flags(config, world_);
   at_ = dims_.coordinates(rank_);  // Note [Every rank coordinate comes from the mesh]
-  if (rank_ == 0 && config.progress) std::fprintf(stderr, "parallel dims: %s\n", dims_.str().c_str());
+  if (rank_ == 0 && config.metrics.progress) std::fprintf(stderr, "parallel dims: %s\n", dims_.str().c_str());
   mesh_.emplace(dims_.build_mesh(device.is_cuda() ? "cuda" : "cpu"));
 }
 
@@ -50,8 +52,8 @@ Distributed::~Distributed() {
 
 std::shared_ptr<data::Sampler> Distributed::train_sampler(int64_t dataset_size, const TrainConfig& config) const {
   if (!comm_) return nullptr;
-  return std::make_shared<data::DistributedSampler>(dataset_size, dims_.batch_size(), at_.batch, config.shuffle,
-                                                    config.seed);
+  return std::make_shared<data::DistributedSampler>(dataset_size, dims_.batch_size(), at_.batch, config.data.shuffle,
+                                                    config.training.seed);
 }
 
 std::shared_ptr<data::Sampler> Distributed::eval_sampler(int64_t count) const {

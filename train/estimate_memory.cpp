@@ -112,8 +112,9 @@ std::string format_estimate(const std::string& where, const DeviceMemoryEstimate
 
 void report_memory_estimate(const std::vector<DeviceMemoryEstimate>& mine, const Distributed& dist,
                             const TrainConfig& config) {
-  const int64_t limit = config.device_memory_limit.empty() ? kNoMemoryLimit
-                                                           : parse_memory_size(config.device_memory_limit);
+  const int64_t limit = config.training.device_memory_limit.empty()
+                            ? kNoMemoryLimit
+                            : parse_memory_size(config.training.device_memory_limit);
   std::vector<DeviceMemoryEstimate> all = mine;
   std::vector<std::string> where;
   if (dist.enabled()) {  // one device per rank: every rank's, gathered field by field
@@ -146,18 +147,19 @@ void report_memory_estimate(const std::vector<DeviceMemoryEstimate>& mine, const
   if (first.is_cpu() && first.index == 0)
     std::printf("(on cpu the kernels' own workspace counts too and is not predicted: ResNet18 at batch 32 peaks "
                 "3%% higher; train on --device cpu:1 to keep it, and the data, out of the device's figures)\n");
-  if (config.amp == "fp16" && first.is_cpu())
+  if (config.training.amp == "fp16" && first.is_cpu())
     std::printf("(--amp fp16 on the CPU: kernels stage float16 through float32 buffers on the device, which "
                 "shape-only steps do not allocate: the peak is a lower bound)\n");
   if (limit == kNoMemoryLimit)
     std::printf("no --device-memory-limit given: add one to see whether the peak %.1f MiB fits\n", mib(worst));
   else
-    std::printf("--device-memory-limit %s (%s): %s\n", config.device_memory_limit.c_str(),
+    std::printf("--device-memory-limit %s (%s): %s\n", config.training.device_memory_limit.c_str(),
                 format_memory_size(limit).c_str(),
-                worst <= limit ? "fits" : "does not fit; train_cifar10 without --estimate-memory would stop with an "
-                                          "out-of-memory error that lists the strategies that fit");
+                worst <= limit ? "fits"
+                               : "does not fit; train_cifar10 without --estimate-memory would stop with an "
+                                 "out-of-memory error that lists the strategies that fit");
   std::fflush(stdout);
-  if (config.metrics_json.empty()) return;
+  if (config.metrics.json.empty()) return;
   json::Value out;
   out.set("estimate", true);
   const auto list = [&](const char* name, const std::function<int64_t(const DeviceMemoryEstimate&)>& value) {
@@ -171,7 +173,7 @@ void report_memory_estimate(const std::vector<DeviceMemoryEstimate>& mine, const
   list("comm_mib", [](const DeviceMemoryEstimate& e) { return e.communication; });
   list("activations_mib", [](const DeviceMemoryEstimate& e) { return e.activations(); });
   out.set("steps", static_cast<int64_t>(steps));
-  write_file_atomically(config.metrics_json, json::dump(out) + "\n", "--metrics-json");
+  write_file_atomically(config.metrics.json, json::dump(out) + "\n", "--metrics-json");
 }
 
 // ---- Note [Advice after an out-of-memory error] ------------------------------------------
@@ -328,9 +330,11 @@ std::string advice(const TrainConfig& config, int world) {
       {{"--pp " + ranks, n}, &plain},
   };
   const std::vector<std::string> half = without(base, {"batch-size"});
-  if (config.batch_size >= 2) runs.push_back({{"--batch-size " + std::to_string(config.batch_size / 2), world}, &half});
-  const int64_t limit = config.device_memory_limit.empty() ? kNoMemoryLimit
-                                                           : parse_memory_size(config.device_memory_limit);
+  if (config.data.batch_size >= 2)
+    runs.push_back({{"--batch-size " + std::to_string(config.data.batch_size / 2), world}, &half});
+  const int64_t limit = config.training.device_memory_limit.empty()
+                            ? kNoMemoryLimit
+                            : parse_memory_size(config.training.device_memory_limit);
   std::string out = "Predicted peak per rank of the alternatives (train_cifar10 --estimate-memory under the same "
                     "flags; each with ranks as loomrun --nproc_per_node " + ranks + " where it needs them)" +
                     (limit == kNoMemoryLimit ? std::string(":")

@@ -74,10 +74,41 @@ void Flags::bind(const std::string& name, T& target, const std::string& help) {
       *field = parse_value<T>(name, text);
     }
   };
+  flag->value_text = [field] { return to_text(*field); };
   flags_.push_back(std::move(flag));
 }
 
 void Flags::section(const std::string& title) { section_ = title; }
+
+void Flags::one_of(std::vector<std::string> choices) {
+  LOOM_CHECK(!flags_.empty() && !choices.empty(), program_, ": one_of needs a flag bound before it and choices");
+  const Flag& flag = *flags_.back();
+  std::string listed;  // "a, b or c"
+  for (size_t i = 0; i < choices.size(); ++i)
+    listed += (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") + choices[i];
+  rules_.push_back([name = flag.name, value = flag.value_text, choices = std::move(choices), listed] {
+    const std::string v = value();
+    for (const std::string& choice : choices)
+      if (v == choice) return;
+    LOOM_FAIL("--", name, ": expected ", listed, ", got '", v, "'");
+  });
+}
+
+void Flags::at_least(int64_t min, std::string expected) {
+  LOOM_CHECK(!flags_.empty() && flags_.back()->type == "N", program_,
+             ": at_least needs an integer flag bound before it");
+  const Flag& flag = *flags_.back();
+  rules_.push_back([name = flag.name, value = flag.value_text, min, expected = std::move(expected)] {
+    const std::string v = value();
+    LOOM_CHECK(std::stoll(v) >= min, "--", name, ": expected ", expected, ", got ", v);
+  });
+}
+
+void Flags::rule(std::function<void()> check) { rules_.push_back(std::move(check)); }
+
+void Flags::check() const {
+  for (const auto& rule : rules_) rule();
+}
 
 std::vector<Flags::Info> Flags::list() const {
   std::vector<Info> out;

@@ -3,10 +3,17 @@
 //   Flags flags("train_cifar10", "Trains ResNet18 on CIFAR-10.");
 //   int64_t& epochs = flags.add<int64_t>("epochs", 3, "passes over the training set");
 //   flags.section("optimizer");                          // --help groups what follows
-//   flags.bind("lr", config.lr, "learning rate");        // parses into the field; its value is the default
+//   flags.bind("lr", config.optim.lr, "learning rate");  // parses into the field; its value is the default
 //   flags.parse(argc, argv);   // exits 0 after printing --help; loom::Error on bad input
 //
+//   flags.one_of({"sgd", "adamw"});                      // rules on the flag bound last,
+//   flags.at_least(1, "at least 1");                     // checked by check()
+//   flags.rule([&] { LOOM_CHECK(...); });                // a rule between flags
+//
 // Accepts "--name value" and "--name=value"; booleans are switches ("--nesterov").
+// The rules are the table's, not parse()'s: check() runs them on whatever the bound fields
+// hold, parsed or set in code, so a program's config and a command line are held to the
+// same rules in one place.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +37,15 @@ class Flags {
   // The flags added after this are listed under `title` in --help.
   void section(const std::string& title);
 
+  // Rules on the flag bound last: "--name: expected a, b or c, got 'x'" unless its value is
+  // one of `choices`; "--name: expected <expected>, got N" unless it is at least `min`.
+  void one_of(std::vector<std::string> choices);
+  void at_least(int64_t min, std::string expected);
+  // A rule of its own (between flags): a loom::Error naming them when broken.
+  void rule(std::function<void()> check);
+  // Every rule, in the table's order.
+  void check() const;
+
   // The table itself, for programs that rewrite a command line (train/estimate_memory.cpp).
   struct Info {
     std::string section, name;
@@ -48,11 +64,13 @@ class Flags {
     bool is_switch = false;
     bool given = false;
     std::function<void(const std::string&)> set;
+    std::function<std::string()> value_text;  // the bound field's value, as text
   };
   Flag* find(const std::string& name);
   std::string program_, description_, section_;
   std::vector<std::unique_ptr<Flag>> flags_;
   std::vector<std::shared_ptr<void>> storage_;
+  std::vector<std::function<void()>> rules_;
 };
 
 }  // namespace loom::training

@@ -1,6 +1,6 @@
 // --amp for train_cifar10: what mixed precision changes in the training step.
 //
-//   MixedPrecision amp(config.amp, device);
+//   MixedPrecision amp(config.training.amp, device);
 //   { auto scope = amp.autocast(); logits = net(images); loss = criterion(logits, labels); }
 //   amp.backward(loss);   // loss.backward(), or scaler.scale(loss).backward() for fp16
 //   amp.step(optimizer);  // optimizer.step(), or scaler.step + scaler.update for fp16

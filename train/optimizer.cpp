@@ -56,23 +56,26 @@ std::vector<optim::ParamGroup> adamw_groups(const std::vector<Tensor>& params, c
 
 BuiltOptimizer build_optimizer(const std::vector<Tensor>& params, const nn::Module& model, const nn::Module& wrapped,
                                const distributed::DeviceMesh* mesh, const TrainConfig& config, double lr) {
-  LOOM_CHECK(config.optimizer == "sgd" || config.optimizer == "adamw", "--optimizer: expected sgd or adamw, got '",
-             config.optimizer, "'");
-  const optim::SGDOptions sgd{.lr = lr, .momentum = config.momentum, .weight_decay = config.weight_decay,
-                              .nesterov = config.nesterov};
-  const optim::AdamWOptions adamw{.lr = lr, .weight_decay = config.weight_decay};
-  if (!config.zero_redundancy_optimizer) {
-    if (config.optimizer == "adamw")
-      return {std::make_unique<optim::AdamW>(adamw_groups(params, model, config.model, wrapped, adamw.weight_decay),
-                                             adamw)};
+  LOOM_CHECK(config.optim.name == "sgd" || config.optim.name == "adamw", "--optimizer: expected sgd or adamw, got '",
+             config.optim.name, "'");
+  const optim::SGDOptions sgd{.lr = lr,
+                              .momentum = config.optim.momentum,
+                              .weight_decay = config.optim.weight_decay,
+                              .nesterov = config.optim.nesterov};
+  const optim::AdamWOptions adamw{.lr = lr, .weight_decay = config.optim.weight_decay};
+  if (!config.parallel.zero_redundancy_optimizer) {
+    if (config.optim.name == "adamw")
+      return {std::make_unique<optim::AdamW>(
+          adamw_groups(params, model, config.model.name, wrapped, adamw.weight_decay), adamw)};
     return {std::make_unique<optim::SGD>(params, sgd)};
   }
   LOOM_CHECK(mesh != nullptr && mesh->has("dp_replicate"), "--zero-redundancy-optimizer shards the optimizer state "
              "over DDP's replicas: it needs --dp-replicate (or --mode ddp) under loomrun");
-  LOOM_CHECK(config.optimizer == "sgd" || config.weight_decay == 0.0, "--zero-redundancy-optimizer with --optimizer "
+  LOOM_CHECK(config.optim.name == "sgd" || config.optim.weight_decay == 0.0,
+             "--zero-redundancy-optimizer with --optimizer "
              "adamw partitions the parameters without timm's weight-decay groups; use --weight-decay 0, or no ZeRO-1");
   // The group DDP averages the gradients over: its ranks hold the same parameters.
-  auto zero = config.optimizer == "adamw"
+  auto zero = config.optim.name == "adamw"
                   ? std::make_unique<parallel::ZeroRedundancyOptimizer>(
                         params, parallel::optimizer_class<optim::AdamW>(adamw), mesh->group("dp_replicate"))
                   : std::make_unique<parallel::ZeroRedundancyOptimizer>(

@@ -36,7 +36,7 @@ static std::vector<Device> consecutive_devices(Device first, int64_t count) {
 static std::shared_ptr<nn::Module> apply_data_parallel(std::shared_ptr<nn::Module> model, int devices,
                                                        const TrainConfig& config, Device device) {
   auto dp = std::make_shared<parallel::DataParallel>(model, consecutive_devices(device, devices));
-  if (config.progress) std::fprintf(stderr, "DataParallel over %s\n", dp->extra_repr().c_str());
+  if (config.metrics.progress) std::fprintf(stderr, "DataParallel over %s\n", dp->extra_repr().c_str());
   return dp;
 }
 
@@ -45,8 +45,9 @@ static std::shared_ptr<nn::Module> apply_data_parallel(std::shared_ptr<nn::Modul
 // depend on the values.
 static Tensor balance_sample(const TrainConfig& config, const distributed::ParallelDims& dims, Device device) {
   const bool layer_wise = dims.mp_enabled() && !dims.mp_microbatched;
-  const int64_t per_pass = layer_wise ? std::min<int64_t>(config.batch_size, 32)
-                                      : (config.batch_size + config.microbatches - 1) / config.microbatches;
+  const int64_t per_pass =
+      layer_wise ? std::min<int64_t>(config.data.batch_size, 32)
+                 : (config.data.batch_size + config.parallel.microbatches - 1) / config.parallel.microbatches;
   return zeros({std::max<int64_t>(per_pass, 1), 3, 32, 32}, TensorOptions().device(device));
 }
 
@@ -54,20 +55,22 @@ static Tensor balance_sample(const TrainConfig& config, const distributed::Paral
 // adding up to the model's `layers`; checked here, where the layers are known, so that the
 // error names the flags (the library's own check names its arguments).
 static void check_balance_flag(const TrainConfig& config, int64_t chunks, int64_t layers) {
-  if (config.balance.empty()) return;
+  if (config.parallel.balance.empty()) return;
   int64_t total = 0;
   bool positive = true;
-  for (int64_t b : config.balance) total += b, positive = positive && b >= 1;
-  LOOM_CHECK(static_cast<int64_t>(config.balance.size()) == chunks && total == layers && positive, "--balance: expected ",
-             chunks, " positive layer counts (one per virtual stage: stages × --virtual-stages) adding up to the "
-             "Sequential's length, ", layers, " layers; got ", config.balance.size(), " entries adding up to ", total);
+  for (int64_t b : config.parallel.balance) total += b, positive = positive && b >= 1;
+  LOOM_CHECK(static_cast<int64_t>(config.parallel.balance.size()) == chunks && total == layers && positive,
+             "--balance: expected ", chunks,
+             " positive layer counts (one per virtual stage: stages × --virtual-stages) adding up to the "
+             "Sequential's length, ",
+             layers, " layers; got ", config.parallel.balance.size(), " entries adding up to ", total);
 }
 
 // "pipeline balance: 4,3,4,3 (by cost)", once per run.
 static void print_balance(const std::vector<int64_t>& balance, const TrainConfig& config) {
-  if (config.progress)
+  if (config.metrics.progress)
     std::fprintf(stderr, "pipeline balance: %s (%s)\n", parallel::balance_str(balance).c_str(),
-                 config.balance.empty() ? ("by " + config.balance_by).c_str() : "given");
+                 config.parallel.balance.empty() ? ("by " + config.parallel.balance_by).c_str() : "given");
 }
 
 // The in-process stages: the module the loop calls and, when they run micro-batches, the
@@ -87,29 +90,31 @@ static InProcessStages apply_model_parallel(nn::Module& model, const distributed
   const int64_t count = dims.mp_stages;
   const std::vector<Device> devices = consecutive_devices(device, count);
   auto layers = nn::sequential_view(model);  // the model's layers in order, to cut
-  const int64_t model_chunks = count * config.virtual_stages;  // interleaved_1f1b: V per stage
+  const int64_t model_chunks = count * config.parallel.virtual_stages;  // interleaved_1f1b: V per stage
   LOOM_CHECK(count >= 1 && model_chunks <= static_cast<int64_t>(layers->size()), "--mp-devices ", count,
-             " x --virtual-stages ", config.virtual_stages, ": the model has ", layers->size(), " layers to cut into "
-             "chunks (one or more each), so use at most ", layers->size(), " chunks");
+             " x --virtual-stages ", config.parallel.virtual_stages, ": the model has ", layers->size(),
+             " layers to cut into "
+             "chunks (one or more each), so use at most ",
+             layers->size(), " chunks");
   // Measured (--balance time) as the stages will run: on each stage's share of the threads.
   check_balance_flag(config, model_chunks, static_cast<int64_t>(layers->size()));
   const int threads = omp_get_max_threads();
   if (dims.mp_microbatched) omp_set_num_threads(std::max(1, threads / static_cast<int>(count)));
-  const std::vector<int64_t> balance = parallel::choose_balance(*layers, config.balance, config.balance_by,
-                                                                model_chunks, balance_sample(config, dims, device));
+  const std::vector<int64_t> balance = parallel::choose_balance(
+      *layers, config.parallel.balance, config.parallel.balance_by, model_chunks, balance_sample(config, dims, device));
   omp_set_num_threads(threads);
   print_balance(balance, config);
   InProcessStages stages;
   if (dims.mp_microbatched) {
     stages.pipeline = std::make_shared<parallel::pipeline::Pipeline>(
-        layers, devices, balance, config.microbatches, config.pipeline_schedule,
+        layers, devices, balance, config.parallel.microbatches, config.parallel.pipeline_schedule,
         [&criterion](const Tensor& out, const Tensor& target) { return criterion(out, target); },
-        config.pipeline_checkpoint);
+        config.parallel.pipeline_checkpoint);
     stages.module = stages.pipeline;
   } else {
     stages.module = std::make_shared<parallel::ModelParallel>(layers, devices, balance);
   }
-  if (config.progress)
+  if (config.metrics.progress)
     std::fprintf(stderr, "%s: %s\n", dims.mp_microbatched ? "pipeline" : "mp", stages.module->extra_repr().c_str());
   return stages;
 }
@@ -123,31 +128,36 @@ std::shared_ptr<parallel::pipeline::PipelineStage> apply_pipeline(nn::Module& mo
   // alike too (Note [One balance for every rank]).
   auto world = distributed::default_group();
   auto layers = nn::sequential_view(model);
-  check_balance_flag(config, pp_group->size() * config.virtual_stages, static_cast<int64_t>(layers->size()));
+  check_balance_flag(config, pp_group->size() * config.parallel.virtual_stages, static_cast<int64_t>(layers->size()));
   auto stage = parallel::pipeline::apply_pipeline_processes(
       layers, std::move(pp_group), device,
-      {.balance = config.balance, .balance_by = config.balance_by, .n_microbatches = config.microbatches,
-       .schedule = config.pipeline_schedule, .virtual_stages = config.virtual_stages,
-       .checkpoint = config.pipeline_checkpoint},
+      {.balance = config.parallel.balance,
+       .balance_by = config.parallel.balance_by,
+       .n_microbatches = config.parallel.microbatches,
+       .schedule = config.parallel.pipeline_schedule,
+       .virtual_stages = config.parallel.virtual_stages,
+       .checkpoint = config.parallel.pipeline_checkpoint},
       [&criterion](const Tensor& out, const Tensor& target) { return criterion(out, target); },
       balance_sample(config, dims, device), world);
   if (world->rank() == 0) {  // once per run, not once per pipeline
     print_balance(stage->balance(), config);
-    if (config.progress) std::fprintf(stderr, "pipeline of processes: %s\n", stage->extra_repr().c_str());
+    if (config.metrics.progress) std::fprintf(stderr, "pipeline of processes: %s\n", stage->extra_repr().c_str());
   }
   return stage;
 }
 
 std::vector<std::string> apply_ac(nn::Module& model, const TrainConfig& config) {
-  if (config.activation_checkpoint == "none") return {};
-  const std::set<std::string> blocks = model_spec(config.model).block_types;
-  const int64_t every = config.activation_checkpoint == "selective" ? config.selective_ac_option : 1;
+  if (config.model.activation_checkpoint == "none") return {};
+  const std::set<std::string> blocks = model_spec(config.model.name).block_types;
+  const int64_t every = config.model.activation_checkpoint == "selective" ? config.model.selective_ac_option : 1;
   int64_t seen = 0;
   std::vector<std::string> marked = nn::apply_activation_checkpointing(
       model, [&](const std::string&, nn::Module& m) { return blocks.count(m.type_name()) && seen++ % every == 0; });
-  LOOM_CHECK(!marked.empty(), "--activation-checkpoint ", config.activation_checkpoint, " checkpoints residual blocks "
-             "and encoder layers, and the ", model.type_name(), " has none");
-  if (config.progress && distributed::is_main_process())
+  LOOM_CHECK(!marked.empty(), "--activation-checkpoint ", config.model.activation_checkpoint,
+             " checkpoints residual blocks "
+             "and encoder layers, and the ",
+             model.type_name(), " has none");
+  if (config.metrics.progress && distributed::is_main_process())
     std::fprintf(stderr, "activation checkpointing: %zu blocks recompute their activations in backward\n", marked.size());
   return marked;
 }
@@ -155,19 +165,19 @@ std::vector<std::string> apply_ac(nn::Module& model, const TrainConfig& config) 
 distributed::StatePlacements apply_tp(nn::Module& model, std::shared_ptr<distributed::Communicator> tp_group,
                                       const TrainConfig& config) {
   const int tp = tp_group->size();
-  const ModelSpec& spec = model_spec(config.model);
+  const ModelSpec& spec = model_spec(config.model.name);
   LOOM_CHECK(spec.tp_plan != nullptr, "--tp splits a model by its family's plan, and the ", spec.family,
-             " family (--model ", config.model, ") has none (ModelSpec::tp_plan, train/model_spec.h)");
+             " family (--model ", config.model.name, ") has none (ModelSpec::tp_plan, train/model_spec.h)");
   distributed::StatePlacements placements =
       distributed::parallelize_module(model, std::move(tp_group), spec.tp_plan(model, tp));
-  if (config.progress && distributed::default_group()->rank() == 0)
+  if (config.metrics.progress && distributed::default_group()->rank() == 0)
     std::fprintf(stderr, "tensor parallel over %d ranks: %zu tensors split\n", tp, placements.size());
   return placements;
 }
 
 ddp::DDPOptions ddp_options(const TrainConfig& config) {
   ddp::DDPOptions options;
-  options.bucket_cap_mb = config.bucket_cap_mb;
+  options.bucket_cap_mb = config.parallel.bucket_cap_mb;
   // .grad() is a view into the reduced bucket: finalize then has nothing to copy back, a
   // 43 MiB copy saved at the end of every ResNet18 backward, where nothing overlaps it,
   // and between steps the gradients take no memory of their own. (During backward each
@@ -184,12 +194,14 @@ std::shared_ptr<nn::Module> apply_ddp(std::shared_ptr<nn::Module> model,
 }
 
 fsdp::FSDPOptions fsdp_options(const distributed::ParallelDims& dims, const TrainConfig& config) {
-  fsdp::ShardingStrategy strategy = fsdp::parse_sharding_strategy(config.sharding_strategy);
+  fsdp::ShardingStrategy strategy = fsdp::parse_sharding_strategy(config.parallel.sharding_strategy);
   if (dims.dp_replicate_enabled()) strategy = fsdp::ShardingStrategy::HYBRID_SHARD;  // shards within, replicas across
   else if (strategy == fsdp::ShardingStrategy::HYBRID_SHARD) strategy = fsdp::ShardingStrategy::FULL_SHARD;  // one replica
-  fsdp::FSDPOptions options{.sharding_strategy = strategy, .auto_wrap_policy = model_spec(config.model).block_policy(),
-                            .per_parameter_sharding = config.fsdp_layout == "per_parameter"};
-  if (config.reshard_after_forward != "default") options.reshard_after_forward = config.reshard_after_forward == "always";
+  fsdp::FSDPOptions options{.sharding_strategy = strategy,
+                            .auto_wrap_policy = model_spec(config.model.name).block_policy(),
+                            .per_parameter_sharding = config.parallel.fsdp_layout == "per_parameter"};
+  if (config.parallel.reshard_after_forward != "default")
+    options.reshard_after_forward = config.parallel.reshard_after_forward == "always";
   return options;
 }
 
@@ -237,9 +249,11 @@ ParallelModel parallelize(std::shared_ptr<nn::Module> model, const distributed::
   if (mesh == nullptr) return out;  // one process, one device
   // Across processes. SyncBatchNorm converts the model before anything cuts or wraps it,
   // over the "batch" ranks: every data-parallel rank of the model, or of a stage.
-  LOOM_CHECK(!config.sync_bn || dims.dp_enabled(), "--sync-bn synchronises BatchNorm statistics over the "
-             "data-parallel ranks, and this run has none (", dims.str(), "); drop --sync-bn");
-  if (config.sync_bn) nn::convert_sync_batchnorm(model, mesh->group("batch"));
+  LOOM_CHECK(!config.parallel.sync_bn || dims.dp_enabled(),
+             "--sync-bn synchronises BatchNorm statistics over the "
+             "data-parallel ranks, and this run has none (",
+             dims.str(), "); drop --sync-bn");
+  if (config.parallel.sync_bn) nn::convert_sync_batchnorm(model, mesh->group("batch"));
   if (dims.pp_enabled()) {  // the pipeline split first; then each stage's parts
     auto stage = apply_pipeline(*model, mesh->group("pp"), dims, config, device, criterion);
     // The stage runs the model's own layers, so splitting them splits the stage's.

@@ -3,39 +3,40 @@
 #include <omp.h>  // defines: omp_set_num_threads, for --threads
 
 #include <algorithm>
-#include <functional>  // defines: std::function (the step's clipping)
 #include <chrono>
 #include <cstdio>
+#include <functional>  // defines: std::function (the step's clipping)
 
-#include "autograd/grad_mode.h"             // defines: NoGradGuard, for evaluation
-#include "autograd/ops.h"                   // defines: argmax, eq, sum
-#include "core/allocator.h"                 // defines: memory_stats (the run's peak memory)
-#include "core/atomic_file.h"               // defines: write_file_atomically (--metrics-json)
-#include "core/cpu/bf16_path.h"              // defines: bf16_path_description (--amp bf16 on the CPU)
-#include "core/shape_only.h"                // defines: ShapeOnlyGuard (--estimate-memory)
-#include "core/trace.h"                     // defines: trace::Span (LOOM_TRACE=path draws the steps)
-#include "data/cifar10.h"                   // defines: CIFAR10
-#include "data/data_root.h"                 // defines: find_cifar10_root
-#include "data/dataloader.h"                // defines: DataLoader
-#include "data/synthetic_cifar.h"           // defines: SyntheticCIFAR
-#include "data/transforms.h"                // defines: Compose, RandomCrop, ...
-#include "train/checkpointer.h"    // defines: Checkpointer (save, resume, --save)
-#include "train/degrees.h"         // defines: needs_process_group
-#include "train/device.h"          // defines: training_device, to_training_device, read_loss_and_correct
-#include "train/distributed.h"     // defines: Distributed, what --mode ddp changes
-#include "train/estimate_memory.h" // defines: measure_shape_only_steps, throw_with_advice (--estimate-memory)
-#include "train/mixed_precision.h" // defines: MixedPrecision, what --amp changes
-#include "train/optimizer.h"       // defines: build_optimizer (--zero-redundancy-optimizer)
-#include "train/parallelize.h"     // defines: parallelize, one apply_* per parallelism
-#include "train/grad_clipping.h"   // defines: GradClipper (--clip-grad-norm)
-#include "train/progress.h"        // defines: ProgressBar, RunningMetrics, RunPlan
-#include "nn/loss.h"                        // defines: CrossEntropyLoss
-#include "nn/model_state.h"                 // defines: model_state_bytes (parameters + gradients + optimizer state)
-#include "train/model_spec.h"               // defines: model_spec (--model: resnet18 ... vit_small, tiny)
-#include "nn/optim/lr_scheduler.h"          // defines: CosineAnnealingLR, OneCycleLR
-#include "nn/optim/sgd.h"                   // defines: SGD
-#include "nn/safetensors.h"                 // defines: nn::load (--init)
-#include "parallel/comm/launch_env.h"       // defines: launch_local_rank (loomrun's, Slurm's or Open MPI's)
+#include "autograd/grad_mode.h"        // defines: NoGradGuard, for evaluation
+#include "autograd/ops.h"              // defines: argmax, eq, sum
+#include "core/allocator.h"            // defines: memory_stats (the run's peak memory)
+#include "core/atomic_file.h"          // defines: write_file_atomically (--metrics-json)
+#include "core/cpu/bf16_path.h"        // defines: bf16_path_description (--amp bf16 on the CPU)
+#include "core/shape_only.h"           // defines: ShapeOnlyGuard (--estimate-memory)
+#include "core/trace.h"                // defines: trace::Span (LOOM_TRACE=path draws the steps)
+#include "data/cifar10.h"              // defines: CIFAR10
+#include "data/data_root.h"            // defines: find_cifar10_root
+#include "data/dataloader.h"           // defines: DataLoader
+#include "data/synthetic_cifar.h"      // defines: SyntheticCIFAR
+#include "data/transforms.h"           // defines: Compose, RandomCrop, ...
+#include "nn/loss.h"                   // defines: CrossEntropyLoss
+#include "nn/model_state.h"            // defines: model_state_bytes (parameters + gradients + optimizer state)
+#include "nn/optim/lr_scheduler.h"     // defines: CosineAnnealingLR, OneCycleLR
+#include "nn/optim/sgd.h"              // defines: SGD
+#include "nn/safetensors.h"            // defines: nn::load (--init)
+#include "parallel/comm/launch_env.h"  // defines: launch_local_rank (loomrun's, Slurm's or Open MPI's)
+#include "train/checkpointer.h"        // defines: Checkpointer (save, resume, --save)
+#include "train/command_line.h"        // defines: check_train_config (the flag table's rules)
+#include "train/degrees.h"             // defines: needs_process_group
+#include "train/device.h"              // defines: training_device, to_training_device, read_loss_and_correct
+#include "train/distributed.h"         // defines: Distributed, what --mode ddp changes
+#include "train/estimate_memory.h"     // defines: measure_shape_only_steps, throw_with_advice (--estimate-memory)
+#include "train/grad_clipping.h"       // defines: GradClipper (--clip-grad-norm)
+#include "train/mixed_precision.h"     // defines: MixedPrecision, what --amp changes
+#include "train/model_spec.h"          // defines: model_spec (--model: resnet18 ... vit_small, tiny)
+#include "train/optimizer.h"           // defines: build_optimizer (--zero-redundancy-optimizer)
+#include "train/parallelize.h"         // defines: parallelize, one apply_* per parallelism
+#include "train/progress.h"            // defines: ProgressBar, RunningMetrics, RunPlan
 
 namespace loom::training {
 namespace {
@@ -48,27 +49,27 @@ const std::vector<double> kMean = {0.4914, 0.4822, 0.4465};
 const std::vector<double> kStd = {0.2023, 0.1994, 0.2010};
 
 std::shared_ptr<data::Dataset> make_dataset(const TrainConfig& config, bool train) {
-  T::TransformPtr transform =
-      train && config.augment
-          ? std::make_shared<T::Compose>(T::RandomCrop(32, 4), T::RandomHorizontalFlip(), T::ToTensor(),
-                                         T::Normalize(kMean, kStd))
-          : std::make_shared<T::Compose>(T::ToTensor(), T::Normalize(kMean, kStd));
-  if (config.synthetic) {
-    return std::make_shared<data::SyntheticCIFAR>(train ? config.synthetic_size : 10000, config.seed + (train ? 0 : 1),
-                                                  transform);
+  T::TransformPtr transform = train && config.data.augment
+                                  ? std::make_shared<T::Compose>(T::RandomCrop(32, 4), T::RandomHorizontalFlip(),
+                                                                 T::ToTensor(), T::Normalize(kMean, kStd))
+                                  : std::make_shared<T::Compose>(T::ToTensor(), T::Normalize(kMean, kStd));
+  if (config.data.synthetic) {
+    return std::make_shared<data::SyntheticCIFAR>(train ? config.data.synthetic_size : 10000,
+                                                  config.training.seed + (train ? 0 : 1), transform);
   }
-  return std::make_shared<data::CIFAR10>(data::find_cifar10_root(config.data), train, transform);
+  return std::make_shared<data::CIFAR10>(data::find_cifar10_root(config.data.root), train, transform);
 }
 
 // --device for this process. Across processes, "--device cuda" is this process's GPU,
 // cuda:LOCAL_RANK (set by loomrun; srun and mpirun say it as SLURM_LOCALID and
 // OMPI_COMM_WORLD_LOCAL_RANK).
 Device process_device(const TrainConfig& config) {
-  return training_device(config.device, needs_process_group(config) ? distributed::launch_local_rank() : 0);
+  return training_device(config.training.device, needs_process_group(config) ? distributed::launch_local_rank() : 0);
 }
 
 std::shared_ptr<nn::Module> make_model(const TrainConfig& config) {
-  return model_spec(config.model).build(config.model, 10);  // an unknown name: an error listing the known ones
+  return model_spec(config.model.name)
+      .build(config.model.name, 10);  // an unknown name: an error listing the known ones
 }
 
 // The schedule spans --epochs; --max-steps only stops early, so that a run cut short
@@ -76,20 +77,21 @@ std::shared_ptr<nn::Module> make_model(const TrainConfig& config) {
 // --lr after --lr-scaling, where the schedule peaks.
 std::unique_ptr<optim::LRScheduler> make_scheduler(const TrainConfig& config, double lr, optim::Optimizer& optimizer,
                                                    int64_t steps_per_epoch) {
-  const int64_t total_steps = std::max<int64_t>(steps_per_epoch * config.epochs, 1);
-  if (config.schedule == "none") return nullptr;
-  if (config.schedule == "cosine") return std::make_unique<optim::CosineAnnealingLR>(optimizer, total_steps);
-  if (config.schedule == "onecycle") return std::make_unique<optim::OneCycleLR>(optimizer, lr, total_steps);
-  if (config.schedule == "warmup_cosine") {  // a transformer's: from lr / warmup up to lr, then cosine to 0
-    const auto warmup = static_cast<int64_t>(config.warmup_epochs * static_cast<double>(steps_per_epoch));
-    LOOM_CHECK(warmup >= 1 && warmup < total_steps, "--schedule warmup_cosine: --warmup-epochs ", config.warmup_epochs,
-               " gives ", warmup, " warm-up steps of the run's ", total_steps, "; it needs at least 1 and fewer than all");
+  const int64_t total_steps = std::max<int64_t>(steps_per_epoch * config.training.epochs, 1);
+  if (config.optim.schedule == "none") return nullptr;
+  if (config.optim.schedule == "cosine") return std::make_unique<optim::CosineAnnealingLR>(optimizer, total_steps);
+  if (config.optim.schedule == "onecycle") return std::make_unique<optim::OneCycleLR>(optimizer, lr, total_steps);
+  if (config.optim.schedule == "warmup_cosine") {  // a transformer's: from lr / warmup up to lr, then cosine to 0
+    const auto warmup = static_cast<int64_t>(config.optim.warmup_epochs * static_cast<double>(steps_per_epoch));
+    LOOM_CHECK(warmup >= 1 && warmup < total_steps, "--schedule warmup_cosine: --warmup-epochs ",
+               config.optim.warmup_epochs, " gives ", warmup, " warm-up steps of the run's ", total_steps,
+               "; it needs at least 1 and fewer than all");
     std::vector<std::shared_ptr<optim::LRScheduler>> parts = {
         std::make_shared<optim::LinearLR>(optimizer, 1.0 / static_cast<double>(warmup), 1.0, warmup),
         std::make_shared<optim::CosineAnnealingLR>(optimizer, total_steps - warmup)};
     return std::make_unique<optim::SequentialLR>(optimizer, std::move(parts), std::vector<int64_t>{warmup});
   }
-  LOOM_FAIL("--schedule: expected none, cosine, onecycle or warmup_cosine, got '", config.schedule, "'");
+  LOOM_FAIL("--schedule: expected none, cosine, onecycle or warmup_cosine, got '", config.optim.schedule, "'");
 }
 
 // The data: each rank its shard of every epoch (a DistributedSampler over the "batch"
@@ -106,13 +108,18 @@ struct Loaders {
   Loaders(const TrainConfig& c, const Distributed& dist)
       : train_set(make_dataset(c, /*train=*/true)),
         test_set(make_dataset(c, /*train=*/false)),
-        eval_count(c.eval_limit >= 0 ? std::min(c.eval_limit, test_set->size()) : test_set->size()),
+        eval_count(c.data.eval_limit >= 0 ? std::min(c.data.eval_limit, test_set->size()) : test_set->size()),
         train_sampler(dist.train_sampler(train_set->size(), c)),
-        train(train_set, {.batch_size = c.batch_size, .shuffle = train_sampler ? false : c.shuffle,
-                          .sampler = train_sampler, .num_workers = c.workers, .persistent_workers = c.workers > 0,
-                          .seed = c.seed}),
-        test(test_set, {.batch_size = 256, .sampler = dist.eval_sampler(eval_count), .num_workers = c.workers,
-                        .persistent_workers = c.workers > 0}),
+        train(train_set, {.batch_size = c.data.batch_size,
+                          .shuffle = train_sampler ? false : c.data.shuffle,
+                          .sampler = train_sampler,
+                          .num_workers = c.data.workers,
+                          .persistent_workers = c.data.workers > 0,
+                          .seed = c.training.seed}),
+        test(test_set, {.batch_size = 256,
+                        .sampler = dist.eval_sampler(eval_count),
+                        .num_workers = c.data.workers,
+                        .persistent_workers = c.data.workers > 0}),
         steps_per_epoch(train.size()),
         eval_real(dist.real_examples(eval_count)) {}
 };
@@ -179,7 +186,7 @@ TrainResult evaluate_only(const RunningMetrics& test, const TrainConfig& config,
   if (dist.is_main())
     std::printf("eval: test loss %.4f  test acc %.2f%% (%lld images)\n", test.loss(), 100 * test.accuracy(),
                 static_cast<long long>(test.examples));
-  if (dist.is_main() && !config.metrics_json.empty()) write_metrics_json(result, config.metrics_json);
+  if (dist.is_main() && !config.metrics.json.empty()) write_metrics_json(result, config.metrics.json);
   dist.barrier();  // as after training: nobody leaves before rank 0 has written the file
   return result;
 }
@@ -189,60 +196,6 @@ double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   const size_t mid = values.size() / 2;
   return values.size() % 2 ? values[mid] : (values[mid - 1] + values[mid]) / 2;
-}
-
-// Counts out of range and pipeline settings are refused here, naming the flag, before
-// anything is built: the code that uses them would divide by --microbatches 0, read
-// --max-steps -7 as "no limit", finish --epochs 0 successfully having done nothing, and
-// learn of a misspelt --pipeline-checkpoint only after loading the data and timing the
-// model's layers.
-void check_flags(const TrainConfig& c) {
-  auto expect = [](bool ok, const char* flag, int64_t got, const char* expected) {
-    LOOM_CHECK(ok, flag, ": expected ", expected, ", got ", got);
-  };
-  expect(c.epochs >= 1 || c.eval_only, "--epochs", c.epochs, "at least 1 (--eval-only evaluates without training)");
-  expect(c.max_steps >= -1, "--max-steps", c.max_steps, "-1 (no limit) or 0 or more (0: --save the initial weights)");
-  expect(c.batch_size >= 1, "--batch-size", c.batch_size, "at least 1");
-  expect(c.workers >= 0, "--workers", c.workers, "0 (load in the training thread) or more");
-  expect(c.threads >= 0, "--threads", c.threads, "0 (OpenMP's default) or more");
-  expect(c.checkpoint_every >= 0, "--checkpoint-every", c.checkpoint_every, "0 (only at epoch ends) or more");
-  expect(c.eval_limit >= -1, "--eval-limit", c.eval_limit, "-1 (the whole test set) or 0 or more");
-  expect(c.synthetic_size >= 1, "TrainConfig::synthetic_size", c.synthetic_size, "at least 1");
-  expect(c.dp_devices >= 0, "--dp-devices", c.dp_devices, "0 (the default devices) or more");
-  expect(c.microbatches >= 1, "--microbatches", c.microbatches, "at least 1 micro-batch per batch");
-  LOOM_CHECK(c.pipeline_schedule == "gpipe" || c.pipeline_schedule == "1f1b" || c.pipeline_schedule == "interleaved_1f1b",
-             "--pipeline-schedule: expected gpipe, 1f1b or interleaved_1f1b, got '", c.pipeline_schedule, "'");
-  expect(c.virtual_stages >= 1, "--virtual-stages", c.virtual_stages, "at least 1 virtual stage per stage");
-  LOOM_CHECK(c.virtual_stages == 1 || c.pipeline_schedule == "interleaved_1f1b", "--virtual-stages ",
-             c.virtual_stages, " needs --pipeline-schedule interleaved_1f1b, got ", c.pipeline_schedule);
-  expect(c.pp >= 1, "--pp", c.pp, "at least 1 pipeline stage");
-  LOOM_CHECK(c.pp == 1 || c.mode == "pipeline" || c.mode == "ddp" || c.mode == "single", "--pp ", c.pp,
-             " runs the stages of a pipeline as processes: alone, with --mode pipeline or ddp, or with --dp-replicate; "
-             "got --mode ", c.mode);
-  LOOM_CHECK(c.balance_by == "cost" || c.balance_by == "time", "--balance: expected cost, time or comma-separated "
-             "layer counts such as 7,7, got '", c.balance_by, "'");
-  LOOM_CHECK((c.balance.empty() && c.balance_by == "cost") || c.mode == "pipeline" || c.mode == "mp" || c.pp > 1,
-             "--balance cuts the model into stages: it needs --mode mp or pipeline, or --pp, got --mode ", c.mode);
-  LOOM_CHECK(c.pipeline_checkpoint == "never" || c.pipeline_checkpoint == "except_last" ||
-                 c.pipeline_checkpoint == "always",
-             "--pipeline-checkpoint: expected never, except_last or always, got '", c.pipeline_checkpoint, "'");
-  LOOM_CHECK(!c.zero_redundancy_optimizer || c.mode == "ddp" || c.dp_replicate > 1, "--zero-redundancy-optimizer "
-             "shards the optimizer state over DDP's ranks: it needs --mode ddp or --dp-replicate, got --mode ", c.mode);
-  LOOM_CHECK(c.fsdp_layout == "flat" || c.fsdp_layout == "per_parameter", "--fsdp-layout: expected flat or "
-             "per_parameter, got '", c.fsdp_layout, "'");
-  LOOM_CHECK(c.reshard_after_forward == "default" || c.reshard_after_forward == "always" ||
-                 c.reshard_after_forward == "never",
-             "--reshard-after-forward: expected default, always or never, got '", c.reshard_after_forward, "'");
-  LOOM_CHECK(c.lr_scaling == "none" || c.lr_scaling == "linear", "--lr-scaling: expected none or linear, got '",
-             c.lr_scaling, "'");
-  LOOM_CHECK(c.activation_checkpoint == "none" || c.activation_checkpoint == "full" ||
-                 c.activation_checkpoint == "selective",
-             "--activation-checkpoint: expected none, full or selective, got '", c.activation_checkpoint, "'");
-  LOOM_CHECK(c.selective_ac_option >= 1, "--selective-ac-option: expected N >= 1 (checkpoint every N-th block), got ",
-             c.selective_ac_option);
-  LOOM_CHECK(c.pipeline_checkpoint == "never" || c.mode == "pipeline" || c.pp > 1, "--pipeline-checkpoint ",
-             c.pipeline_checkpoint, " recomputes a pipeline's micro-batches: it needs --mode pipeline or --pp, got --mode ",
-             c.mode);
 }
 
 // What one step gives the loop: the loss, and the logits where this rank has them (not on
@@ -317,20 +270,20 @@ class Trainer {
         dist_(config),  // the ParallelDims, the process group and its mesh; in one process rank 0 of 1
         data_(config, dist_),
         model_(make_model(config)),
-        criterion_(Tensor(), Reduction::Mean, -100, config.label_smoothing),
-        parallel_(parallelize(loaded(model_, config, device_), dist_.dims(), dist_.mesh(), config,
-                              device_, criterion_)),
-        input_format_(input_memory_format(config.memory_format, config.amp, device_)),
+        criterion_(Tensor(), Reduction::Mean, -100, config.optim.label_smoothing),
+        parallel_(
+            parallelize(loaded(model_, config, device_), dist_.dims(), dist_.mesh(), config, device_, criterion_)),
+        input_format_(input_memory_format(config.training.memory_format, config.training.amp, device_)),
         // Linear scaling follows the global batch: data-parallel ranks multiply it,
         // pipeline stages do not.
-        lr_(config.lr_scaling == "linear" ? config.lr * dist_.dims().batch_size() : config.lr),
+        lr_(config.optim.lr_scaling == "linear" ? config.optim.lr * dist_.dims().batch_size() : config.optim.lr),
         // SGD over this rank's parameters, or inside ZeroRedundancyOptimizer (ZeRO-1).
         optimizer_(build_optimizer(parallel_.module().parameters(), parallel_.model(), parallel_.module(), dist_.mesh(),
-                                    config, lr_)),
+                                   config, lr_)),
         scheduler_(make_scheduler(config, lr_, *optimizer_, data_.steps_per_epoch)),
-        amp_(config.amp, device_, dist_.world()),
+        amp_(config.training.amp, device_, dist_.world()),
         checkpointer_(config, dist_, parallel_, optimizer_, scheduler_.get(), &amp_.scaler()) {
-    if (config.amp == "bf16" && device().type == DeviceType::CPU && dist_.is_main())
+    if (config.training.amp == "bf16" && device().type == DeviceType::CPU && dist_.is_main())
       std::printf("--amp bf16 on the CPU: %s; %s activations (--memory-format)%s\n", cpu::bf16_path_description(),
                   input_format_ == MemoryFormat::ChannelsLast ? "channels-last" : "NCHW",
                   amp_.runs_float32_instead()
@@ -338,8 +291,8 @@ class Trainer {
                         "float32 (Note [bf16 autocast where the CPU has no bfloat16 arithmetic]; LOOM_CPU_BF16=staging "
                         "keeps bfloat16)"
                       : "");
-    if (config.clip_grad_norm > 0) {  // over the whole model, however it is cut
-      clipper_.emplace(parallel_, *optimizer_, config.clip_grad_norm);
+    if (config.optim.clip_grad_norm > 0) {  // over the whole model, however it is cut
+      clipper_.emplace(parallel_, *optimizer_, config.optim.clip_grad_norm);
       clip_ = [this] { clipper_->clip(amp_); };
     }
     position_ = checkpointer_.resume();  // --resume, or a restart: Note [Resuming after a restart]
@@ -383,8 +336,8 @@ class Trainer {
     data_.train.set_epoch(epoch);  // the order and augmentation of an epoch depend on (seed, epoch) only
     RunningMetrics metrics = epoch == position_.epoch ? position_.metrics : RunningMetrics{};
     const int64_t skip = epoch == position_.epoch ? position_.step_in_epoch : 0;  // resuming mid-epoch
-    ProgressBar bar("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(config_.epochs),
-                    data_.steps_per_epoch, config_.progress && dist_.is_main());
+    ProgressBar bar("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(config_.training.epochs),
+                    data_.steps_per_epoch, config_.metrics.progress && dist_.is_main());
     EpochClock clock;
     int64_t step_in_epoch = 0;
     bool out_of_steps = false;
@@ -394,7 +347,7 @@ class Trainer {
         ++step_in_epoch;
         continue;
       }
-      if (config_.max_steps >= 0 && position_.global_step >= config_.max_steps) {
+      if (config_.training.max_steps >= 0 && position_.global_step >= config_.training.max_steps) {
         out_of_steps = true;
         break;
       }
@@ -418,11 +371,11 @@ class Trainer {
       // After the step, outside its timing: gradients still held, the optimizer's state grown.
       result_.model_state_bytes = nn::model_state_bytes(parallel_.module(), *optimizer_);
       bar.update(step_in_epoch, metrics, dist_.dims().batch_size() * clock.images_per_second());
-      bar.say_expected_duration({config_.epochs, data_.steps_per_epoch, config_.max_steps, config_.batch_size,
-                                 data_.eval_real},
+      bar.say_expected_duration({config_.training.epochs, data_.steps_per_epoch, config_.training.max_steps,
+                                 config_.data.batch_size, data_.eval_real},
                                 times_.step_seconds);  // once, after the first few timed steps
-      if (!config_.checkpoint_dir.empty() && config_.checkpoint_every > 0 &&
-          position_.global_step % config_.checkpoint_every == 0)
+      if (!config_.checkpoint.dir.empty() && config_.checkpoint.every > 0 &&
+          position_.global_step % config_.checkpoint.every == 0)
         checkpointer_.save({epoch, step_in_epoch, position_.global_step, dist_.sum(metrics)});
     }
     bar.finish();
@@ -436,12 +389,13 @@ class Trainer {
     if (dist_.is_main()) {
       // A run cut short by --max-steps says so: "epoch 1/3" alone reads as a third of the plan done.
       const std::string stopped =
-          out_of_steps && !finished ? detail::str("  (stopped by --max-steps ", config_.max_steps, " after step ",
-                                                  step_in_epoch, " of ", data_.steps_per_epoch, " in this epoch)")
-                                    : std::string();
+          out_of_steps && !finished
+              ? detail::str("  (stopped by --max-steps ", config_.training.max_steps, " after step ", step_in_epoch,
+                            " of ", data_.steps_per_epoch, " in this epoch)")
+              : std::string();
       std::printf("epoch %lld/%lld  %s  %s  time %.1fs  %.1f img/s%s\n", static_cast<long long>(epoch + 1),
-                  static_cast<long long>(config_.epochs), metrics.str("train").c_str(), tested.str("test").c_str(),
-                  seconds, images / std::max(seconds, 1e-9), stopped.c_str());
+                  static_cast<long long>(config_.training.epochs), metrics.str("train").c_str(),
+                  tested.str("test").c_str(), seconds, images / std::max(seconds, 1e-9), stopped.c_str());
       std::fflush(stdout);
     }
     checkpointer_.save(finished ? TrainingPosition{epoch + 1, 0, position_.global_step, {}}
@@ -456,8 +410,8 @@ class Trainer {
     result_.median_step_s = median(times_.step_seconds);
     result_.peak_memory_bytes = memory_stats(device()).peak_allocated_bytes;  // --device's own
     print_memory_per_rank(dist_, result_);
-    checkpointer_.save_weights(config_.save);
-    if (dist_.is_main() && !config_.metrics_json.empty()) write_metrics_json(result_, config_.metrics_json);
+    checkpointer_.save_weights(config_.checkpoint.save);
+    if (dist_.is_main() && !config_.metrics.json.empty()) write_metrics_json(result_, config_.metrics.json);
     dist_.barrier();  // nobody leaves (or reads the files) before rank 0 has written them
     return result_;
   }
@@ -466,7 +420,7 @@ class Trainer {
   // The model on its device, with --init's weights, before parallelize cuts or wraps it.
   static std::shared_ptr<nn::Module> loaded(std::shared_ptr<nn::Module> model, const TrainConfig& c, Device device) {
     model->to(device);
-    if (!c.init.empty()) nn::load(*model, c.init);
+    if (!c.model.init.empty()) nn::load(*model, c.model.init);
     return model;
   }
   Device device() const { return device_; }
@@ -494,35 +448,33 @@ class Trainer {
 }  // namespace
 
 TrainResult train_cifar10(const TrainConfig& config) {
-  check_flags(config);
-  if (config.threads > 0) omp_set_num_threads(static_cast<int>(config.threads));
+  check_train_config(config);  // the flag table's rules, whether the config came from flags or code
+  if (config.training.threads > 0) omp_set_num_threads(static_cast<int>(config.training.threads));
   trace::set_thread_name("train");  // this thread's row in a LOOM_TRACE picture
-  manual_seed(config.seed);         // before the data and the model draw anything
+  manual_seed(config.training.seed);  // before the data and the model draw anything
   // Before anything is allocated: --dp-devices / --mp-devices count the devices after
   // --device that --mode dp, mp and pipeline use in this process (a cap on an unused
   // virtual device changes nothing).
   // --estimate-memory: no budget, so that a strategy past it is measured all the same.
-  LOOM_CHECK(!config.estimate_memory || (!config.resume && !config.eval_only), "--estimate-memory predicts the "
-             "memory of training steps from a fresh start; drop --resume and --eval-only");
-  if (!config.estimate_memory)
-    apply_device_memory_limit(config.device_memory_limit, process_device(config),
-                              std::max({config.dp_devices, config.mp_devices, int64_t{1}}));
+  if (!config.training.estimate_memory)
+    apply_device_memory_limit(config.training.device_memory_limit, process_device(config),
+                              std::max({config.parallel.dp_devices, config.parallel.mp_devices, int64_t{1}}));
   // Outside the try: on an error the trainer is destroyed while it unwinds, when its
   // process group is left alone (Distributed::~Distributed) instead of waiting for ranks.
   std::optional<Trainer> trainer;
   int64_t first_step = -1;
   try {
     trainer.emplace(config);  // the data, the parallelized model, the optimizer, the checkpointer; resumed
-    if (config.estimate_memory) return trainer->estimate_memory();
-    if (config.eval_only) return trainer->evaluate_only();
+    if (config.training.estimate_memory) return trainer->estimate_memory();
+    if (config.training.eval_only) return trainer->evaluate_only();
     first_step = trainer->position().global_step;
-    for (int64_t epoch = trainer->position().epoch; epoch < config.epochs; ++epoch)
+    for (int64_t epoch = trainer->position().epoch; epoch < config.training.epochs; ++epoch)
       if (!trainer->train_epoch(epoch)) break;  // --max-steps reached
     return trainer->finish();
   } catch (const OutOfMemoryError& e) {
     // The first two steps find out whether the strategy fits (the second is the first with
     // the optimizer's state); an error after them is not about the strategy.
-    if (config.estimate_memory || config.eval_only ||
+    if (config.training.estimate_memory || config.training.eval_only ||
         (trainer && first_step >= 0 && trainer->position().global_step >= first_step + 2))
       throw;
     throw_with_advice(e, config);  // Note [Advice after an out-of-memory error]

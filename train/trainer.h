@@ -19,12 +19,31 @@
 
 namespace loom::training {
 
-struct TrainConfig {
-  std::optional<std::string> data;  // CIFAR-10 root; see data::find_cifar10_root
-  std::string model = "resnet18";   // a name nn::make_model knows; tiny: a narrow ResNet for tests and demos
-  int64_t epochs = 3;
-  int64_t max_steps = -1;  // stop after this many optimizer steps (all epochs); -1: no limit
-  int64_t batch_size = 128;
+// The run's settings, in sections as torchtitan's JobConfig (and as --help groups the
+// flags: train/command_line.cpp binds each flag to one field here, whose value is its
+// default). A program or test fills one and calls train_cifar10(config).
+struct ModelConfig {
+  std::string name = "resnet18";  // a registered ModelSpec's name (train/model_spec.h); tiny: a narrow ResNet
+  std::string init;               // safetensors weights to start from
+  // none | full | selective: recompute each block's activations in its backward (every
+  // block, or every selective_ac_option-th): apply_ac, train/parallelize.h.
+  std::string activation_checkpoint = "none";
+  int64_t selective_ac_option = 2;
+};
+
+struct DataConfig {
+  std::optional<std::string> root;  // CIFAR-10 folder; see data::find_cifar10_root
+  bool synthetic = false;           // random CIFAR-shaped data: throughput without I/O
+  int64_t synthetic_size = 50000;
+  int64_t batch_size = 128;  // per process
+  int64_t workers = 2;
+  bool augment = true;
+  bool shuffle = true;
+  int64_t eval_limit = -1;  // evaluate on at most this many test images; -1: all
+};
+
+struct OptimConfig {
+  std::string name = "sgd";  // sgd | adamw (weight decay decoupled; none on biases, norms, embeddings)
   double lr = 0.1;
   double momentum = 0.9;
   double weight_decay = 5e-4;
@@ -32,72 +51,85 @@ struct TrainConfig {
   double label_smoothing = 0.0;
   std::string schedule = "none";  // none | cosine | onecycle | warmup_cosine (stepped every optimizer step)
   double warmup_epochs = 1;       // warmup_cosine: epochs of linear warm-up before the cosine
-  std::string optimizer = "sgd";  // sgd | adamw (weight decay decoupled; none on biases, norms, embeddings)
   double clip_grad_norm = 0;      // > 0: clip the whole model's gradient 2-norm to it before each step
-  int64_t workers = 2;
-  int64_t threads = 0;  // OpenMP threads for compute; 0 = the runtime's default
+  std::string lr_scaling = "none";  // none | linear (lr x data-parallel replicas: the global batch grew)
+};
+
+struct TrainingConfig {
+  int64_t epochs = 3;
+  int64_t max_steps = -1;  // stop after this many optimizer steps (all epochs); -1: no limit
   uint64_t seed = 0;
   std::string device = "cpu";
-  std::string device_memory_limit;  // "1.5GiB": a budget per device of this process (train/device.h); "": none
-  std::string amp = "none";    // none | bf16 | fp16 (train/mixed_precision.h)
+  int64_t threads = 0;                 // OpenMP threads for compute; 0 = the runtime's default
+  std::string device_memory_limit;     // "1.5GiB": a budget per device of this process (train/device.h); "": none
+  std::string amp = "none";            // none | bf16 | fp16 (train/mixed_precision.h)
   std::string memory_format = "auto";  // auto | contiguous | channels_last (train/device.h)
-  bool augment = true;
-  bool shuffle = true;
-  std::string init;            // safetensors weights to start from
-  std::string save;            // write final weights here (safetensors)
-  std::string checkpoint_dir;  // full training state, written every checkpoint_every steps and each epoch
-  int64_t checkpoint_every = 100;  // 0: only at epoch ends (and when --max-steps stops the run)
-  bool resume = false;
-  // full | sharded (PyTorch's FULL_STATE_DICT | SHARDED_STATE_DICT); "": sharded under
-  // fsdp or ZeRO-1, full elsewhere. Note [Sharded checkpoints in train_cifar10].
-  std::string checkpoint_format;
   bool eval_only = false;
-  bool synthetic = false;      // random CIFAR-shaped data: throughput without I/O
-  int64_t synthetic_size = 50000;
-  int64_t eval_limit = -1;     // evaluate on at most this many test images; -1: all
-  std::string metrics_json;
-  bool progress = true;
   // Print each rank's predicted peak memory instead of training: shape-only steps
   // (train/estimate_memory.h).
   bool estimate_memory = false;
-  // Data parallelism; the defaults are one process on one device. dp: DataParallel, one
-  // process over dp_devices devices (parallel/data_parallel.h); ddp: one process per
-  // device under loomrun (train/distributed.h).
-  // mp: the model cut into stages on mp_devices devices (parallel/model_parallel.h);
-  // pipeline: those stages on threads of their own, over micro-batches
-  // (parallel/pipeline/pipeline.h).
+};
+
+struct ParallelConfig {
+  // One process on one device by default. dp: DataParallel, one process over dp_devices
+  // devices (parallel/data_parallel.h); ddp, fsdp: presets of the degrees below, one
+  // process per device under loomrun (train/degrees.h). mp: the model cut into stages on
+  // mp_devices devices (parallel/model_parallel.h); pipeline: those stages on threads of
+  // their own, over micro-batches (parallel/pipeline/pipeline.h).
   std::string mode = "single";       // single | dp | mp | pipeline | ddp | fsdp
   int64_t dp_devices = 0;            // dp: devices to use; 0 = every GPU (cuda), 2 (cpu)
   int64_t mp_devices = 2;            // mp, pipeline: stages, one device each
-  int64_t microbatches = 4;          // pipeline: micro-batches per batch (--microbatches; torchgpipe's --chunks)
-  std::string pipeline_schedule = "1f1b";  // pipeline: gpipe | 1f1b | interleaved_1f1b
-  int64_t virtual_stages = 1;        // pipeline, interleaved_1f1b: virtual stages per stage (V)
-  std::vector<int64_t> balance;      // pipeline, mp: layers per virtual stage (stages x V); empty: by balance_by
-  std::string balance_by = "cost";   // pipeline, mp: cost | time (Note [Stage balance], parallel/balance.h)
-  // The degrees across processes (train/degrees.h): 0 = not given (--mode's preset).
+  // The degrees across processes (train/degrees.h): 0 = not given (mode's preset).
   int64_t pp = 1;                    // pipeline stages as processes (under loomrun), one per rank
   int64_t dp_replicate = 0;          // replicas (DistributedDataParallel)
   int64_t dp_shard = 0;              // shards (FullyShardedDataParallel); -1: what the world leaves
   int64_t tp = 1;                    // tensor-parallel ranks
-  std::string pipeline_checkpoint = "never";  // pipeline: never | except_last | always (recompute activations)
-  // none | full | selective: recompute each block's activations in its backward (every
-  // block, or every selective_ac_option-th): apply_ac, train/parallelize.h.
-  std::string activation_checkpoint = "none";
-  int64_t selective_ac_option = 2;
-  std::string backend;               // ddp: gloo | nccl; "" = nccl on CUDA, gloo on CPU
-  bool sync_bn = false;              // ddp: BatchNorm2d statistics over every rank
-  std::string lr_scaling = "none";   // none | linear (lr x world size: the global batch grew)
-  double bucket_cap_mb = 25;         // ddp: gradient bucket size
-  bool zero_redundancy_optimizer = false;  // ddp: ZeRO-1, each rank the optimizer state of its partition
-  std::string sharding_strategy = "full_shard";  // fsdp: full_shard | shard_grad_op | no_shard | hybrid_shard
-  int64_t shard_group_size = 0;      // fsdp hybrid_shard: ranks per shard group (must divide the world)
-  // --dp-shard: default | always | never (torchtitan's fsdp_reshard_after_forward): free a
-  // unit's parameters after its forward. default: always, but never under --pp, where a
-  // stage's units stay gathered through the step's micro-batches.
+  // Pipelines (pp > 1, mode pipeline).
+  int64_t microbatches = 4;                   // micro-batches per batch (torchgpipe's chunks)
+  std::string pipeline_schedule = "1f1b";     // gpipe | 1f1b | interleaved_1f1b
+  int64_t virtual_stages = 1;                 // interleaved_1f1b: virtual stages per stage (V)
+  std::vector<int64_t> balance;               // layers per virtual stage (stages x V); empty: by balance_by
+  std::string balance_by = "cost";            // cost | time (Note [Stage balance], parallel/balance.h)
+  std::string pipeline_checkpoint = "never";  // never | except_last | always (recompute activations)
+  // Data parallelism across processes.
+  std::string backend;                           // gloo | nccl; "" = nccl on CUDA, gloo on CPU
+  bool sync_bn = false;                          // BatchNorm2d statistics over every data-parallel rank
+  double bucket_cap_mb = 25;                     // DDP's gradient bucket size
+  bool zero_redundancy_optimizer = false;        // ZeRO-1, each rank the optimizer state of its partition
+  std::string sharding_strategy = "full_shard";  // full_shard | shard_grad_op | no_shard | hybrid_shard
+  int64_t shard_group_size = 0;                  // hybrid_shard: ranks per shard group (must divide the world)
+  // default | always | never (torchtitan's fsdp_reshard_after_forward): free a unit's
+  // parameters after its forward. default: always, but never under pp, where a stage's
+  // units stay gathered through the step's micro-batches.
   std::string reshard_after_forward = "default";
-  // --dp-shard: flat (FSDP1: each unit's parameters in one buffer cut in N) | per_parameter
-  // (FSDP2's fully_shard: every parameter cut on dim 0, stepped under its own name).
+  // flat (FSDP1: each unit's parameters in one buffer cut in N) | per_parameter (FSDP2's
+  // fully_shard: every parameter cut on dim 0, stepped under its own name).
   std::string fsdp_layout = "per_parameter";
+};
+
+struct CheckpointConfig {
+  std::string save;     // write the final weights here (safetensors)
+  std::string dir;      // full training state, written every `every` steps and each epoch
+  int64_t every = 100;  // 0: only at epoch ends (and when max_steps stops the run)
+  bool resume = false;
+  // full | sharded (PyTorch's FULL_STATE_DICT | SHARDED_STATE_DICT); "": sharded where the
+  // ranks hold different state, full elsewhere. Note [Sharded checkpoints in train_cifar10].
+  std::string format;
+};
+
+struct MetricsConfig {
+  std::string json;      // write the final metrics here
+  bool progress = true;  // the progress bar and set-up lines
+};
+
+struct TrainConfig {
+  ModelConfig model;
+  DataConfig data;
+  OptimConfig optim;
+  TrainingConfig training;
+  ParallelConfig parallel;
+  CheckpointConfig checkpoint;
+  MetricsConfig metrics;
 };
 
 struct TrainResult {
