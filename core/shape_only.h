@@ -17,7 +17,9 @@
 //
 // - The switch is process-wide, not per thread: pipeline stages, DataParallel replicas,
 //   DataLoader workers and OpenMP teams run on threads of their own and must all skip
-//   arithmetic. Turn it on before starting the work it covers.
+//   arithmetic. Turn it on before starting the work it covers. It counts its guards, so
+//   that ranks run as threads of one process (the memory estimator's advice) can each hold
+//   one: the switch stays on until the last of them ends, not the first.
 // - DispatchStub::operator() (core/dispatch.h) hands out a no-op of the kernel's
 //   signature while it is on; kernels return void (they fill outputs), so nothing else
 //   changes for the caller.
@@ -45,24 +47,22 @@
 namespace loom {
 
 namespace detail {
-// One flag for the process (an inline variable is one object across libloom and the
-// programs that include this header).
-inline std::atomic<bool> shape_only_flag{false};
+// One count for the process (an inline variable is one object across libloom and the
+// programs that include this header): the guards alive now, in any thread.
+inline std::atomic<int> shape_only_guards{0};
 }  // namespace detail
 
 // Whether kernels are skipped now (Note [Shape-only runs]).
-inline bool shape_only() { return detail::shape_only_flag.load(std::memory_order_relaxed); }
+inline bool shape_only() { return detail::shape_only_guards.load(std::memory_order_relaxed) > 0; }
 
-// Skips every kernel, in every thread, for its lifetime; restores the previous state.
+// Skips every kernel, in every thread, for its lifetime (and for as long as any other
+// guard lives).
 class ShapeOnlyGuard {
  public:
-  ShapeOnlyGuard() : previous_(detail::shape_only_flag.exchange(true)) {}
-  ~ShapeOnlyGuard() { detail::shape_only_flag.store(previous_); }
+  ShapeOnlyGuard() { detail::shape_only_guards.fetch_add(1); }
+  ~ShapeOnlyGuard() { detail::shape_only_guards.fetch_sub(1); }
   ShapeOnlyGuard(const ShapeOnlyGuard&) = delete;
   ShapeOnlyGuard& operator=(const ShapeOnlyGuard&) = delete;
-
- private:
-  bool previous_;
 };
 
 }  // namespace loom

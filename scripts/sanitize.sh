@@ -47,8 +47,9 @@ if [ "$kind" = thread ]; then
           test_pipeline_stage test_pipeline_ddp test_zero_redundancy_optimizer test_fsdp
           test_distributed_checkpoint test_balance test_parallel_dims test_pipeline_sharding test_comm_traffic
           test_traffic_modes test_dtensor test_tensor_parallel test_activation_checkpoint test_kernel_benchmark
-          test_fully_shard test_sharded_grad_scaler test_conv2d test_resharding_checkpoint)
-  targets=$(printf 'tests/%s ' "${wanted[@]}")" parallel/loomrun tests/loomrun_worker"
+          test_fully_shard test_sharded_grad_scaler test_conv2d test_resharding_checkpoint test_memory_estimate)
+  # test_memory_estimate: the memory advice runs its alternatives' ranks as threads in-process.
+  targets=$(printf 'tests/%s ' "${wanted[@]}")" parallel/loomrun tests/loomrun_worker examples/train_cifar10"
 else
   wanted=($(meson introspect "$dir" --tests | python3 -c 'import json,sys; print(" ".join(t["name"] for t in json.load(sys.stdin)))'))
   targets=""

@@ -151,9 +151,11 @@ TEST_CASE("bfloat16 convolutions fall back to float32 where its kernels are fast
   KernelChoices table;
   ScopedKernelChoices scope(table);
   BenchmarkOn on;
-  // A CPU whose bf16 kernels are slow: every bf16 candidate's time x100.
+  // A CPU whose bf16 kernels are slow: every bf16 candidate's time plus a second, which no
+  // preemption of the float32 candidate's timing on a loaded machine can outweigh (a
+  // factor could: the kernels take microseconds).
   cpu::autotune::set_timing_adjustment_for_testing(
-      [](const std::string& name, double seconds) { return name == "float32" ? seconds : seconds * 100; });
+      [](const std::string& name, double seconds) { return name == "float32" ? seconds : seconds + 1.0; });
   Tensor x = randn({2, 16, 8, 8}).to(kBFloat16), w = (randn({16, 16, 3, 3}) * 0.1).to(kBFloat16);
   Tensor y = conv2d(x, w, Tensor(), {1}, {1});
   int bf16_keys = 0;
@@ -179,7 +181,7 @@ TEST_CASE("autocast keeps a convolution in float32 where it measured faster, cas
     // The layer's candidates are named by dtype; slowing "float32" also slows the
     // per-pass float32 fallback of bfloat16 passes, which only keeps them in bfloat16.
     cpu::autotune::set_timing_adjustment_for_testing([bf16_slow](const std::string& name, double seconds) {
-      return name == (bf16_slow ? "bfloat16" : "float32") ? seconds * 100 : seconds;
+      return name == (bf16_slow ? "bfloat16" : "float32") ? seconds + 1.0 : seconds;  // as above: no noise outweighs it
     });
     Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
     Tensor y;

@@ -3,7 +3,8 @@
 // each rank is within 10% of what training measures (max_memory_allocated, as the
 // trainer's "memory per rank" line prints it) in one process, under DDP, FSDP and a
 // pipeline over processes; and an out-of-memory error in the first steps names the
-// strategies that would fit, on one rank and on two (without a hang).
+// strategies that would fit, on one rank and on two (without a hang), each estimated in the
+// failing process with the figures a run of processes gives.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -16,6 +17,7 @@
 #include "core/shape_only.h"   // defines: ShapeOnlyGuard
 #include "nn/resnet.h"         // defines: resnet_tiny
 #include "process_launch.h"    // defines: Launch, Result, path_from_env, contains, under_loomrun
+#include "train/memory_advice.h"  // defines: memory_advice (ranks as threads of this process)
 
 using namespace loom;
 using namespace loom::testing;
@@ -148,5 +150,64 @@ TEST_CASE("an out-of-memory error in the first steps lists the strategies that w
     CHECK(r.code != 0);
     CHECK_MESSAGE(contains(r.output, "Pipeline: stage 0 (cpu:1) failed"), r.output);
     CHECK_MESSAGE(contains(r.output, "Predicted peak per rank of the alternatives"), r.output);
+  }
+}
+
+// The numbers after `key` on the advice's line for `flags` ("rank peaks 12.6, 12.6 MiB").
+static std::vector<double> advised_peaks(const std::string& advice, const std::string& flags, const std::string& key) {
+  const size_t line = advice.find(flags + " ");
+  REQUIRE_MESSAGE(line != std::string::npos, ("no '" + flags + "' in:\n" + advice));
+  const size_t end = advice.find('\n', line);
+  std::string rest = advice.substr(line, end == std::string::npos ? std::string::npos : end - line);
+  const size_t at = rest.find(key);
+  REQUIRE_MESSAGE(at != std::string::npos, ("no '" + key + "' on: " + rest));
+  rest = rest.substr(at + key.size());
+  std::vector<double> out;
+  for (size_t pos = 0; pos < rest.size();) {
+    size_t used = 0;
+    out.push_back(std::stod(rest.substr(pos), &used));
+    pos = rest.find(',', pos + used);
+    if (pos == std::string::npos) break;
+    ++pos;
+  }
+  return out;
+}
+
+TEST_CASE("the advice estimates each alternative in this process, with the figures a run of processes gives") {
+  // The advice's alternatives run as threads here (Note [Advice after an out-of-memory
+  // error]); each is compared with train_cifar10 --estimate-memory under loomrun (or alone).
+  training::TrainConfig config;
+  config.model.name = "tiny";
+  config.data.synthetic = true;
+  config.data.batch_size = 32;
+  config.data.workers = 0;
+  config.training.threads = 1;
+  config.training.device = "cpu:1";
+  config.metrics.progress = false;
+  const std::string advice = training::memory_advice(config, 1);
+  INFO(advice);
+  const struct {
+    std::string flags;
+    int ranks;
+    std::string key;
+  } cases[] = {{"--mode ddp", 2, "rank peaks"},
+               {"--mode ddp --zero-redundancy-optimizer", 2, "rank peaks"},
+               {"--mode fsdp --sharding-strategy full_shard", 2, "rank peaks"},
+               {"--pp 2", 2, "rank peaks"},
+               {"--batch-size 16", 1, "peak"}};
+  for (const auto& c : cases) {
+    CAPTURE(c.flags);
+    const std::vector<double> advised = advised_peaks(advice, c.flags, c.key);
+    Result r = Launch(train_cifar10(c.ranks, c.flags + " --estimate-memory")).finish();
+    REQUIRE_MESSAGE(r.code == 0, r.output);
+    REQUIRE(static_cast<int>(advised.size()) == c.ranks);
+    for (int rank = 0; rank < c.ranks; ++rank) {
+      const double estimated =
+          c.ranks == 1 ? number_after(r.output, "  cpu:1: peak", ": peak ")
+                       : number_after(r.output, "  rank " + std::to_string(rank) + ": peak", ": peak ");
+      CHECK_MESSAGE(std::abs(advised[static_cast<size_t>(rank)] - estimated) <= 0.02 * estimated + 0.1,
+                    c.flags, " rank ", rank, ": advised ", advised[static_cast<size_t>(rank)], " MiB, estimated ",
+                    estimated, " MiB under processes");
+    }
   }
 }

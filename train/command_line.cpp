@@ -269,11 +269,6 @@ void check_train_config(const TrainConfig& config) {
   table.flags.check();
 }
 
-std::vector<Flags::Info> train_flags() {
-  CommandLine line;
-  return line.flags.list();
-}
-
 int train_main(int argc, char** argv) {
   try {
     train_cifar10(parse_train_flags(argc, argv));

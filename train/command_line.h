@@ -9,9 +9,7 @@
 // table, one place for each rule], command_line.cpp); check_train_config runs them.
 #pragma once
 
-#include <vector>
 
-#include "train/flags.h"    // defines: Flags::Info
 #include "train/trainer.h"  // defines: TrainConfig
 
 namespace loom::training {
@@ -22,10 +20,6 @@ TrainConfig parse_train_flags(int argc, char** argv);
 // Every rule of the table on `config`, however it was filled: a loom::Error naming the
 // flag (or flags) and what was expected. train_cifar10 calls it first.
 void check_train_config(const TrainConfig& config);
-
-// Every flag of the table: its section, name and whether it is a switch (for programs that
-// rewrite a train_cifar10 command line: the memory estimator's advice).
-std::vector<Flags::Info> train_flags();
 
 // parse_train_flags, then train_cifar10; a loom::Error is printed as one line and
 // returns 1. A program that registers its own models (register_model_spec,

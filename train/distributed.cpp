@@ -12,7 +12,7 @@ namespace loom::training {
 
 namespace dist = loom::distributed;
 
-Distributed::Distributed(const TrainConfig& config) {
+Distributed::Distributed(const TrainConfig& config, distributed::World* world) {
   if (!needs_process_group(config)) {
     LOOM_CHECK(!config.parallel.sync_bn,
                "--sync-bn needs data-parallel processes (--mode ddp or fsdp, --dp-replicate or "
@@ -30,18 +30,27 @@ Distributed::Distributed(const TrainConfig& config) {
   // but it lets ranks share one GPU, as with PyTorch.
   // make_communicator says clearly when a backend is not built into this loom (nccl
   // needs the CUDA backend and NCCL; gloo needs libgloo-dev).
-  dist::init_process_group(backend);
-  comm_ = dist::default_group();
+  if (world != nullptr) {
+    std::vector<int> everyone(static_cast<size_t>(world->size));
+    for (int r = 0; r < world->size; ++r) everyone[static_cast<size_t>(r)] = r;
+    comm_ = dist::new_group(*world, everyone, "world");
+  } else {
+    dist::init_process_group(backend);
+    comm_ = dist::default_group();
+    joined_process_group_ = true;
+  }
   rank_ = comm_->rank();
   world_ = comm_->size();
   dims_ = parallel_dims_from_flags(config, world_);
   at_ = dims_.coordinates(rank_);  // Note [Every rank coordinate comes from the mesh]
   if (rank_ == 0 && config.metrics.progress) std::fprintf(stderr, "parallel dims: %s\n", dims_.str().c_str());
-  mesh_.emplace(dims_.build_mesh(device.is_cuda() ? "cuda" : "cpu"));
+  const std::string device_type = device.is_cuda() ? "cuda" : "cpu";
+  if (world != nullptr) mesh_.emplace(dims_.build_mesh(device_type, *world));
+  else mesh_.emplace(dims_.build_mesh(device_type));
 }
 
 Distributed::~Distributed() {
-  if (!comm_ || std::uncaught_exceptions() > 0) return;
+  if (!joined_process_group_ || std::uncaught_exceptions() > 0) return;
   try {
     comm_.reset();
     dist::destroy_process_group();

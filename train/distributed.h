@@ -33,6 +33,7 @@
 #include "train/progress.h"
 #include "train/trainer.h"
 #include "parallel/comm/communicator.h"
+#include "parallel/comm/new_group.h"   // defines: World (ranks as threads)
 #include "parallel/device_mesh.h"          // defines: DeviceMesh
 
 namespace loom::training {
@@ -40,8 +41,10 @@ namespace loom::training {
 class Distributed {
  public:
   // Resolves the degrees (degrees.h); across processes joins the process group, prints
-  // them once and builds their mesh (collectives).
-  explicit Distributed(const TrainConfig& config);
+  // them once and builds their mesh (collectives). With `world`, the ranks are that world's
+  // (threads of this process, each with its own World over one store: the memory
+  // estimator's advice) and no process group is joined.
+  explicit Distributed(const TrainConfig& config, distributed::World* world = nullptr);
   // Leaves the process group, after every rank has arrived (not while unwinding an
   // error: then the process exits and loomrun stops the others).
   ~Distributed();
@@ -83,6 +86,7 @@ class Distributed {
 
  private:
   std::shared_ptr<distributed::Communicator> comm_;  // the whole world's
+  bool joined_process_group_ = false;                // comm_ is the default group: leave it at the end
   int rank_ = 0, world_ = 1;
   distributed::ParallelDims dims_;
   distributed::ParallelDims::Coordinates at_;  // this rank's place: at_.batch is the shard of data it reads

@@ -1,6 +1,6 @@
 // train_cifar10 --estimate-memory: each rank's (or, in one process, each device's) peak
 // memory for the chosen strategy and degrees, predicted in seconds without training; and
-// after an out-of-memory error in the first steps, the strategies that would fit.
+// after an out-of-memory error in the first steps, the strategies that would fit (memory_advice.h).
 //
 //   build/examples/train_cifar10 --estimate-memory --batch-size 256
 //   build/parallel/loomrun --standalone --nproc_per_node 2 build/examples/train_cifar10
@@ -30,22 +30,7 @@
 // the activations' share. Evaluation (at batch 256, without gradients) is not estimated.
 // No budget is applied during the estimate, so that a strategy past it is still
 // measured; the line says whether the peak fits under --device-memory-limit.
-//
-// Note [Advice after an out-of-memory error]
-// An OutOfMemoryError in the first two steps (the second is the first with the optimizer's
-// state, and often the peak), or while the model is being set up, is
-// reported with the predicted peak of the strategies that could take its place, under
-// the same flags and budget: DDP, ZeRO-1, FSDP's shard_grad_op and full_shard and a
-// pipeline over as many ranks (at least 2), and the same strategy at half the batch. Each
-// is a `train_cifar10 --estimate-memory` run of its own (under loomrun where it needs
-// ranks), started by the rank that failed: the failed run still holds its memory and its
-// process group, so nothing can be measured in it. Under loomrun the first failing rank
-// (a counter in the job's store) gives the advice; others that failed wait for it, so
-// that their exit does not make loomrun stop it; ranks that did not fail wait in their
-// collectives until it exits, and loomrun then stops them (Note [How loomrun stops a job]).
-// LOOM_OOM_ADVICE=0 leaves the error as it is (a benchmark that runs into the budget on
-// purpose wants the error, not the estimates after each); so does a program other than
-// train_cifar10 that calls train_cifar10(), since the estimates rerun the program.
+
 #pragma once
 
 #include <cstdint>
@@ -54,7 +39,6 @@
 #include <vector>
 
 #include "core/device.h"                  // defines: Device
-#include "core/memory.h"                  // defines: OutOfMemoryError
 #include "train/distributed.h"   // defines: Distributed (ranks, all_gather)
 #include "train/trainer.h"       // defines: TrainConfig, TrainResult
 #include "nn/module.h"                    // defines: Module
@@ -99,9 +83,14 @@ void report_memory_estimate(const std::vector<DeviceMemoryEstimate>& estimates, 
 // The text of one estimate line (for tests and the report).
 std::string format_estimate(const std::string& where, const DeviceMemoryEstimate& e, int64_t limit);
 
-// Note [Advice after an out-of-memory error]: `error` with the predicted peak of each
-// alternative strategy appended. Runs train_cifar10 --estimate-memory for each (seconds
-// each); under loomrun one rank advises and the others wait for it. Never returns.
-[[noreturn]] void throw_with_advice(const OutOfMemoryError& error, const TrainConfig& config);
+// The estimate of `config`'s training step on this rank's devices, made by a trainer built
+// for it (Note [How the memory estimate is made]), without the report. `world`: the ranks
+// as threads of this process (Distributed), or null for the process's own group.
+// Defined with the trainer (trainer.cpp).
+std::vector<DeviceMemoryEstimate> estimate_memory_of(const TrainConfig& config, distributed::World* world);
+
+// The bytes `config`'s training and test sets take on `cpu` (where they are loaded) once
+// made: what a rank that trains on `cpu` holds for its data, beside its model.
+int64_t data_set_bytes(const TrainConfig& config);
 
 }  // namespace loom::training

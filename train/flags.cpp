@@ -110,12 +110,6 @@ void Flags::check() const {
   for (const auto& rule : rules_) rule();
 }
 
-std::vector<Flags::Info> Flags::list() const {
-  std::vector<Info> out;
-  for (const auto& flag : flags_) out.push_back({flag->section, flag->name, flag->is_switch});
-  return out;
-}
-
 template int64_t& Flags::add<int64_t>(const std::string&, int64_t, const std::string&);
 template double& Flags::add<double>(const std::string&, double, const std::string&);
 template std::string& Flags::add<std::string>(const std::string&, std::string, const std::string&);

@@ -46,13 +46,6 @@ class Flags {
   // Every rule, in the table's order.
   void check() const;
 
-  // The table itself, for programs that rewrite a command line (train/estimate_memory.cpp).
-  struct Info {
-    std::string section, name;
-    bool is_switch = false;  // takes no value
-  };
-  std::vector<Info> list() const;
-
   void parse(int argc, char** argv);
   // Whether the user gave this flag (vs its default).
   bool given(const std::string& name) const;

@@ -1,7 +1,7 @@
 // ParallelModel: the model as parallelize() cut and wrapped it on this rank, and the one
 // interface the rest of the trainer uses on it, whatever the parallelisms:
 //
-//   ParallelModel parallel = parallelize(model, dims, mesh, config, device, criterion);
+//   ParallelModel parallel = parallelize(model, dims, mesh, world, config, device, criterion);
 //   parallel.module()(images);                    // forward (no pipeline)
 //   parallel.pipeline()->step(images, labels);    // forward and backward (a pipeline)
 //   build_optimizer(parallel.module().parameters(), ...);   // what this rank steps

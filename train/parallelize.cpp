@@ -121,12 +121,12 @@ static InProcessStages apply_model_parallel(nn::Module& model, const distributed
 
 std::shared_ptr<parallel::pipeline::PipelineStage> apply_pipeline(nn::Module& model,
                                                                   std::shared_ptr<distributed::Communicator> pp_group,
+                                                                  std::shared_ptr<distributed::Communicator> world,
                                                                   const distributed::ParallelDims& dims,
                                                                   const TrainConfig& config, Device device,
                                                                   nn::CrossEntropyLoss& criterion) {
   // The balance is agreed over the world: under pp x dp the replicas of a stage must cut
   // alike too (Note [One balance for every rank]).
-  auto world = distributed::default_group();
   auto layers = nn::sequential_view(model);
   check_balance_flag(config, pp_group->size() * config.parallel.virtual_stages, static_cast<int64_t>(layers->size()));
   auto stage = parallel::pipeline::apply_pipeline_processes(
@@ -146,7 +146,7 @@ std::shared_ptr<parallel::pipeline::PipelineStage> apply_pipeline(nn::Module& mo
   return stage;
 }
 
-std::vector<std::string> apply_ac(nn::Module& model, const TrainConfig& config) {
+std::vector<std::string> apply_ac(nn::Module& model, const TrainConfig& config, bool log) {
   if (config.model.activation_checkpoint == "none") return {};
   const std::set<std::string> blocks = model_spec(config.model.name).block_types;
   const int64_t every = config.model.activation_checkpoint == "selective" ? config.model.selective_ac_option : 1;
@@ -157,20 +157,20 @@ std::vector<std::string> apply_ac(nn::Module& model, const TrainConfig& config) 
              " checkpoints residual blocks "
              "and encoder layers, and the ",
              model.type_name(), " has none");
-  if (config.metrics.progress && distributed::is_main_process())
+  if (config.metrics.progress && log)
     std::fprintf(stderr, "activation checkpointing: %zu blocks recompute their activations in backward\n", marked.size());
   return marked;
 }
 
 distributed::StatePlacements apply_tp(nn::Module& model, std::shared_ptr<distributed::Communicator> tp_group,
-                                      const TrainConfig& config) {
+                                      const TrainConfig& config, bool log) {
   const int tp = tp_group->size();
   const ModelSpec& spec = model_spec(config.model.name);
   LOOM_CHECK(spec.tp_plan != nullptr, "--tp splits a model by its family's plan, and the ", spec.family,
              " family (--model ", config.model.name, ") has none (ModelSpec::tp_plan, train/model_spec.h)");
   distributed::StatePlacements placements =
       distributed::parallelize_module(model, std::move(tp_group), spec.tp_plan(model, tp));
-  if (config.metrics.progress && distributed::default_group()->rank() == 0)
+  if (config.metrics.progress && log)
     std::fprintf(stderr, "tensor parallel over %d ranks: %zu tensors split\n", tp, placements.size());
   return placements;
 }
@@ -232,10 +232,11 @@ static void shard_pipeline_stage(ParallelModel& out, std::shared_ptr<parallel::p
 }
 
 ParallelModel parallelize(std::shared_ptr<nn::Module> model, const distributed::ParallelDims& dims,
-                          const distributed::DeviceMesh* mesh, const TrainConfig& config, Device device,
-                          nn::CrossEntropyLoss& criterion) {
+                          const distributed::DeviceMesh* mesh, std::shared_ptr<distributed::Communicator> world,
+                          const TrainConfig& config, Device device, nn::CrossEntropyLoss& criterion) {
   ParallelModel out(model, dims, mesh);
-  apply_ac(*model, config);  // first: marks in place, which every cut and wrapper below keeps
+  const bool log = mesh == nullptr || mesh->rank() == 0;  // set-up lines once per run, not once per rank
+  apply_ac(*model, config, log);  // first: marks in place, which every cut and wrapper below keeps
   if (dims.dp_devices_enabled()) {  // in one process, over several devices
     out.set_whole_part({apply_data_parallel(model, dims.dp_devices, config, device), nullptr});
     return out;
@@ -255,9 +256,9 @@ ParallelModel parallelize(std::shared_ptr<nn::Module> model, const distributed::
              dims.str(), "); drop --sync-bn");
   if (config.parallel.sync_bn) nn::convert_sync_batchnorm(model, mesh->group("batch"));
   if (dims.pp_enabled()) {  // the pipeline split first; then each stage's parts
-    auto stage = apply_pipeline(*model, mesh->group("pp"), dims, config, device, criterion);
+    auto stage = apply_pipeline(*model, mesh->group("pp"), world, dims, config, device, criterion);
     // The stage runs the model's own layers, so splitting them splits the stage's.
-    if (dims.tp_enabled()) out.set_tp_placements(apply_tp(*model, mesh->group("tp"), config));
+    if (dims.tp_enabled()) out.set_tp_placements(apply_tp(*model, mesh->group("tp"), config, log));
     if (dims.dp_shard_enabled()) {
       shard_pipeline_stage(out, stage, dims, *mesh, config);
       return out;
@@ -267,7 +268,7 @@ ParallelModel parallelize(std::shared_ptr<nn::Module> model, const distributed::
     out.set_stage(stage, {}, nullptr);  // its step: this rank's stage; the loss on every rank
     return out;
   }
-  if (dims.tp_enabled()) out.set_tp_placements(apply_tp(*model, mesh->group("tp"), config));
+  if (dims.tp_enabled()) out.set_tp_placements(apply_tp(*model, mesh->group("tp"), config, log));
   if (dims.dp_shard_enabled()) {  // FSDP over each rank's tp shards: 2-D, as FSDP2 on a DTensor model
     // As torchtitan's apply_fsdp: the last block stays gathered from its forward to its
     // backward, beside the head (Note [Which units stay gathered], parallel/fsdp/runtime.cpp).

@@ -12,7 +12,7 @@
 //
 //   auto dims = parallel_dims_from_flags(config, world_size);   // degrees.h
 //   auto mesh = dims.build_mesh("cpu");                         // under loomrun
-//   ParallelModel parallel = parallelize(model, dims, &mesh, config, device, criterion);
+//   ParallelModel parallel = parallelize(model, dims, &mesh, world, config, device, criterion);
 //   optim::SGD optimizer(parallel.module().parameters(), ...);   // this rank's parameters
 //
 // The loop then calls parallel.module() (forward) or, under a pipeline, parallel.pipeline()
@@ -40,10 +40,11 @@
 namespace loom::training {
 
 // --pp: this process's stage of the pipeline over mesh "pp" (parallel/pipeline/
-// pipeline_processes.h); --balance agreed over the world; --microbatches micro-batches
+// pipeline_processes.h); --balance agreed over `world`; --microbatches micro-batches
 // under --pipeline-schedule (--virtual-stages virtual stages per stage).
 std::shared_ptr<parallel::pipeline::PipelineStage> apply_pipeline(nn::Module& model,
                                                                   std::shared_ptr<distributed::Communicator> pp_group,
+                                                                  std::shared_ptr<distributed::Communicator> world,
                                                                   const distributed::ParallelDims& dims,
                                                                   const TrainConfig& config, Device device,
                                                                   nn::CrossEntropyLoss& criterion);
@@ -51,14 +52,14 @@ std::shared_ptr<parallel::pipeline::PipelineStage> apply_pipeline(nn::Module& mo
 // ac: --activation-checkpoint full marks every block (the types FSDP makes units of:
 // residual blocks, encoder layers), selective every --selective-ac-option-th, for
 // nn::checkpoint (Note [Activation checkpointing], nn/checkpoint.h); none marks nothing.
-// Returns the names marked.
-std::vector<std::string> apply_ac(nn::Module& model, const TrainConfig& config);
+// Returns the names marked; with `log` (one rank of the run) says how many.
+std::vector<std::string> apply_ac(nn::Module& model, const TrainConfig& config, bool log);
 
 // tp: the model's plan over `tp_group`, in place (a ResNet's: conv1 column-parallel, bn1 on
 // its channels, conv2 row-parallel, in every block; a ViT's: attention by heads, the MLP by
 // features); the split tensors' placements.
 distributed::StatePlacements apply_tp(nn::Module& model, std::shared_ptr<distributed::Communicator> tp_group,
-                                      const TrainConfig& config);
+                                      const TrainConfig& config, bool log);
 
 // DDP's options from the flags (--bucket-cap-mb), for the whole model and for a
 // pipeline's stage parts alike.
@@ -81,9 +82,9 @@ std::shared_ptr<fsdp::FullyShardedDataParallel> apply_fsdp(std::shared_ptr<nn::M
                                                            fsdp::FSDPOptions options);
 
 // The parallelisms `dims` enables, applied to `model` in the order above. `mesh`
-// (ParallelDims::build_mesh) is null in one process.
+// (ParallelDims::build_mesh) and `world` (every rank's group) are null in one process.
 ParallelModel parallelize(std::shared_ptr<nn::Module> model, const distributed::ParallelDims& dims,
-                          const distributed::DeviceMesh* mesh, const TrainConfig& config, Device device,
-                          nn::CrossEntropyLoss& criterion);
+                          const distributed::DeviceMesh* mesh, std::shared_ptr<distributed::Communicator> world,
+                          const TrainConfig& config, Device device, nn::CrossEntropyLoss& criterion);
 
 }  // namespace loom::training

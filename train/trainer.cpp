@@ -30,7 +30,8 @@
 #include "train/degrees.h"             // defines: needs_process_group
 #include "train/device.h"              // defines: training_device, to_training_device, read_loss_and_correct
 #include "train/distributed.h"         // defines: Distributed, what --mode ddp changes
-#include "train/estimate_memory.h"     // defines: measure_shape_only_steps, throw_with_advice (--estimate-memory)
+#include "train/estimate_memory.h"     // defines: measure_shape_only_steps, report_memory_estimate (--estimate-memory)
+#include "train/memory_advice.h"       // defines: throw_with_advice (Note [Advice after an out-of-memory error])
 #include "train/grad_clipping.h"       // defines: GradClipper (--clip-grad-norm)
 #include "train/mixed_precision.h"     // defines: MixedPrecision, what --amp changes
 #include "train/model_spec.h"          // defines: model_spec (--model: resnet18 ... vit_small, tiny)
@@ -263,16 +264,18 @@ void print_memory_per_rank(const Distributed& dist, const TrainResult& result) {
 // below drives it an epoch at a time.
 class Trainer {
  public:
-  explicit Trainer(const TrainConfig& config)
+  // `world`: ranks as threads of this process (Distributed's), else the process group's.
+  explicit Trainer(const TrainConfig& config, distributed::World* world = nullptr)
       : config_(config),
         // First: a missing GPU is an error naming why, before any data is read.
         device_(process_device(config)),
-        dist_(config),  // the ParallelDims, the process group and its mesh; in one process rank 0 of 1
+        dist_(config, world),  // the ParallelDims, the process group and its mesh; in one process rank 0 of 1
         data_(config, dist_),
         model_(make_model(config)),
         criterion_(Tensor(), Reduction::Mean, -100, config.optim.label_smoothing),
         parallel_(
-            parallelize(loaded(model_, config, device_), dist_.dims(), dist_.mesh(), config, device_, criterion_)),
+            parallelize(loaded(model_, config, device_), dist_.dims(), dist_.mesh(), dist_.world(), config, device_,
+                        criterion_)),
         input_format_(input_memory_format(config.training.memory_format, config.training.amp, device_)),
         // Linear scaling follows the global batch: data-parallel ranks multiply it,
         // pipeline stages do not.
@@ -313,7 +316,13 @@ class Trainer {
   // allocator's steady state; then, with values back (the report's collectives carry
   // numbers), each device's peak. Note [How the memory estimate is made].
   TrainResult estimate_memory() {
-    std::optional<ShapeOnlyGuard> shape_only(std::in_place);
+    report_memory_estimate(measure_memory(), dist_, config_);
+    return result_;
+  }
+
+  // The estimate of this rank's devices, without the report.
+  std::vector<DeviceMemoryEstimate> measure_memory() {
+    ShapeOnlyGuard shape_only;
     parallel_.module().train();
     auto batch = data_.train.begin();
     const auto step = [&] {
@@ -323,11 +332,8 @@ class Trainer {
       ++batch;
     };
     const auto all_steady = [&](bool mine) { return dist_.max(mine ? 0 : 1) == 0; };
-    const auto estimates = measure_shape_only_steps(training_devices(device(), dist_.dims()), step, all_steady,
-                                                    parallel_.module(), *optimizer_);
-    shape_only.reset();
-    report_memory_estimate(estimates, dist_, config_);
-    return result_;
+    return measure_shape_only_steps(training_devices(device(), dist_.dims()), step, all_steady, parallel_.module(),
+                                    *optimizer_);
   }
 
   // One epoch (the rest of it, when resuming mid-epoch), its test and its checkpoint.
@@ -446,6 +452,19 @@ class Trainer {
 };
 
 }  // namespace
+
+std::vector<DeviceMemoryEstimate> estimate_memory_of(const TrainConfig& config, distributed::World* world) {
+  check_train_config(config);
+  Trainer trainer(config, world);
+  return trainer.measure_memory();
+}
+
+int64_t data_set_bytes(const TrainConfig& config) {
+  const Device host("cpu");
+  const int64_t before = memory_stats(host).allocated_bytes;
+  const auto train = make_dataset(config, /*train=*/true), test = make_dataset(config, /*train=*/false);
+  return memory_stats(host).allocated_bytes - before;
+}
 
 TrainResult train_cifar10(const TrainConfig& config) {
   check_train_config(config);  // the flag table's rules, whether the config came from flags or code
