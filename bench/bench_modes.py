@@ -202,7 +202,7 @@ def draw_chart(path, document):
         ax.grid(axis="x", color="#EEEEEE")
         ax.set_axisbelow(True)
     fig.suptitle(f"{header}\n{document['machine']['cpu']}, {document['machine']['cores']} cores, "
-                 f"commit {document['commit']}, {document['date']}", fontsize=8)
+                 "commit {}{}, {}".format(*results_file.commit_words(document["commit"]), document["date"]), fontsize=8)
     fig.tight_layout()
     base = os.path.splitext(path)[0]
     for ext in ("png", "svg"):

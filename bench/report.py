@@ -37,6 +37,7 @@ import subprocess
 import sys
 
 import docs_checks  # bench/docs_checks.py: limitations as tests, no limitation elsewhere, one ratio per comparison
+import results_file  # bench/results_file.py: the commit in words
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BLOCK = re.compile(r"(<!-- results: (?P<path>\S+) -->\n)(?P<body>.*?)(<!-- end results -->)", re.S)
@@ -59,8 +60,8 @@ def cell(value, fmt=None):
 def commit_phrase(commit):
     """"at commit `abc1234`"; a run from a working tree that differed from its commit
     (results_file's "-dirty") says so in words rather than in git's jargon."""
-    phrase = f"at commit `{commit.replace('-dirty', '')}`"
-    return phrase + (" (the working tree had changes beyond it)" if "-dirty" in commit else "")
+    hash_, note = results_file.commit_words(commit)
+    return f"at commit `{hash_}`{note}"
 
 
 def machine_phrase(machine):

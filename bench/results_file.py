@@ -38,6 +38,14 @@ def commit():
     return head + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
+def commit_words(commit):
+    """(hash, note) of a recorded commit: a run from a working tree that differed from its
+    commit (commit()'s "-dirty") says so in words, for captions and pictures alike, rather
+    than in git's jargon: note is " (the working tree had changes beyond it)", else ""."""
+    dirty = commit.endswith("-dirty")
+    return commit[:-len("-dirty")] if dirty else commit, " (the working tree had changes beyond it)" if dirty else ""
+
+
 def now():
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 

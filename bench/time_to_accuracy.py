@@ -352,7 +352,8 @@ def draw(plt, doc, by_kind, path):
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), title="diamond: the median of each",
               title_fontsize=7, frameon=False)
     ax.set_title(f"airbench94 on CIFAR-10: each run, loom against PyTorch\n{doc['machine']['cpu']}, "
-                 f"{doc['machine']['cores']} cores, commit {doc['commit']}; redraw: {REDRAW}", fontsize=8)
+                 "{} cores, commit {}{}; redraw: {}".format(doc["machine"]["cores"], *results_file.commit_words(doc["commit"]),
+                                                             REDRAW), fontsize=8)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=90, bbox_inches="tight")
     plt.close(fig)
