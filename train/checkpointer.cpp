@@ -22,9 +22,6 @@ Checkpointer::Checkpointer(const TrainConfig& config, const Distributed& dist, P
   const bool sharded_state =
       dims.dp_shard_enabled() || dims.pp_enabled() || dims.tp_enabled() || optimizer.zero_redundancy != nullptr;
   const std::string& format = config.checkpoint.format;
-  LOOM_CHECK(format.empty() || format == "full" || format == "sharded", "--checkpoint-format: expected full "
-             "(FULL_STATE_DICT: one file gathered on rank 0) or sharded (SHARDED_STATE_DICT: a file per rank and a "
-             "manifest), got '", format, "'");
   // Sharded checkpoints hold pieces of the plain model's tensors (Note [Sharded checkpoints in
   // train_cifar10]): any run across processes, or in one process on one device, can write one
   // that any other layout resumes from. Not the in-process multi-device modes, whose replicas

@@ -100,6 +100,7 @@ CommandLine::CommandLine(const TrainConfig& initial)
   flags.at_least(-1, "-1 (no limit) or 0 or more (0: --save the initial weights)");
   flags.bind("optimizer", c.optim.name,
              "sgd | adamw (AdamW: --weight-decay decoupled, none on biases, norms and embeddings)");
+  flags.one_of({"sgd", "adamw"});
   flags.bind("lr", c.optim.lr, "learning rate");
   flags.bind("momentum", c.optim.momentum, "SGD momentum");
   flags.bind("weight-decay", c.optim.weight_decay, "L2 penalty (AdamW: decoupled decay)");
@@ -107,9 +108,14 @@ CommandLine::CommandLine(const TrainConfig& initial)
   flags.bind("label-smoothing", c.optim.label_smoothing, "cross-entropy label smoothing");
   flags.bind("schedule", c.optim.schedule,
              "LR schedule: none | cosine | onecycle | warmup_cosine (linear warm-up, then cosine)");
+  flags.one_of({"none", "cosine", "onecycle", "warmup_cosine"});
   flags.bind("warmup-epochs", c.optim.warmup_epochs, "warmup_cosine: epochs of warm-up");
   flags.bind("clip-grad-norm", c.optim.clip_grad_norm,
              "clip the gradients' 2-norm (over the whole model, however it is cut) to this before each step; 0: no");
+  flags.rule([this] {
+    LOOM_CHECK(c.optim.clip_grad_norm >= 0, "--clip-grad-norm: expected 0 (no clipping) or a positive norm, got ",
+               c.optim.clip_grad_norm);
+  });
   flags.bind("lr-scaling", c.optim.lr_scaling, "none | linear (lr x data-parallel replicas: the world size under ddp)");
   flags.one_of({"none", "linear"});
 
@@ -120,9 +126,11 @@ CommandLine::CommandLine(const TrainConfig& initial)
   flags.bind("device-memory-limit", c.training.device_memory_limit,
              "cap on each training device's reserved memory, e.g. 1.5GiB (per rank; OutOfMemoryError past it)");
   flags.bind("amp", c.training.amp, "mixed precision: none | bf16 | fp16 (autocast; fp16 adds a GradScaler)");
+  flags.one_of({"none", "bf16", "fp16"});
   flags.bind("memory-format", c.training.memory_format,
              "auto | contiguous | channels_last: the images' layout (auto: channels_last on the CPU under --amp bf16, "
              "and in float32 without AVX-512)");
+  flags.one_of({"auto", "contiguous", "channels_last"});
   flags.bind("activation-checkpoint", c.model.activation_checkpoint,
              "none | full | selective: keep only each residual block's (encoder layer's) input and recompute its "
              "activations in backward, for every block or every --selective-ac-option-th (docs/memory.md)");
@@ -151,6 +159,12 @@ CommandLine::CommandLine(const TrainConfig& initial)
              "+ a manifest, each piece with its place in the whole tensor: resumes under any other world size and "
              "layout, as torch.distributed.checkpoint) (default: sharded under --dp-shard, --pp, --tp or "
              "--zero-redundancy-optimizer, else full)");
+  flags.rule([this] {
+    const std::string& format = c.checkpoint.format;
+    LOOM_CHECK(format.empty() || format == "full" || format == "sharded", "--checkpoint-format: expected full "
+               "(FULL_STATE_DICT: one file gathered on rank 0) or sharded (SHARDED_STATE_DICT: a file per rank and a "
+               "manifest), got '", format, "'");
+  });
   flags.bind("eval-only", c.training.eval_only, "evaluate --init on the test set and exit");
   flags.bind("metrics-json", c.metrics.json, "write final metrics as JSON");
   flags.bind("quiet", quiet, "no progress bar");
@@ -168,6 +182,7 @@ CommandLine::CommandLine(const TrainConfig& initial)
              "single | dp (DataParallel: one process, several devices) | mp (layer-wise model parallel) | pipeline "
              "(micro-batches over the mp stages) | ddp (DistributedDataParallel; start with loomrun) | fsdp "
              "(FullyShardedDataParallel; start with loomrun)");
+  flags.one_of({"single", "dp", "mp", "pipeline", "ddp", "fsdp"});
   flags.rule([this] {
     const ParallelConfig& p = c.parallel;
     LOOM_CHECK(p.pp == 1 || p.mode == "pipeline" || p.mode == "ddp" || p.mode == "single", "--pp ", p.pp,
@@ -175,6 +190,11 @@ CommandLine::CommandLine(const TrainConfig& initial)
                "--dp-replicate; got --mode ", p.mode);
   });
   flags.bind("backend", c.parallel.backend, "ddp: gloo | nccl (default: nccl on cuda, gloo on cpu)");
+  flags.rule([this] {
+    const std::string& backend = c.parallel.backend;
+    LOOM_CHECK(backend.empty() || backend == "gloo" || backend == "nccl", "--backend: expected gloo or nccl (or "
+               "nothing: nccl on cuda, gloo on cpu), got '", backend, "'");
+  });
   flags.bind("sync-bn", c.parallel.sync_bn, "ddp: BatchNorm statistics over every rank (SyncBatchNorm)");
   flags.bind("bucket-cap-mb", c.parallel.bucket_cap_mb, "ddp: gradient bucket size in MiB");
   flags.bind("zero-redundancy-optimizer", c.parallel.zero_redundancy_optimizer,

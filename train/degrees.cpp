@@ -26,9 +26,6 @@ bool needs_process_group(const TrainConfig& c) {
 }
 
 distributed::ParallelDims parallel_dims_from_flags(const TrainConfig& c, int world_size) {
-  LOOM_CHECK(c.parallel.mode == "single" || c.parallel.mode == "ddp" || c.parallel.mode == "fsdp" ||
-                 in_process_mode(c.parallel.mode),
-             "--mode: expected single, dp, mp, pipeline, ddp or fsdp, got '", c.parallel.mode, "'");
   LOOM_CHECK(c.parallel.pp >= 1 && c.parallel.tp >= 1 && c.parallel.dp_replicate >= 0 &&
                  (c.parallel.dp_shard >= 0 || c.parallel.dp_shard == -1),
              "--pp, --tp and --dp-replicate take a degree of at least 1, --dp-shard at least 1 or -1 (infer); got "

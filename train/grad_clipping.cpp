@@ -7,7 +7,8 @@
 namespace loom::training {
 GradClipper::GradClipper(const ParallelModel& parallel, optim::Optimizer& optimizer, double max_norm)
     : optimizer_(optimizer), max_norm_(max_norm) {
-  LOOM_CHECK(max_norm > 0, "--clip-grad-norm: expected a positive norm, got ", max_norm);
+  LOOM_CHECK(max_norm > 0, "GradClipper: max_norm must be positive (0 means no clipping: make no clipper), got ",
+             max_norm);
   for (const auto& group : optimizer.param_groups())
     for (const Tensor& p : group.params) params_.push_back(p);
   terms_ = parallel.grad_norm_terms(params_);  // Note [Whose gradients a rank adds to the norm]

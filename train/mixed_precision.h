@@ -78,7 +78,7 @@ class MixedPrecision {
   static DType dtype_of_flag(const std::string& amp) {
     if (amp == "bf16") return kBFloat16;
     if (amp == "fp16") return kFloat16;
-    LOOM_CHECK(amp == "none", "--amp: expected none, bf16 or fp16, got '", amp, "'");
+    LOOM_CHECK(amp == "none", "MixedPrecision: amp is none, bf16 or fp16, got '", amp, "'");
     return kFloat32;
   }
 

@@ -82,7 +82,9 @@ std::unique_ptr<optim::LRScheduler> make_scheduler(const TrainConfig& config, do
   if (config.optim.schedule == "none") return nullptr;
   if (config.optim.schedule == "cosine") return std::make_unique<optim::CosineAnnealingLR>(optimizer, total_steps);
   if (config.optim.schedule == "onecycle") return std::make_unique<optim::OneCycleLR>(optimizer, lr, total_steps);
-  if (config.optim.schedule == "warmup_cosine") {  // a transformer's: from lr / warmup up to lr, then cosine to 0
+  // warmup_cosine (the flag table admits nothing else), a transformer's: from lr / warmup
+  // up to lr, then cosine to 0.
+  {
     const auto warmup = static_cast<int64_t>(config.optim.warmup_epochs * static_cast<double>(steps_per_epoch));
     LOOM_CHECK(warmup >= 1 && warmup < total_steps, "--schedule warmup_cosine: --warmup-epochs ",
                config.optim.warmup_epochs, " gives ", warmup, " warm-up steps of the run's ", total_steps,
@@ -92,7 +94,6 @@ std::unique_ptr<optim::LRScheduler> make_scheduler(const TrainConfig& config, do
         std::make_shared<optim::CosineAnnealingLR>(optimizer, total_steps - warmup)};
     return std::make_unique<optim::SequentialLR>(optimizer, std::move(parts), std::vector<int64_t>{warmup});
   }
-  LOOM_FAIL("--schedule: expected none, cosine, onecycle or warmup_cosine, got '", config.optim.schedule, "'");
 }
 
 // The data: each rank its shard of every epoch (a DistributedSampler over the "batch"
