@@ -47,7 +47,7 @@ void apply_device_memory_limit(const std::string& flag, Device first, int64_t co
 MemoryFormat input_memory_format(const std::string& flag, const std::string& amp, Device device) {
   if (flag == "contiguous") return MemoryFormat::Contiguous;
   if (flag == "channels_last") return MemoryFormat::ChannelsLast;
-  // auto (the flag table admits nothing else):
+  LOOM_CHECK(flag == "auto", "input_memory_format: auto, contiguous or channels_last, got '", flag, "'");
   if (!device.is_cpu()) return MemoryFormat::Contiguous;
   if (amp == "bf16") return MemoryFormat::ChannelsLast;
   return amp == "none" ? cpu::activation_format(kFloat32) : MemoryFormat::Contiguous;  // Note [Channels-last on AVX2]

@@ -43,7 +43,8 @@ class Distributed {
   // Resolves the degrees (degrees.h); across processes joins the process group, prints
   // them once and builds their mesh (collectives). With `world`, the ranks are that world's
   // (threads of this process, each with its own World over one store: the memory
-  // estimator's advice) and no process group is joined.
+  // estimator's advice) and no process group is joined; `world` must outlive this object
+  // (its mesh makes groups through it).
   explicit Distributed(const TrainConfig& config, distributed::World* world = nullptr);
   // Leaves the process group, after every rank has arrived (not while unwinding an
   // error: then the process exits and loomrun stops the others).

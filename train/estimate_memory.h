@@ -89,8 +89,4 @@ std::string format_estimate(const std::string& where, const DeviceMemoryEstimate
 // Defined with the trainer (trainer.cpp).
 std::vector<DeviceMemoryEstimate> estimate_memory_of(const TrainConfig& config, distributed::World* world);
 
-// The bytes `config`'s training and test sets take on `cpu` (where they are loaded) once
-// made: what a rank that trains on `cpu` holds for its data, beside its model.
-int64_t data_set_bytes(const TrainConfig& config);
-
 }  // namespace loom::training

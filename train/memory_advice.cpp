@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
-#include <thread>
+#include <thread>  // defines: std::jthread
 #include <vector>
 
 #include "core/allocator.h"                // defines: reset_peak_memory_stats
@@ -15,13 +15,13 @@
 #include "parallel/comm/process_group.h"   // defines: is_initialized, default_store, get_rank (who advises)
 #include "parallel/store/tcp_store.h"      // defines: TCPStore (the threads' rendezvous)
 #include "train/degrees.h"                 // defines: needs_process_group
-#include "train/estimate_memory.h"         // defines: estimate_memory_of, data_set_bytes, DeviceMemoryEstimate
+#include "train/estimate_memory.h"         // defines: estimate_memory_of, DeviceMemoryEstimate
 
 namespace loom::training {
 namespace {
 
-// The alternatives' devices start here: well past any device the failed run uses (Note
-// [Advice after an out-of-memory error]); virtual CPU devices cost nothing until used.
+// The alternatives' devices start at least here, and past every device the failed run uses
+// (Note [Advice after an out-of-memory error]); virtual CPU devices cost nothing until used.
 constexpr int kFirstAdviceDevice = 32;
 // A rank that fails leaves the others in a collective: they stop after this.
 constexpr std::chrono::milliseconds kRankTimeout = std::chrono::seconds(60);
@@ -41,8 +41,12 @@ struct RankEstimates {
   std::string error;
 };
 
-// `config` estimated over `ranks` threads, rank r on cpu:(kFirstAdviceDevice + r ...).
-RankEstimates estimate_in_threads(const TrainConfig& config, int ranks) {
+// A rank thread's error that says why, rather than that it waited: when one rank fails, the
+// others time out in their next collective, and the lowest rank is often one of those.
+bool is_timeout(const std::string& error) { return error.find("timed out after") != std::string::npos; }
+
+// `config` estimated over `ranks` threads, rank r on cpu:(first_device + r * span ...).
+RankEstimates estimate_in_threads(const TrainConfig& config, int ranks, int first_device) {
   auto server = std::make_shared<distributed::TCPStore>("127.0.0.1", 0, /*is_server=*/true, kRankTimeout);
   std::vector<std::vector<DeviceMemoryEstimate>> per_rank(static_cast<size_t>(ranks));
   std::vector<std::string> errors(static_cast<size_t>(ranks));
@@ -52,44 +56,46 @@ RankEstimates estimate_in_threads(const TrainConfig& config, int ranks) {
   // fit up to twice the size: Note [Caching allocator]) and change its figures: every
   // estimate starts from an empty cache, as a fresh process does.
   empty_cache(DeviceType::CPU);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        omp_set_num_threads(1);
-        TrainConfig c = config;
-        const int first = kFirstAdviceDevice + r * span;
-        c.training.device = "cpu:" + std::to_string(first);
-        for (int d = first; d < first + span; ++d) {  // no budget, and this estimate's peak only
-          set_device_memory_limit(kNoMemoryLimit, Device(DeviceType::CPU, d));
-          reset_peak_memory_stats(Device(DeviceType::CPU, d));
+  {
+    std::vector<std::jthread> threads;  // joined however this scope is left
+    for (int r = 0; r < ranks; ++r) {
+      threads.emplace_back([&, r] {
+        try {
+          omp_set_num_threads(1);
+          TrainConfig c = config;
+          const int first = first_device + r * span;
+          c.training.device = "cpu:" + std::to_string(first);
+          for (int d = first; d < first + span; ++d) {  // no budget, and this estimate's peak only
+            set_device_memory_limit(kNoMemoryLimit, Device(DeviceType::CPU, d));
+            reset_peak_memory_stats(Device(DeviceType::CPU, d));
+          }
+          distributed::World world{
+              .store = r == 0 ? server : std::make_shared<distributed::TCPStore>("127.0.0.1", server->port(), false,
+                                                                                 kRankTimeout),
+              .rank = r,
+              .size = ranks,
+              .timeout = kRankTimeout,
+              .prefix = "memory_advice"};
+          per_rank[static_cast<size_t>(r)] = estimate_memory_of(c, needs_process_group(c) ? &world : nullptr);
+        } catch (const std::exception& e) {
+          errors[static_cast<size_t>(r)] = e.what();
         }
-        distributed::World world{
-            .store = r == 0 ? server : std::make_shared<distributed::TCPStore>("127.0.0.1", server->port(), false,
-                                                                               kRankTimeout),
-            .rank = r,
-            .size = ranks,
-            .timeout = kRankTimeout,
-            .prefix = "memory_advice"};
-        per_rank[static_cast<size_t>(r)] = estimate_memory_of(c, needs_process_group(c) ? &world : nullptr);
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      }
-    });
+      });
+    }
   }
-  for (std::thread& t : threads) t.join();
   RankEstimates out;
   for (int r = 0; r < ranks; ++r) {
-    if (!errors[static_cast<size_t>(r)].empty() && out.error.empty())
-      out.error = "rank " + std::to_string(r) + ": " + errors[static_cast<size_t>(r)];
+    const std::string& error = errors[static_cast<size_t>(r)];
+    if (!error.empty() && (out.error.empty() || (is_timeout(out.error) && !is_timeout(error))))
+      out.error = "rank " + std::to_string(r) + ": " + error;
     for (const DeviceMemoryEstimate& e : per_rank[static_cast<size_t>(r)]) out.devices.push_back(e);
   }
   return out;
 }
 
 // One alternative's line: its verdict and each rank's predicted peak, or why no estimate came.
-std::string estimate_line(const Alternative& alt, int64_t limit, int64_t data_bytes) {
-  const RankEstimates estimates = estimate_in_threads(alt.config, alt.ranks);
+std::string estimate_line(const Alternative& alt, int64_t limit, int first_device) {
+  const RankEstimates estimates = estimate_in_threads(alt.config, alt.ranks, first_device);
   char head[160];
   if (!estimates.error.empty() || estimates.devices.empty()) {
     std::snprintf(head, sizeof head, "  %-10s %-55s ", "no estimate", alt.flags.c_str());
@@ -98,7 +104,7 @@ std::string estimate_line(const Alternative& alt, int64_t limit, int64_t data_by
     return head + ("(the estimate failed: " + why + ")");
   }
   std::vector<double> peaks;
-  for (const DeviceMemoryEstimate& e : estimates.devices) peaks.push_back(mib(e.peak + data_bytes));
+  for (const DeviceMemoryEstimate& e : estimates.devices) peaks.push_back(mib(e.peak));
   const double worst = *std::max_element(peaks.begin(), peaks.end());
   const bool fits = limit != kNoMemoryLimit && worst * (1 << 20) <= static_cast<double>(limit);
   std::snprintf(head, sizeof head, "  %-10s %-55s ", limit == kNoMemoryLimit ? "" : fits ? "fits" : "too large",
@@ -119,6 +125,12 @@ std::string memory_advice(const TrainConfig& config, int world) {
   // bench/largest_model.py, wants the error, not a minute of advice after each).
   if (const char* env = std::getenv("LOOM_OOM_ADVICE"); env && std::string(env) == "0")
     return "(LOOM_OOM_ADVICE=0: the alternatives were not estimated)";
+  // The alternatives' ranks run on CPU virtual devices, whose kernels, layouts and
+  // allocator are not a GPU's: their figures would not be this run's.
+  const Device device(config.training.device);
+  if (!device.is_cpu())
+    return "(no alternatives estimated in the process on " + device.str() + ": its ranks would run on CPU devices; "
+           "compare strategies with train_cifar10 --estimate-memory under loomrun on the GPUs)";
   // What every alternative shares: the run's settings, estimated from a fresh start, with
   // nothing written (no checkpoints, weights or metrics) and nothing printed.
   TrainConfig base = config;
@@ -128,6 +140,7 @@ std::string memory_advice(const TrainConfig& config, int world) {
   base.training.eval_only = false;
   base.training.max_steps = -1;
   base.training.epochs = std::max<int64_t>(base.training.epochs, 1);
+  base.parallel.backend = "";  // the CPU's (gloo), whatever the failed run chose
   const int n = std::max(world, 2);
   // An alternative strategy replaces the whole parallel section: its degrees and options.
   const auto strategy = [&](std::string flags, const std::function<void(ParallelConfig&)>& set) {
@@ -154,18 +167,18 @@ std::string memory_advice(const TrainConfig& config, int world) {
   const int64_t limit = config.training.device_memory_limit.empty()
                             ? kNoMemoryLimit
                             : parse_memory_size(config.training.device_memory_limit);
-  // Where the run trains on `cpu`, its data set is on its training device: each rank's too.
-  const Device device(config.training.device);
-  const int64_t data_bytes = device.is_cpu() && device.index == 0 ? data_set_bytes(base) : 0;
+  // Past every device the failed run holds: --device and the in-process modes' devices after it.
+  const int used = device.index + static_cast<int>(std::max({config.parallel.dp_devices, config.parallel.mp_devices,
+                                                             int64_t{2}}));
+  const int first_device = std::max(kFirstAdviceDevice, used + 1);
   std::string out = "Predicted peak per rank of the alternatives (shape-only steps of each, in this process, over " +
-                    std::to_string(n) + " ranks as threads where it needs them" +
-                    (data_bytes > 0 ? "; each rank's peak includes its data set, " +
-                                          format_memory_size(data_bytes) + ", as a process training on cpu holds it"
-                                    : std::string()) +
-                    ")" +
+                    std::to_string(n) + " ranks as threads where it needs them)" +
                     (limit == kNoMemoryLimit ? std::string(":")
                                              : ", against --device-memory-limit " + format_memory_size(limit) + ":");
-  for (const Alternative& alt : alternatives) out += "\n" + estimate_line(alt, limit, data_bytes);
+  for (const Alternative& alt : alternatives) {
+    out += '\n';
+    out += estimate_line(alt, limit, first_device);
+  }
   return out;
 }
 
@@ -189,7 +202,13 @@ void throw_with_advice(const OutOfMemoryError& error, const TrainConfig& config)
                "fit (shape-only steps, a few seconds each)...\n", rank);
   std::fflush(stderr);
   const int world = ranks ? dist::get_world_size() : 1;
-  throw OutOfMemoryError(std::string(error.what()) + "\n" + memory_advice(config, world));
+  std::string advice;
+  try {
+    advice = memory_advice(config, world);
+  } catch (const std::exception& e) {  // the out-of-memory error stays the error
+    advice = std::string("(the alternatives could not be estimated: ") + e.what() + ")";
+  }
+  throw OutOfMemoryError(std::string(error.what()) + "\n" + advice);
 }
 
 }  // namespace loom::training

@@ -15,22 +15,23 @@
 // ranks (at least 2), and the same strategy at half the batch. Each alternative is the
 // run's own TrainConfig with its parallel section replaced (or its batch halved), and is
 // estimated in this process: its ranks are threads, each with a World over one store made
-// for it (Distributed's world), each training on a CPU virtual device of its own from
-// cpu:32 on, far from the devices the failed run holds (its memory is still allocated:
-// under a process group the failed trainer cannot be torn down without the other ranks).
-// Every rank's figures are its own device's, as in a run of processes, and each
-// alternative starts from an empty allocator cache, as a fresh process does: blocks an
-// earlier alternative left cached would serve its requests by best fit and change its
-// peak (ResNet18 at batch 16: 248 MiB instead of 224). So measured, each alternative's
-// figures are those of train_cifar10 --estimate-memory under loomrun, to 0.2 MiB (tested).
-// A run of processes on `cpu` also holds its data set there, so where the failed run
-// trains on `cpu` each rank's peak adds the bytes the training and test sets take
-// (data_set_bytes), measured once. Under loomrun the first failing rank (a counter in the job's store) gives the
-// advice; others that failed wait for it, so that their exit does not make loomrun stop
-// it; ranks that did not fail wait in their collectives until it exits, and loomrun then
-// stops them (Note [How loomrun stops a job]). LOOM_OOM_ADVICE=0 leaves the error as it
-// is (a benchmark that runs into the budget on purpose wants the error, not the estimates
-// after each).
+// for it (Distributed's world), each training on CPU virtual devices of its own, from cpu:32
+// and past every device the failed run holds (its memory is still allocated: under a
+// process group the failed trainer cannot be torn down without the other ranks). Every
+// rank's figures are its own devices', as in a run of processes, and each alternative
+// starts from an empty allocator cache, as a fresh process does: blocks an earlier
+// alternative left cached would serve its requests by best fit and change its peak
+// (ResNet18 at batch 16: 248 MiB instead of 224). So measured, each alternative's figures
+// are those of train_cifar10 --estimate-memory under loomrun, to 0.2 MiB (tested). The
+// shape-only switch is the process's, so the advice runs alone in it: the failed run's
+// training has stopped, and the rank threads meet in a barrier before any turns it on. On
+// a GPU nothing is estimated (CPU devices' kernels and allocator are not the GPU's); the
+// advice says to compare under loomrun there. Under loomrun the first failing rank (a
+// counter in the job's store) gives the advice; others that failed wait for it, so that
+// their exit does not make loomrun stop it; ranks that did not fail wait in their
+// collectives until it exits, and loomrun then stops them (Note [How loomrun stops a
+// job]). LOOM_OOM_ADVICE=0 leaves the error as it is (a benchmark that runs into the budget
+// on purpose wants the error, not the estimates after each).
 #pragma once
 
 #include <string>

@@ -56,6 +56,8 @@ std::vector<optim::ParamGroup> adamw_groups(const std::vector<Tensor>& params, c
 
 BuiltOptimizer build_optimizer(const std::vector<Tensor>& params, const nn::Module& model, const nn::Module& wrapped,
                                const distributed::DeviceMesh* mesh, const TrainConfig& config, double lr) {
+  LOOM_CHECK(config.optim.name == "sgd" || config.optim.name == "adamw",
+             "build_optimizer: optim.name is sgd or adamw, got '", config.optim.name, "'");
   const optim::SGDOptions sgd{.lr = lr,
                               .momentum = config.optim.momentum,
                               .weight_decay = config.optim.weight_decay,

@@ -31,7 +31,7 @@ void ParallelModel::set_stage(std::shared_ptr<parallel::pipeline::PipelineStage>
     parts_.push_back({fsdp ? std::shared_ptr<nn::Module>(fsdp) : std::shared_ptr<nn::Module>(virtual_stages[v]), fsdp});
   }
   module_ = stage;
-  pipeline_ = stage.get();
+  pipeline_ = stage;
   stage_ = std::move(stage);
   stage_shards_ = std::move(shards);
   if (whole_copy) whole_ = std::move(whole_copy);

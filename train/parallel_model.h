@@ -80,7 +80,7 @@ class ParallelModel {
   nn::Module& module() const { return *module_; }
   // Under a pipeline (--pp, --mode pipeline): what runs forward and backward of a batch;
   // else null.
-  parallel::pipeline::PipelineSchedule* pipeline() const { return pipeline_; }
+  parallel::pipeline::PipelineSchedule* pipeline() const { return pipeline_.get(); }
   const std::vector<ModelPart>& parts() const { return parts_; }
   // --tp: how each split tensor of the model is cut over the "tp" ranks; empty without.
   const distributed::StatePlacements& tp_placements() const { return tp_placements_; }
@@ -114,8 +114,8 @@ class ParallelModel {
   GradNormTerms grad_norm_terms(const std::vector<Tensor>& stepped) const;
 
   // ---- for parallelize() as it cuts and wraps ----
-  void set_module(std::shared_ptr<nn::Module> module) { module_ = std::move(module); }
-  void set_pipeline(parallel::pipeline::PipelineSchedule* pipeline) { pipeline_ = pipeline; }
+  // In one process (--mode pipeline): the whole model's part is `pipeline` (owned with it).
+  void set_pipeline(std::shared_ptr<parallel::pipeline::PipelineSchedule> pipeline) { pipeline_ = std::move(pipeline); }
   void set_tp_placements(distributed::StatePlacements placements) { tp_placements_ = std::move(placements); }
   // The whole model wrapped as one part (no pipeline).
   void set_whole_part(ModelPart part);
@@ -132,7 +132,7 @@ class ParallelModel {
   fsdp::FullyShardedDataParallel* whole_model_fsdp() const;
 
   std::shared_ptr<nn::Module> model_, module_;
-  parallel::pipeline::PipelineSchedule* pipeline_ = nullptr;  // module_ itself, seen as a pipeline
+  std::shared_ptr<parallel::pipeline::PipelineSchedule> pipeline_;  // module_ itself, seen as a pipeline
   std::vector<ModelPart> parts_;
   distributed::StatePlacements tp_placements_;
   distributed::ParallelDims dims_;

@@ -244,7 +244,7 @@ ParallelModel parallelize(std::shared_ptr<nn::Module> model, const distributed::
   if (dims.mp_enabled()) {
     InProcessStages stages = apply_model_parallel(*model, dims, config, device, criterion);
     out.set_whole_part({stages.module, nullptr});
-    out.set_pipeline(stages.pipeline.get());  // null: layer-wise
+    out.set_pipeline(stages.pipeline);  // null: layer-wise
     return out;
   }
   if (mesh == nullptr) return out;  // one process, one device

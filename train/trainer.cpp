@@ -287,7 +287,9 @@ class Trainer {
         scheduler_(make_scheduler(config, lr_, *optimizer_, data_.steps_per_epoch)),
         amp_(config.training.amp, device_, dist_.world()),
         checkpointer_(config, dist_, parallel_, optimizer_, scheduler_.get(), &amp_.scaler()) {
-    if (config.training.amp == "bf16" && device().type == DeviceType::CPU && dist_.is_main())
+    // (Not for each of the memory advice's quiet estimates: the run said it already.)
+    const bool say = config.metrics.progress || !config.training.estimate_memory;
+    if (config.training.amp == "bf16" && device().type == DeviceType::CPU && dist_.is_main() && say)
       std::printf("--amp bf16 on the CPU: %s; %s activations (--memory-format)%s\n", cpu::bf16_path_description(),
                   input_format_ == MemoryFormat::ChannelsLast ? "channels-last" : "NCHW",
                   amp_.runs_float32_instead()
@@ -320,6 +322,9 @@ class Trainer {
     report_memory_estimate(measure_memory(), dist_, config_);
     return result_;
   }
+
+  // Every rank of the run at this point (a collective; nothing in one process).
+  void barrier() const { dist_.barrier(); }
 
   // The estimate of this rank's devices, without the report.
   std::vector<DeviceMemoryEstimate> measure_memory() {
@@ -457,14 +462,13 @@ class Trainer {
 std::vector<DeviceMemoryEstimate> estimate_memory_of(const TrainConfig& config, distributed::World* world) {
   check_train_config(config);
   Trainer trainer(config, world);
-  return trainer.measure_memory();
-}
-
-int64_t data_set_bytes(const TrainConfig& config) {
-  const Device host("cpu");
-  const int64_t before = memory_stats(host).allocated_bytes;
-  const auto train = make_dataset(config, /*train=*/true), test = make_dataset(config, /*train=*/false);
-  return memory_stats(host).allocated_bytes - before;
+  // With ranks as threads, the shape-only switch is the process's: no rank turns it on
+  // while another still builds its trainer for real, and none tears its connections down
+  // while another is in the last collective.
+  trainer.barrier();
+  std::vector<DeviceMemoryEstimate> estimates = trainer.measure_memory();
+  trainer.barrier();
+  return estimates;
 }
 
 TrainResult train_cifar10(const TrainConfig& config) {
