@@ -1,6 +1,7 @@
 #include "nn/airbench.h"
 
 #include "autograd/ops.h"  // defines: flatten
+#include "nn/container.h"  // defines: Sequential (sequential())
 #include "nn/init.h"       // defines: dirac_
 
 namespace loom::nn {
@@ -43,8 +44,10 @@ void ConvGroup::reset() {
 }
 
 Tensor ConvGroup::forward(const Tensor& input) {
-  Tensor x = activ->forward(norm1->forward(pool->forward(conv1->forward(input))));
-  return activ->forward(norm2->forward(conv2->forward(x)));
+  // module(x), not module->forward(x): tensor parallelism's styles are forward hooks
+  // (Note [Forward hooks run in module(x)]).
+  Tensor x = (*activ)((*norm1)((*pool)((*conv1)(input))));
+  return (*activ)((*norm2)((*conv2)(x)));
 }
 
 AirbenchNet::AirbenchNet(AirbenchOptions options_) : Cloneable("AirbenchNet"), options(options_) {
@@ -71,13 +74,27 @@ void AirbenchNet::reset() {
 Tensor AirbenchNet::forward(const Tensor& input) {
   LOOM_CHECK(input.dim() == 4 && input.size(1) == 3, "AirbenchNet: expected images [N, 3, H, W], got shape ",
              input.shape());
-  Tensor x = whiten_activ->forward(whiten->forward(input));
-  x = block3->forward(block2->forward(block1->forward(x)));
-  x = flatten(pool->forward(x), 1);
+  Tensor x = (*whiten_activ)((*whiten)(input));
+  x = (*block3)((*block2)((*block1)(x)));
+  x = flatten((*pool)(x), 1);
   LOOM_CHECK(x.size(1) == options.block3, "AirbenchNet: expected 32x32 images (3x3 before the last pool), got ",
              input.size(2), "x", input.size(3));
-  return head->forward(x) * options.scaling_factor;
+  return (*head)(x) * options.scaling_factor;
 }
+
+std::shared_ptr<Sequential> AirbenchNet::sequential() const {
+  auto seq = std::make_shared<Sequential>(std::vector<std::shared_ptr<Module>>{
+      whiten, whiten_activ, block1, block2, block3, pool, std::make_shared<Flatten>(1), head,
+      std::make_shared<LogitScale>(options.scaling_factor)});
+  seq->train(is_training());
+  return seq;
+}
+
+LogitScale::LogitScale(double factor_) : Cloneable("LogitScale"), factor(factor_) {}
+
+Tensor LogitScale::forward(const Tensor& input) { return input * factor; }
+
+std::string LogitScale::extra_repr() const { return detail::str("factor=", factor); }
 
 std::shared_ptr<AirbenchNet> airbench94(AirbenchOptions options) { return std::make_shared<AirbenchNet>(options); }
 

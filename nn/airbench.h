@@ -26,6 +26,8 @@
 // - The whitening conv's weights are set from the data (nn/whitening.h) and frozen; the
 //   caller does that, since it needs the training images.
 // - The logits are scaled by 1/9 so that the summed loss's gradients start small.
+// - sequential() lists the same layers in order (the scaling as a LogitScale), for the
+//   pipelines that cut the net and the FSDP that wraps it (train_cifar10 --model airbench94).
 #pragma once
 
 #include <memory>
@@ -33,7 +35,7 @@
 #include "nn/activation.h"  // defines: GELU
 #include "nn/batchnorm.h"   // defines: BatchNorm2d
 #include "nn/conv.h"        // defines: Conv2d
-#include "nn/linear.h"      // defines: Linear
+#include "nn/linear.h"      // defines: Linear, Flatten
 #include "nn/pooling.h"     // defines: MaxPool2d
 
 namespace loom::nn {
@@ -60,11 +62,23 @@ struct AirbenchOptions {
   int64_t num_classes = 10;
 };
 
+// Multiplies by a constant: the net's logit scaling as a layer of sequential().
+class LogitScale : public Cloneable<LogitScale> {
+ public:
+  explicit LogitScale(double factor);
+  void reset() override {}
+  Tensor forward(const Tensor& input) override;
+  std::string extra_repr() const override;
+
+  double factor;
+};
+
 class AirbenchNet : public Cloneable<AirbenchNet> {
  public:
   explicit AirbenchNet(AirbenchOptions options = {});
   void reset() override;
   Tensor forward(const Tensor& input) override;
+  std::shared_ptr<Sequential> sequential() const override;
 
   AirbenchOptions options;
   std::shared_ptr<Conv2d> whiten;

@@ -2,7 +2,8 @@
 // model to the trainer], train/model_spec.h): this test's binary registers ToyNet and is
 // then a train_cifar10 for it (run with --toy-trainer first), and the tests launch it under
 // loomrun as users launch train_cifar10. Under DDP, FSDP (either layout), TP and a pipeline
-// of processes it trains as its reference runs do, from the same --init.
+// of processes it trains as its reference runs do, from the same --init; so does the
+// built-in speedrun net, whose spec is one file too (train/models/airbench.cpp).
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -117,6 +118,29 @@ TEST_CASE("a model added by a ModelSpec alone trains under DDP, FSDP, TP and a p
   // --help lists it among the models.
   Result help = Launch(self_path() + " --toy-trainer --help").finish();
   CHECK_MESSAGE(contains(help.output, "| toy_net"), help.output);
+}
+
+TEST_CASE("the speedrun net trains through its spec: FSDP = DDP, TP and a pipeline = one process") {
+  // train_cifar10 --model airbench94 (train/models/airbench.cpp): its frozen whitening conv
+  // and BatchNorm weights ride along in every cut. Direct convolutions: its 3x3 convolutions
+  // have the channels for Winograd, whose tile transforms round differently at a tp rank's
+  // half of them (1e-3 apart after two steps; direct: 7e-7; Note [Conv2d algorithm]).
+  TempDir dir("loom_model_spec_airbench");
+  const auto run = [](int ranks, const std::string& flags) {
+    const std::string program = self_path() + " --toy-trainer --model airbench94 --synthetic --max-steps 2 "
+                                "--eval-limit 0 --threads 1 --workers 0 --quiet " + flags;
+    return "env LOOM_CONV2D_ALGO=direct " + (ranks == 1 ? program : under_loomrun(ranks, program));
+  };
+  const std::string init = (dir.path / "init.safetensors").string();
+  Result made = Launch(run(1, "--max-steps 0 --save " + init)).finish();
+  REQUIRE_MESSAGE(made.code == 0, made.output);
+  const std::string from = " --init " + init;
+  const std::string ddp = run_saving_weights(dir, run(2, "--batch-size 6 --dp-replicate 2" + from), "ddp");
+  check_same_weights(ddp, run_saving_weights(dir, run(2, "--batch-size 6 --dp-shard 2" + from), "fsdp"));
+  const std::string one = run_saving_weights(dir, run(1, "--batch-size 12" + from), "one");
+  CHECK(max_weight_difference(one, run_saving_weights(dir, run(2, "--batch-size 12 --tp 2" + from), "tp")) <= 1e-5);
+  CHECK(max_weight_difference(one, run_saving_weights(dir, run(2, "--batch-size 12 --pp 2 --microbatches 1" + from),
+                                                      "pp")) <= 1e-5);
 }
 
 TEST_CASE("a spec without a tp plan refuses --tp, naming the family; a name registered twice is refused") {

@@ -9,7 +9,7 @@ namespace loom::training {
 namespace {
 
 // See Note [Adding a model to the trainer]: one line per family.
-std::vector<ModelSpec> builtin_model_specs() { return {resnet_spec(), vit_spec()}; }
+std::vector<ModelSpec> builtin_model_specs() { return {resnet_spec(), vit_spec(), airbench_spec()}; }
 
 struct Registry {
   std::mutex mutex;

@@ -31,7 +31,7 @@
 namespace loom::training {
 
 struct ModelSpec {
-  std::string family;              // "resnet", "vit": for --help and messages
+  std::string family;              // "resnet", "vit", "airbench": for --help and messages
   std::vector<std::string> names;  // the --model values it builds, in --help's order
   // The model `name` (one of names) with num_classes outputs, freshly initialised.
   std::function<std::shared_ptr<nn::Module>(const std::string& name, int64_t num_classes)> build;
@@ -57,6 +57,7 @@ void register_model_spec(ModelSpec spec);
 // The families train/models/ defines, one per file.
 ModelSpec resnet_spec();
 ModelSpec vit_spec();
+ModelSpec airbench_spec();
 
 // A spec's typed hook: f receives the model as the type the spec's build() makes, which
 // is the only kind of model a spec is asked about (model_spec(name).build(name, ...)).
