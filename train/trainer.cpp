@@ -14,11 +14,7 @@
 #include "core/cpu/bf16_path.h"        // defines: bf16_path_description (--amp bf16 on the CPU)
 #include "core/shape_only.h"           // defines: ShapeOnlyGuard (--estimate-memory)
 #include "core/trace.h"                // defines: trace::Span (LOOM_TRACE=path draws the steps)
-#include "data/cifar10.h"              // defines: CIFAR10
-#include "data/data_root.h"            // defines: find_cifar10_root
 #include "data/dataloader.h"           // defines: DataLoader
-#include "data/synthetic_cifar.h"      // defines: SyntheticCIFAR
-#include "data/transforms.h"           // defines: Compose, RandomCrop, ...
 #include "nn/loss.h"                   // defines: CrossEntropyLoss
 #include "nn/model_state.h"            // defines: model_state_bytes (parameters + gradients + optimizer state)
 #include "nn/optim/lr_scheduler.h"     // defines: CosineAnnealingLR, OneCycleLR
@@ -32,6 +28,7 @@
 #include "train/distributed.h"         // defines: Distributed, what --mode ddp changes
 #include "train/estimate_memory.h"     // defines: measure_shape_only_steps, report_memory_estimate (--estimate-memory)
 #include "train/memory_advice.h"       // defines: throw_with_advice (Note [Advice after an out-of-memory error])
+#include "train/loaders.h"             // defines: Loaders (each rank's data)
 #include "train/grad_clipping.h"       // defines: GradClipper (--clip-grad-norm)
 #include "train/mixed_precision.h"     // defines: MixedPrecision, what --amp changes
 #include "train/model_spec.h"          // defines: model_spec (--model: resnet18 ... vit_small, tiny)
@@ -42,24 +39,7 @@
 namespace loom::training {
 namespace {
 
-namespace T = data::transforms;
 using Clock = std::chrono::steady_clock;
-
-// The normalisation constants of examples/reference/train_ddp.py, for training and test alike.
-const std::vector<double> kMean = {0.4914, 0.4822, 0.4465};
-const std::vector<double> kStd = {0.2023, 0.1994, 0.2010};
-
-std::shared_ptr<data::Dataset> make_dataset(const TrainConfig& config, bool train) {
-  T::TransformPtr transform = train && config.data.augment
-                                  ? std::make_shared<T::Compose>(T::RandomCrop(32, 4), T::RandomHorizontalFlip(),
-                                                                 T::ToTensor(), T::Normalize(kMean, kStd))
-                                  : std::make_shared<T::Compose>(T::ToTensor(), T::Normalize(kMean, kStd));
-  if (config.data.synthetic) {
-    return std::make_shared<data::SyntheticCIFAR>(train ? config.data.synthetic_size : 10000,
-                                                  config.training.seed + (train ? 0 : 1), transform);
-  }
-  return std::make_shared<data::CIFAR10>(data::find_cifar10_root(config.data.root), train, transform);
-}
 
 // --device for this process. Across processes, "--device cuda" is this process's GPU,
 // cuda:LOCAL_RANK (set by loomrun; srun and mpirun say it as SLURM_LOCALID and
@@ -95,36 +75,6 @@ std::unique_ptr<optim::LRScheduler> make_scheduler(const TrainConfig& config, do
     return std::make_unique<optim::SequentialLR>(optimizer, std::move(parts), std::vector<int64_t>{warmup});
   }
 }
-
-// The data: each rank its shard of every epoch (a DistributedSampler over the "batch"
-// ranks, shuffled per epoch; in one process the loader shuffles), and its in-order share
-// of the first eval_count test images, padding excluded (Note [Evaluating a shard without
-// double counting]): --eval-limit is exact, not rounded up to whole batches.
-struct Loaders {
-  std::shared_ptr<data::Dataset> train_set, test_set;
-  int64_t eval_count;
-  std::shared_ptr<data::Sampler> train_sampler;
-  data::DataLoader train, test;
-  int64_t steps_per_epoch, eval_real;
-
-  Loaders(const TrainConfig& c, const Distributed& dist)
-      : train_set(make_dataset(c, /*train=*/true)),
-        test_set(make_dataset(c, /*train=*/false)),
-        eval_count(c.data.eval_limit >= 0 ? std::min(c.data.eval_limit, test_set->size()) : test_set->size()),
-        train_sampler(dist.train_sampler(train_set->size(), c)),
-        train(train_set, {.batch_size = c.data.batch_size,
-                          .shuffle = train_sampler ? false : c.data.shuffle,
-                          .sampler = train_sampler,
-                          .num_workers = c.data.workers,
-                          .persistent_workers = c.data.workers > 0,
-                          .seed = c.training.seed}),
-        test(test_set, {.batch_size = 256,
-                        .sampler = dist.eval_sampler(eval_count),
-                        .num_workers = c.data.workers,
-                        .persistent_workers = c.data.workers > 0}),
-        steps_per_epoch(train.size()),
-        eval_real(dist.real_examples(eval_count)) {}
-};
 
 // The timed steps: all but the first, which warms caches and the allocator.
 struct StepTimes {
