@@ -14,8 +14,10 @@ MemoryFormat layout_of(const Tensor& x) {
                                                                                           : MemoryFormat::Contiguous;
 }
 
+// Each view goes through model(x), not model.forward(x): a wrapped model (FSDP's gathers, a
+// tensor-parallel layer's hooks) does its work in hooks (Note [Forward hooks run in module(x)]).
 Tensor mirror_mean(Module& model, const Tensor& x) {
-  return (model.forward(x) + model.forward(flip(x, {3}).contiguous(layout_of(x)))) * 0.5;
+  return (model(x) + model(flip(x, {3}).contiguous(layout_of(x)))) * 0.5;
 }
 
 }  // namespace
@@ -26,7 +28,7 @@ Tensor tta_logits(Module& model, const Tensor& images, TTA level) {
   NoGradGuard no_grad;
   switch (level) {
     case TTA::none:
-      return model.forward(images);
+      return model(images);
     case TTA::mirror:
       return mirror_mean(model, images);
     case TTA::mirror_translate: {  // See Note [TTA weights]

@@ -70,6 +70,18 @@ TEST_CASE("--mode fsdp from the same --init equals --mode ddp after 2 steps; its
   Result eval = train("", " --eval-only --init " + (dir.path / "per_parameter_full_shard.safetensors").string());
   CHECK_MESSAGE(eval.code == 0, eval.output);
   CHECK_MESSAGE(contains(eval.output, "eval: test loss"), eval.output);
+  // --tta under FSDP: each rank's share of the six views' logits, summed, is the whole test
+  // set's (the line prints loss and accuracy to 4 and 2 decimals).
+  const std::string tta = " --eval-only --tta mirror_translate --init " + init;
+  Result tta_one = train("", tta), tta_fsdp = train("--nproc_per_node 2", " --dp-shard 2" + tta);
+  REQUIRE_MESSAGE(tta_one.code == 0, tta_one.output);
+  REQUIRE_MESSAGE(tta_fsdp.code == 0, tta_fsdp.output);
+  const auto eval_line = [](const std::string& out) {
+    const size_t at = out.find("eval: tta test loss");
+    return at == std::string::npos ? std::string("(no eval line)") : out.substr(at, out.find('\n', at) - at);
+  };
+  CHECK(eval_line(tta_fsdp.output) == eval_line(tta_one.output));
+  CHECK(eval_line(tta_one.output) != "(no eval line)");
 }
 
 TEST_CASE("--sharding-strategy hybrid_shard: 2 x 2 trains; a shard group size that does not divide the world is an error") {

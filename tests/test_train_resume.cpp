@@ -8,7 +8,12 @@
 #include <fstream>
 #include <iterator>
 
+#include "autograd/ops.h"  // defines: argmax, eq, sum
+#include "nn/loss.h"
+#include "nn/test_time_augmentation.h"
 #include "train/checkpoint.h"
+#include "train/loaders.h"     // defines: make_dataset
+#include "train/model_spec.h"  // defines: model_spec
 #include "train/trainer.h"
 #include "nn/safetensors.h"
 #include "saved_weights.h"  // defines: check_same_weights
@@ -277,4 +282,39 @@ TEST_CASE("counts out of range and unknown pipeline settings are refused before 
   const TrainResult none = train_cifar10(eval);
   CHECK(none.test_images == 0);
   CHECK(none.test_loss == 0);
+}
+
+TEST_CASE("--tta: the trainer's evaluation is nn::tta_logits over the same weights and test images") {
+  const std::string dir = temp_dir("tta");
+  TrainConfig train = small_run();
+  train.training.max_steps = 10;
+  train.checkpoint.save = dir + "/w.safetensors";
+  train_cifar10(train);
+
+  TrainConfig eval = small_run();
+  eval.training.epochs = 0;
+  eval.training.eval_only = true;
+  eval.model.init = train.checkpoint.save;
+  eval.data.eval_limit = 300;                  // two of the test loader's batches, the second short
+  eval.training.memory_format = "contiguous";  // the kernels the reference below runs
+  const TrainResult plain = train_cifar10(eval);
+  eval.training.tta = "mirror_translate";
+  const TrainResult tta = train_cifar10(eval);
+  CHECK(tta.test_images == 300);
+
+  // The reference: the saved weights in a fresh model, the first 300 test images, six views.
+  std::shared_ptr<nn::Module> model = model_spec(eval.model.name).build(eval.model.name, 10);
+  nn::load(*model, train.checkpoint.save);
+  model->eval();
+  std::vector<int64_t> first(300);
+  for (int64_t i = 0; i < 300; ++i) first[static_cast<size_t>(i)] = i;
+  const data::Batch batch = make_dataset(eval, /*train=*/false)->get_batch(first, data::AugmentSeed{});
+  const Tensor logits = nn::tta_logits(*model, batch.data, nn::TTA::mirror_translate);
+  const double loss = nn::CrossEntropyLoss()(logits, batch.target).item<float>();
+  const double correct = static_cast<double>(sum(eq(argmax(logits, 1), batch.target)).to(kInt64).item<int64_t>());
+  CHECK(tta.test_loss == doctest::Approx(loss).epsilon(1e-5));
+  CHECK(tta.test_acc == doctest::Approx(correct / 300).epsilon(1e-12));
+  // The six views change the answer, so a trainer that ignored --tta would fail the checks above.
+  CHECK(std::abs(plain.test_loss - loss) > 1e-3);
+  std::filesystem::remove_all(dir);
 }

@@ -84,6 +84,10 @@ CommandLine::CommandLine(const TrainConfig& initial)
   flags.bind("no-shuffle", no_shuffle, "sequential training order");
   flags.bind("eval-limit", c.data.eval_limit, "evaluate on at most N test images (-1: all)");
   flags.at_least(-1, "-1 (the whole test set) or 0 or more");
+  flags.bind("tta", c.training.tta,
+             "test-time augmentation of every evaluation: none | mirror (2 views) | mirror_translate (6 views, "
+             "the speedruns')");
+  flags.one_of({"none", "mirror", "mirror_translate"});
 
   flags.section("model");
   flags.bind("model", c.model.name, joined_model_names() + " (ResNets with the CIFAR stem)");

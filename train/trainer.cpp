@@ -20,6 +20,7 @@
 #include "nn/optim/lr_scheduler.h"     // defines: CosineAnnealingLR, OneCycleLR
 #include "nn/optim/sgd.h"              // defines: SGD
 #include "nn/safetensors.h"            // defines: nn::load (--init)
+#include "nn/test_time_augmentation.h"  // defines: tta_logits (--tta)
 #include "parallel/comm/launch_env.h"  // defines: launch_local_rank (loomrun's, Slurm's or Open MPI's)
 #include "train/checkpointer.h"        // defines: Checkpointer (save, resume, --save)
 #include "train/command_line.h"        // defines: check_train_config (the flag table's rules)
@@ -105,17 +106,25 @@ void record_epoch(TrainResult& result, const RunningMetrics& train, const Runnin
   result.test_images = static_cast<int64_t>(test.examples);
 }
 
+nn::TTA tta_level(const std::string& tta) {
+  return tta == "mirror_translate" ? nn::TTA::mirror_translate : tta == "mirror" ? nn::TTA::mirror : nn::TTA::none;
+}
+
+// What the printed lines call the test metrics: "tta test" where --tta weighs several views.
+const char* test_word(const TrainConfig& config) { return config.training.tta == "none" ? "test" : "tta test"; }
+
 // Counts only the first `real` examples, running every batch (ddp: the rest is padding,
-// Note [Evaluating a shard without double counting]).
+// Note [Evaluating a shard without double counting]). With --tta the loss and accuracy are
+// those of the views' weighted logits (Note [TTA weights]).
 RunningMetrics evaluate(nn::Module& model, nn::CrossEntropyLoss& criterion, data::DataLoader& loader, Device device,
-                        MemoryFormat format, int64_t real) {
+                        MemoryFormat format, int64_t real, nn::TTA tta) {
   trace::Span span("evaluate", "train");
   NoGradGuard no_grad;
   model.eval();
   RunningMetrics metrics;
   for (data::Batch& batch : loader) {
     Tensor images = to_training_device(batch.data, device, format), labels = to_training_device(batch.target, device);
-    Tensor logits = model(images);
+    Tensor logits = nn::tta_logits(model, images, tta);
     labels = labels.to(logits.device());  // --mode mp: the logits are on the last stage's device
     int64_t n = batch.size();
     if (metrics.examples + static_cast<double>(n) > static_cast<double>(real)) {
@@ -136,7 +145,7 @@ TrainResult evaluate_only(const RunningMetrics& test, const TrainConfig& config,
   TrainResult result;
   record_epoch(result, RunningMetrics{}, test);
   if (dist.is_main())
-    std::printf("eval: test loss %.4f  test acc %.2f%% (%lld images)\n", test.loss(), 100 * test.accuracy(),
+    std::printf("eval: %s (%lld images)\n", test.str(test_word(config)).c_str(),
                 static_cast<long long>(test.examples));
   if (dist.is_main() && !config.metrics.json.empty()) write_metrics_json(result, config.metrics.json);
   dist.barrier();  // as after training: nobody leaves before rank 0 has written the file
@@ -247,6 +256,9 @@ class Trainer {
                         "float32 (Note [bf16 autocast where the CPU has no bfloat16 arithmetic]; LOOM_CPU_BF16=staging "
                         "keeps bfloat16)"
                       : "");
+    if (config.training.tta != "none" && dist_.is_main() && say)
+      std::printf("evaluation: test-time augmentation %s (%d views per image, Note [TTA weights])\n",
+                  config.training.tta.c_str(), config.training.tta == "mirror" ? 2 : 6);
     if (config.optim.clip_grad_norm > 0) {  // over the whole model, however it is cut
       clipper_.emplace(parallel_, *optimizer_, config.optim.clip_grad_norm);
       clip_ = [this] { clipper_->clip(amp_); };
@@ -259,7 +271,7 @@ class Trainer {
   // Every rank its share of the test set; the summed metrics count each image once.
   RunningMetrics test() {
     RunningMetrics m = evaluate(parallel_.for_evaluation(), criterion_, data_.test, device(), input_format_,
-                                data_.eval_real);
+                                data_.eval_real, tta_level(config_.training.tta));
     return dist_.sum(dist_.counts_examples() ? m : RunningMetrics{});
   }
 
@@ -357,12 +369,13 @@ class Trainer {
               : std::string();
       std::printf("epoch %lld/%lld  %s  %s  time %.1fs  %.1f img/s%s\n", static_cast<long long>(epoch + 1),
                   static_cast<long long>(config_.training.epochs), metrics.str("train").c_str(),
-                  tested.str("test").c_str(), seconds, images / std::max(seconds, 1e-9), stopped.c_str());
+                  tested.str(test_word(config_)).c_str(), seconds, images / std::max(seconds, 1e-9), stopped.c_str());
       std::fflush(stdout);
     }
     checkpointer_.save(finished ? TrainingPosition{epoch + 1, 0, position_.global_step, {}}
                                 : TrainingPosition{epoch, step_in_epoch, position_.global_step, metrics});
-    return !out_of_steps;
+    // A --max-steps that ends exactly at an epoch's end stops here, not after an empty next epoch.
+    return !out_of_steps && !(config_.training.max_steps >= 0 && position_.global_step >= config_.training.max_steps);
   }
 
   // The run's figures, every rank's memory, --save and --metrics-json.

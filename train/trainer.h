@@ -65,6 +65,9 @@ struct TrainingConfig {
   std::string amp = "none";            // none | bf16 | fp16 (train/mixed_precision.h)
   std::string memory_format = "auto";  // auto | contiguous | channels_last (train/device.h)
   bool eval_only = false;
+  // Test-time augmentation of every evaluation: none | mirror | mirror_translate (six views,
+  // the speedruns' weights; nn/test_time_augmentation.h, Note [TTA weights]).
+  std::string tta = "none";
   // Print each rank's predicted peak memory instead of training: shape-only steps
   // (train/estimate_memory.h).
   bool estimate_memory = false;
