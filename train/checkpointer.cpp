@@ -9,14 +9,37 @@
 
 namespace loom::training {
 
+namespace {
+
+// Note [Lookahead in a checkpoint]
+// Lookahead's average is training state as the optimizer's momentum is: a run resumed
+// without it would pull the model back to the wrong point at the next update. It is kept
+// in the full checkpoint's model section under "lookahead." + the model's names (no model
+// has a top-level module of that name), and taken out again before the model loads its
+// own entries. Lookahead runs only where every rank holds the whole model (Trainer's
+// make_lookahead), so the full format always fits it.
+constexpr const char* kLookaheadPrefix = "lookahead.";
+
+// The model's own entries of a saved model section, and Lookahead's.
+std::pair<OrderedDict<Tensor>, OrderedDict<Tensor>> split_lookahead(const OrderedDict<Tensor>& saved) {
+  OrderedDict<Tensor> model;
+  for (const auto& [name, tensor] : saved)
+    if (name.rfind(kLookaheadPrefix, 0) != 0) model.insert(name, tensor);
+  return {model, take_prefixed(saved, kLookaheadPrefix)};
+}
+
+}  // namespace
+
 Checkpointer::Checkpointer(const TrainConfig& config, const Distributed& dist, ParallelModel& parallel,
-                           const BuiltOptimizer& optimizer, optim::LRScheduler* scheduler, optim::GradScaler* scaler)
+                           const BuiltOptimizer& optimizer, optim::LRScheduler* scheduler, optim::GradScaler* scaler,
+                           optim::Lookahead* lookahead)
     : config_(config),
       dist_(dist),
       parallel_(parallel),
       built_(optimizer),
       scheduler_(scheduler),
-      scaler_(scaler) {
+      scaler_(scaler),
+      lookahead_(lookahead) {
   const auto& dims = dist.dims();
   // Whether the ranks hold different state: then each writes its own.
   const bool sharded_state =
@@ -35,6 +58,8 @@ Checkpointer::Checkpointer(const TrainConfig& config, const Distributed& dist, P
              "stage's optimizer state lives on its own ranks and is never gathered onto one; use sharded (the "
              "default under --pp)");
   sharded_ = format.empty() ? sharded_state : format == "sharded";
+  LOOM_CHECK(!lookahead_ || !sharded_ || config.checkpoint.dir.empty(), "--lookahead-every with --checkpoint-format "
+             "sharded: Lookahead's average is saved in the full format only; use --checkpoint-format full");
 }
 
 TrainingPosition Checkpointer::resume() {
@@ -65,7 +90,13 @@ TrainingPosition Checkpointer::resume() {
                "the directory must be shared by every rank");
   } else {  // every rank reads the whole state; each part takes its own (FSDP: its shards)
     CheckpointState state = read_checkpoint(dir, scheduler_, scaler_);
-    parallel_.load_full_state_dict(state.model);
+    auto [model_state, averaged] = split_lookahead(state.model);  // Note [Lookahead in a checkpoint]
+    LOOM_CHECK(lookahead_ || averaged.empty(), from, " was written with --lookahead-every (it holds Lookahead's "
+               "average); resume it with the same --lookahead-every");
+    LOOM_CHECK(!lookahead_ || !averaged.empty(), from, " holds no Lookahead average: it was written without "
+               "--lookahead-every, so this run cannot continue its Lookahead exactly; resume without the flag");
+    if (lookahead_) lookahead_->load_state_dict(averaged);
+    parallel_.load_full_state_dict(model_state);
     parallel_.load_full_optim_state_dict(built_, state.optimizer);
     at = state.position;
   }
@@ -84,6 +115,7 @@ void Checkpointer::save(const TrainingPosition& at) {
     save_sharded_checkpoint(dir, dist_, parallel_, built_, scheduler_, at, scaler_);
   } else {  // gathered (FSDP's shards, ZeRO-1's partitions): every rank takes part, rank 0 writes
     OrderedDict<Tensor> model_state = parallel_.full_state_dict();
+    if (lookahead_) add_prefixed(model_state, kLookaheadPrefix, lookahead_->state_dict());
     OrderedDict<Tensor> optimizer_state = parallel_.full_optim_state_dict(built_, dist_.is_main());
     if (dist_.is_main()) save_checkpoint(dir, model_state, optimizer_state, scheduler_, at, scaler_);
   }

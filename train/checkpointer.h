@@ -19,6 +19,8 @@
 
 #include <string>
 
+#include "nn/optim/lookahead.h"  // defines: Lookahead (its average is training state)
+
 #include "train/checkpoint.h"   // defines: TrainingPosition
 #include "train/distributed.h"  // defines: Distributed
 #include "train/optimizer.h"    // defines: BuiltOptimizer
@@ -31,8 +33,11 @@ class Checkpointer {
  public:
   // Resolves --checkpoint-format against what is sharded: a loom::Error naming the flag
   // when the asked format cannot hold this run's state.
+  // `lookahead` (--lookahead-every; may be null): its average is saved beside the model's
+  // state, in the full format only (Note [Lookahead in a checkpoint]).
   Checkpointer(const TrainConfig& config, const Distributed& dist, ParallelModel& parallel,
-               const BuiltOptimizer& optimizer, optim::LRScheduler* scheduler, optim::GradScaler* scaler);
+               const BuiltOptimizer& optimizer, optim::LRScheduler* scheduler, optim::GradScaler* scaler,
+               optim::Lookahead* lookahead = nullptr);
 
   bool sharded() const { return sharded_; }
 
@@ -57,6 +62,7 @@ class Checkpointer {
   const BuiltOptimizer& built_;
   optim::LRScheduler* scheduler_;
   optim::GradScaler* scaler_;
+  optim::Lookahead* lookahead_;
   bool sharded_ = false;
 };
 

@@ -81,6 +81,16 @@ CommandLine::CommandLine(const TrainConfig& initial)
   flags.bind("workers", c.data.workers, "DataLoader worker threads");
   flags.at_least(0, "0 (load in the training thread) or more");
   flags.bind("no-augment", no_augment, "no random crop/flip");
+  flags.bind("crop-padding", c.data.crop_padding,
+             "RandomCrop(32, padding=N) of the training images: a shift of up to N pixels each way (0: none)");
+  flags.at_least(0, "0 (no crop) or more pixels");
+  flags.bind("padding-mode", c.data.padding_mode,
+             "the crop's border: constant (zeros, torchvision's default) | reflect (the image mirrored at its edge)");
+  flags.one_of({"constant", "reflect"});
+  flags.bind("flip", c.data.flip,
+             "random (RandomHorizontalFlip) | alternating (a coin per image drawn once, inverted every other epoch: "
+             "each image shown both ways in any two epochs, as airbench) | none");
+  flags.one_of({"random", "alternating", "none"});
   flags.bind("no-shuffle", no_shuffle, "sequential training order");
   flags.bind("eval-limit", c.data.eval_limit, "evaluate on at most N test images (-1: all)");
   flags.at_least(-1, "-1 (the whole test set) or 0 or more");
@@ -108,6 +118,8 @@ CommandLine::CommandLine(const TrainConfig& initial)
   flags.bind("lr", c.optim.lr, "learning rate");
   flags.bind("momentum", c.optim.momentum, "SGD momentum");
   flags.bind("weight-decay", c.optim.weight_decay, "L2 penalty (AdamW: decoupled decay)");
+  flags.bind("no-decay-norms-and-biases", c.optim.no_decay_norms_and_biases,
+             "sgd: no weight decay on biases and BatchNorm/LayerNorm parameters (adamw never decays them)");
   flags.bind("nesterov", c.optim.nesterov, "Nesterov momentum");
   flags.bind("label-smoothing", c.optim.label_smoothing, "cross-entropy label smoothing");
   flags.bind("schedule", c.optim.schedule,
@@ -119,6 +131,15 @@ CommandLine::CommandLine(const TrainConfig& initial)
   flags.rule([this] {
     LOOM_CHECK(c.optim.clip_grad_norm >= 0, "--clip-grad-norm: expected 0 (no clipping) or a positive norm, got ",
                c.optim.clip_grad_norm);
+  });
+  flags.bind("lookahead-every", c.optim.lookahead_every,
+             "Lookahead every N steps: an average of the weights and BatchNorm statistics (decay "
+             "--lookahead-decay^N x progress^3) that the model is pulled back to; taken whole at the end (0: off)");
+  flags.at_least(0, "0 (off) or a number of steps");
+  flags.bind("lookahead-decay", c.optim.lookahead_decay, "Lookahead: the average's decay per step, in [0, 1]");
+  flags.rule([this] {
+    LOOM_CHECK(c.optim.lookahead_decay >= 0 && c.optim.lookahead_decay <= 1,
+               "--lookahead-decay: expected a decay in [0, 1], got ", c.optim.lookahead_decay);
   });
   flags.bind("lr-scaling", c.optim.lr_scaling, "none | linear (lr x data-parallel replicas: the world size under ddp)");
   flags.one_of({"none", "linear"});
@@ -150,6 +171,11 @@ CommandLine::CommandLine(const TrainConfig& initial)
                "--estimate-memory predicts the memory of training steps from a fresh start; drop --resume and --eval-only");
   });
   conv_benchmark = add_conv_benchmark_flags(flags);
+  flags.rule([this] {
+    LOOM_CHECK(!*conv_benchmark.deterministic || c.parallel.balance_by != "time",
+               "--deterministic refuses --balance time: a cut by measured layer times can differ run to run. Use "
+               "--balance cost (counted, the same every run) or give the layer counts");
+  });
 
   flags.section("checkpoints and metrics");
   flags.bind("save", c.checkpoint.save, "write final weights (safetensors)");
