@@ -4,11 +4,11 @@
 #include <sstream>
 
 #include "core/error.h"            // defines: loom::Error, reported as one line
-#include "train/conv_benchmark.h"  // defines: --conv-benchmark (Note [Kernel autotuning])
-#include "train/flags.h"           // defines: Flags (--help is generated)
 #include "data/data_root.h"        // defines: find_cifar10_root (--data)
 #include "parallel/comm/launch_env.h"  // defines: read_launch_env (the world the degrees must fill)
+#include "train/conv_benchmark.h"  // defines: --conv-benchmark (Note [Kernel autotuning])
 #include "train/degrees.h"         // defines: needs_process_group, parallel_dims_from_flags
+#include "train/flags.h"           // defines: Flags (--help is generated), report_flag_error
 #include "train/model_spec.h"      // defines: model_names (--model)
 #include "train/path_flags.h"      // defines: check_output_folder, ... (Note [Path flags are checked first])
 
@@ -60,12 +60,13 @@ struct CommandLine {
 // Note [One table, one place for each rule]
 // Every rule about the flags' values sits in the table beside the flag it concerns: a value
 // out of range or not among the choices (one_of, at_least), and the rules between flags
-// (rule). Flags::check runs them all, on a command line's values (parse_train_flags via
-// train_cifar10) and on a config a program filled in code (check_train_config binds the
-// table to a copy of it), before any data is read or model built: the code that uses the
+// (rule). Flags::check runs them all, on a command line's values as typed (parse_train_flags)
+// and on a config however it was filled (check_train_config, which train_cifar10 calls,
+// binds the table to a copy of it), before any data is read or model built: the code that uses the
 // values would otherwise divide by --microbatches 0, read --max-steps -7 as "no limit",
 // finish --epochs 0 successfully having done nothing, or learn of a misspelt
-// --pipeline-checkpoint only after timing the model's layers. What depends on the world
+// --pipeline-checkpoint only after timing the model's layers. The path flags are checked
+// there too (Note [Path flags are checked first], path_flags.h). What depends on the world
 // (the degrees against WORLD_SIZE: degrees.cpp) or on the model (--balance's counts
 // against its layers: parallelize.cpp) is checked where that is known.
 CommandLine::CommandLine(const TrainConfig& initial)

@@ -9,9 +9,9 @@
 //
 // Note [Path flags are checked first]
 // A path is checked where the flags are, before the data is read or the model built: a
-// --save into a missing folder would otherwise fail after the whole run, a --checkpoint-dir
-// naming a file at the first checkpoint (as filesystem_error, which ended the program
-// before the trainer caught std::exception). Whether a folder takes new files is
+// --save into a missing folder would otherwise fail after the whole run, and a
+// --checkpoint-dir naming a file at the first checkpoint, as a filesystem_error that names
+// no flag. Whether a folder takes new files is
 // access(2)'s answer for this process (W_OK | X_OK), the kernel's own rule: a read-only
 // mount answers EROFS for everyone, and root passes the permission bits, as it would when
 // writing. An output folder that does not exist yet is made on the first write (with its
