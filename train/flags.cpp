@@ -192,14 +192,15 @@ std::string Flags::help() const {
 // Every process of a launch reads the same command line, so a bad flag stops them all
 // with the same error; printed by each, a run of 8 processes shows it 8 times, between
 // loomrun's own lines. As torchrun's error summary names one root cause, the first
-// process of each launcher (LOCAL_RANK 0) prints it, and the others one line pointing to it. Once per launcher rather than per job: each node's launcher has its own
-// console, and a path flag is checked against the node's own file system. Only the
-// command line's errors are said this way; an error met while training can be one rank's
-// own, and every rank says its own.
-// The others then wait a while before they exit: a launcher stops the rest of a job at its
-// first failure (loomrun, torchrun and mpirun alike), and were it one of them, local rank 0
-// could be stopped before it had said why, and the launcher's summary would name a rank
-// whose output only points elsewhere. Local rank 0 fails first and the launcher stops them.
+// process of each launcher (LOCAL_RANK 0) prints it, and the others one line pointing to
+// it. Once per launcher rather than per job: each node's launcher has its own console,
+// and a path flag is checked against the node's own file system. Only the command line's
+// errors are said this way; an error met while training can be one rank's own, and every
+// rank says its own.
+// The others then wait a while before they exit: a launcher stops the rest of a job at
+// its first failure (loomrun, torchrun and mpirun alike), and were that one of them, local
+// rank 0 could be stopped before it had said why, and the summary would name a rank whose
+// output only points elsewhere. So local rank 0 fails first, and the launcher stops them.
 int report_flag_error(const std::string& program, const std::exception& error) {
   distributed::LaunchEnv launch;
   try {
