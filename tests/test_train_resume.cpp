@@ -242,7 +242,8 @@ TEST_CASE("resume without a checkpoint says where it looked") {
   TrainConfig c = small_run();
   c.checkpoint.dir = temp_dir("empty");
   c.checkpoint.resume = true;
-  CHECK_THROWS_WITH_AS(train_cifar10(c), doctest::Contains("no checkpoint at"), Error);
+  const std::string says = "--resume: no checkpoint in " + c.checkpoint.dir + ": neither a full one";
+  CHECK_THROWS_WITH_AS(train_cifar10(c), doctest::Contains(says.c_str()), Error);
   std::filesystem::remove_all(c.checkpoint.dir);
 }
 

@@ -42,9 +42,10 @@ class Checkpointer {
   bool sharded() const { return sharded_; }
 
   // Where to continue from: under --resume, or after loomrun restarted the job (Note
-  // [Resuming after a restart]), the newest complete checkpoint's position with every
-  // rank's state loaded from it; else the start (and, under the sharded format, an
-  // earlier run's step directories removed, so that a restart cannot resume from them).
+  // [Resuming after a restart]), the newest complete checkpoint's position, of either
+  // format whichever this run writes (Note [Resuming either format], checkpoint.h), with
+  // every rank's state loaded from it; else the start (and an earlier run's checkpoints
+  // removed, so that a restart cannot resume from them).
   TrainingPosition resume();
 
   // Saves the training state at `at` under --checkpoint-dir (nothing without one). A
