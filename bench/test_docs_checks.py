@@ -171,7 +171,8 @@ class RatioColumns(unittest.TestCase):
 
 class QuotedFigures(unittest.TestCase):
     RESULTS = {"columns": [{"key": "isa"}, {"key": "batch"}, {"key": "vs_tuned"}, {"key": "mean"}],
-               "rows": [{"isa": "native (AVX-512)", "batch": 128, "vs_tuned": 1.55, "mean": 0.164},
+               "rows": [{"isa": "native (AVX-512)", "batch": 128, "vs_tuned": 1.55, "mean": 0.164,
+                         "last": "`epoch 1 loss 2.7966`"},
                         {"isa": "AVX2", "batch": 128, "vs_tuned": 1.7, "mean": 0.2}],
                "ratios": [{"name": "loom ddp / torch ddp (ratio of the medians; repeats 1.50-2.14)", "value": 1.61}]}
 
@@ -197,6 +198,11 @@ class QuotedFigures(unittest.TestCase):
         count, problems = self.check('[1.56×](../bench/results/r.json "vs_tuned @ isa=native (AVX-512), batch=128")')
         self.assertEqual(len(problems), 1)
         self.assertIn("the file says 1.55", problems[0])
+
+    def test_a_text_cell_is_quoted_by_its_figure(self):
+        self.assertEqual(self.check('[2.7966](../bench/results/r.json "last @ isa=native (AVX-512)")'), (1, []))
+        _, problems = self.check('[2.7996](../bench/results/r.json "last @ isa=native (AVX-512)")')
+        self.assertEqual(len(problems), 1)
 
     def test_a_selector_that_names_no_single_row_is_a_problem(self):
         _, problems = self.check('[1.55](../bench/results/r.json "vs_tuned @ batch=128")')
