@@ -3,7 +3,10 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <sstream>
+
+#include "core/cpu/onednn.h"  // defines: scratchpad_bytes
 
 namespace loom {
 
@@ -38,6 +41,21 @@ std::shared_ptr<void> reserve_external_memory(int64_t bytes, Device device) {
   // The handle holds no memory; its deleter gives the bytes back to the device's count.
   return std::shared_ptr<void>(nullptr, [allocator, device, bytes](void*) { allocator->release_external(device, bytes); });
 }
+
+ResidentMemory resident_memory() {
+  ResidentMemory out;
+  std::ifstream status("/proc/self/status");
+  std::string key, unit;
+  int64_t kib = 0;
+  while (status >> key) {
+    if (key == "VmRSS:" && status >> kib >> unit) out.current = kib * 1024;
+    else if (key == "VmHWM:" && status >> kib >> unit) out.peak = kib * 1024;
+    else status.ignore(1 << 16, '\n');
+  }
+  return out;
+}
+
+int64_t cpu_kernel_workspace_bytes() { return cpu::onednn::scratchpad_bytes(); }
 
 std::string format_memory_size(int64_t bytes) {
   char text[64];

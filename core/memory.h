@@ -76,6 +76,19 @@ std::string memory_summary(Device device = Device());
 // alive with the memory. Past the budget: OutOfMemoryError, after the cache is freed.
 std::shared_ptr<void> reserve_external_memory(int64_t bytes, Device device);
 
+// The process's resident memory now and at its highest so far (Linux's VmRSS and VmHWM in
+// /proc/self/status; the peak is getrusage's ru_maxrss): everything the process holds in
+// RAM, tensors, the allocators' caches, libraries' buffers and code alike, where the
+// statistics above count only the caching allocator's blocks. Both 0 where /proc cannot
+// be read.
+struct ResidentMemory {
+  int64_t current = 0, peak = 0;  // bytes
+};
+ResidentMemory resident_memory();
+// Bytes the CPU kernels hold outside the caching allocator now: oneDNN's per-thread
+// scratchpads (Note [oneDNN scratchpad], core/cpu/onednn.h).
+int64_t cpu_kernel_workspace_bytes();
+
 // "1.50 GiB", "20.00 MiB", "512 bytes": PyTorch's format_size, used by the report.
 std::string format_memory_size(int64_t bytes);
 // "1.5GiB", "512MiB", "2GB", "1073741824": bytes, for --device-memory-limit; a loom::Error

@@ -35,6 +35,16 @@ std::string cpu_model() {
   return "unknown CPU";
 }
 
+double mib(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
+
+// The phase whose end first saw the run's peak RSS: the peak was reached during it.
+const examples::Airbench94Memory& peak_phase(const examples::Airbench94Result& r) {
+  const examples::Airbench94Memory* peak = &r.memory.front();
+  for (const auto& m : r.memory)
+    if (m.peak_resident > peak->peak_resident) peak = &m;
+  return *peak;
+}
+
 json::Value metrics(const examples::Airbench94Result& r, const examples::Airbench94Config& c, int64_t threads,
                     int64_t processes, int64_t batches_per_epoch) {
   rusage usage{};
@@ -72,6 +82,21 @@ json::Value metrics(const examples::Airbench94Result& r, const examples::Airbenc
   out.set("phases_s", phases);
   out.set("train_loss_last", r.train_loss_last);
   out.set("peak_rss_mib", static_cast<double>(usage.ru_maxrss) / 1024.0);
+  json::Value::Array memory;  // Note [Where the speedrun's memory goes] (docs/speedrun.md)
+  for (const auto& m : r.memory) {
+    json::Value row = json::Value::Object{};
+    row.set("phase", m.phase);
+    row.set("rss_mib", mib(m.resident));
+    row.set("peak_rss_mib", mib(m.peak_resident));
+    row.set("allocated_mib", mib(m.allocated));
+    row.set("reserved_mib", mib(m.reserved));
+    row.set("peak_allocated_mib", mib(m.peak_allocated));
+    row.set("peak_reserved_mib", mib(m.peak_reserved));
+    row.set("kernel_workspace_mib", mib(m.kernel_workspace));
+    memory.push_back(row);
+  }
+  out.set("data_mib", mib(r.data_bytes));
+  out.set("memory", memory);
   out.set("cpu", cpu_model());
   out.set("per_epoch", epochs);
   return out;
@@ -141,6 +166,11 @@ int main(int argc, char** argv) {
       std::printf("tta_accuracy %.4f  accuracy %.4f  wall_time %.1f s (whitening %.2f, train %.1f [data %.1f, "
                   "lookahead %.2f], tta %.1f)\n",
                   r.tta_accuracy, r.accuracy, r.wall_time_s, r.whitening_s, r.train_s, r.data_s, r.lookahead_s, r.tta_s);
+      const examples::Airbench94Memory& peak = peak_phase(r);
+      std::printf("peak RSS %.0f MiB, reached in the %s phase: the data set %.0f MiB; in that phase the caching "
+                  "allocator's peak %.0f MiB in tensors, %.0f MiB reserved; kernel workspaces %.0f MiB\n",
+                  mib(peak.peak_resident), peak.phase.c_str(), mib(r.data_bytes), mib(peak.peak_allocated),
+                  mib(peak.peak_reserved), mib(peak.kernel_workspace));
       if (!metrics_json.empty()) {
         const int64_t processes = config.process_group ? config.process_group->size() : 1;
         const int64_t per_epoch = train.images.size(0) / config.batch_size;

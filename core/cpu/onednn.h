@@ -41,6 +41,8 @@ const dnnl::engine& cpu_engine();
 // This thread's scratchpad buffer, at least `size` bytes (Note [oneDNN scratchpad]).
 // `op` names the kernel in the out-of-memory error.
 void* scratchpad(size_t size, const char* op);
+// The bytes every thread's scratchpad buffer holds now (for memory reports).
+int64_t scratchpad_bytes();
 
 // float32, bfloat16 (and float16) as oneDNN names them; a loom::Error for the rest.
 dnnl::memory::data_type data_type(DType dtype);

@@ -3,11 +3,13 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <set>
 
 #include "autograd/autocast.h"          // defines: autocast::Guard (--amp bf16)
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"               // defines: cross_entropy
 #include "core/factory.h"               // defines: scalar_tensor
+#include "core/memory.h"                // defines: resident_memory, memory_stats, reset_peak_memory_stats
 #include "core/generator.h"             // defines: manual_seed
 #include "data/cifar10.h"               // defines: CIFAR10
 #include "data/sampler.h"               // defines: sequential_indices
@@ -34,6 +36,27 @@ struct PhaseTimer {
 
 void log_line(const Airbench94Config& config, const std::string& line) {
   if (config.log) config.log(line);
+}
+
+// Records the memory at the end of `phase` and starts the allocator's peaks afresh for the next.
+void record_memory(Airbench94Result& result, const char* phase) {
+  const Device cpu("cpu");
+  const ResidentMemory resident = resident_memory();
+  const AllocatorStats stats = memory_stats(cpu);
+  result.memory.push_back({.phase = phase, .resident = resident.current, .peak_resident = resident.peak,
+                           .allocated = stats.allocated_bytes, .reserved = stats.reserved_bytes,
+                           .peak_allocated = stats.peak_allocated_bytes, .peak_reserved = stats.peak_reserved_bytes,
+                           .kernel_workspace = cpu_kernel_workspace_bytes()});
+  reset_peak_memory_stats(cpu);
+}
+
+// The bytes of the distinct storages behind `tensors` (views of one storage count once).
+int64_t storage_bytes(std::initializer_list<const Tensor*> tensors) {
+  std::set<const void*> seen;
+  int64_t bytes = 0;
+  for (const Tensor* t : tensors)
+    if (t->defined() && seen.insert(t->storage().get()).second) bytes += static_cast<int64_t>(t->storage()->nbytes());
+  return bytes;
 }
 
 }  // namespace
@@ -72,6 +95,8 @@ Airbench94Result run_airbench94(const Airbench94Config& config, const CifarTenso
   // The test images in the batches' layout, once, before the clock starts (as the training
   // images are normalised once, untimed).
   const Tensor test_images = test.images.contiguous(config.memory_format);
+  result.data_bytes = storage_bytes({&train.images, &train.labels, &test.images, &test.labels, &test_images});
+  record_memory(result, "data");
 
   const Clock::time_point start = Clock::now();
   {  // Whitening: the first conv's filters from the first images' patches (nn/whitening.h).
@@ -80,6 +105,7 @@ Airbench94Result run_airbench94(const Airbench94Config& config, const CifarTenso
     nn::init_whitening_conv_(*net->whiten, train.images.narrow(0, 0, n), config.whiten_eps);
     net->whiten->weight.requires_grad_(false);
   }
+  record_memory(result, "whitening");
 
   // See Note [airbench94's hyperparameters].
   const double kilostep_scale = 1024.0 * (1.0 + 1.0 / (1.0 - config.momentum));
@@ -129,6 +155,7 @@ Airbench94Result run_airbench94(const Airbench94Config& config, const CifarTenso
         optimizer.step();
         scheduler.step();
         ++step;
+        if (step == 1) record_memory(result, "first step");
         const double per_example = loss.item<float>() / static_cast<double>(batch.size());
         loss_sum += per_example;
         result.train_loss_last = per_example;
@@ -163,6 +190,7 @@ Airbench94Result run_airbench94(const Airbench94Config& config, const CifarTenso
     log_line(config, line);
   }
   result.steps = step;
+  record_memory(result, "training");
 
   {  // The final evaluation: test-time augmentation (nn/test_time_augmentation.h). Under DDP
      // each rank tests its own share of the images and the correct counts are summed.
@@ -176,8 +204,10 @@ Airbench94Result run_airbench94(const Airbench94Config& config, const CifarTenso
     result.tta_accuracy = correct.item<double>() / static_cast<double>(n);
   }
   result.wall_time_s = seconds_since(start) - untimed_s;
+  record_memory(result, "tta");
   net->eval();
   result.accuracy = nn::tta_accuracy(*net, test_images, test.labels, nn::TTA::none, config.eval_batch_size);
+  record_memory(result, "accuracy");
   return result;
 }
 

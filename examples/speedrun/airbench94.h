@@ -24,6 +24,14 @@
 // per example. The schedule rises linearly from 0.2 to 1 over the first 23% of the steps
 // and falls to 0.07 at the end; Lookahead every 5 steps with decay 0.95^5 (t / T)^3 (near 0
 // early: the average follows the weights; 0.77 at the end: it smooths the last steps).
+//
+// Note [Where the speedrun's memory goes]
+// The run's peak RSS is everything the process holds at its highest: the data set's tensors,
+// the caching allocator's blocks (in use, and cached for reuse), the kernels' own workspaces
+// outside it (oneDNN's scratchpads), and libraries' code and buffers. run_airbench94 records
+// each at the end of every phase (Airbench94Result::memory; airbench --metrics-json writes
+// them), so a peak can be traced to its phase and its part; bench/speedrun_memory.py
+// compares them with PyTorch's peak on the same run.
 #pragma once
 
 #include <cstdint>
@@ -75,6 +83,17 @@ struct Airbench94Epoch {
   double elapsed_s = 0;    // timed seconds since the start
 };
 
+// The process's memory at the end of one phase of the run (Note [Where the speedrun's memory
+// goes], docs/speedrun.md): what the run measures to say where its peak RSS comes from.
+struct Airbench94Memory {
+  std::string phase;                  // data, whitening, first step, training, tta, accuracy
+  int64_t resident = 0;               // the process's RSS now (bytes)
+  int64_t peak_resident = 0;          // its highest so far (getrusage's ru_maxrss)
+  int64_t allocated = 0, reserved = 0;            // the caching allocator's, now
+  int64_t peak_allocated = 0, peak_reserved = 0;  // the caching allocator's highest within the phase
+  int64_t kernel_workspace = 0;       // outside the allocator: oneDNN's scratchpads
+};
+
 struct Airbench94Result {
   double tta_accuracy = 0, accuracy = 0;  // fractions; accuracy (no TTA) is untimed
   double wall_time_s = 0;                 // whitening + training + TTA
@@ -82,6 +101,8 @@ struct Airbench94Result {
   int64_t steps = 0;
   double train_loss_last = 0;             // the last step's loss per example
   std::vector<Airbench94Epoch> per_epoch;
+  int64_t data_bytes = 0;                 // the training and test tensors the run holds
+  std::vector<Airbench94Memory> memory;   // at the end of each phase, in order
 };
 
 // CIFAR-10 as normalised float32 images [N, 3, 32, 32] and int64 labels [N], read once
