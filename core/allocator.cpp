@@ -1,12 +1,15 @@
 #include "core/allocator.h"
 
-#include <unistd.h>  // defines: sysconf, for the host's memory
+#include <sys/mman.h>  // defines: mmap, munmap (the segments)
+#include <unistd.h>    // defines: sysconf, for the host's memory
 
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <mutex>
+#include <set>
 #include <unordered_map>
 #include <vector>
 
@@ -16,54 +19,67 @@
 namespace loom {
 namespace {
 
-constexpr size_t kAlignment = 64;  // a cache line, and what AVX-512 loads like
-// A request may take a cached block up to this many times its own size class (Note
-// [Caching allocator]: which block).
-constexpr size_t kMaxOversize = 2;
+// See Note [Caching allocator] for each constant.
+constexpr size_t kMinBlockSize = 512;      // every size rounds up to this (and blocks stay 64-byte aligned)
+constexpr size_t kSmallSize = 1 << 20;     // largest request served by the small pool
+constexpr size_t kSmallSegment = 2 << 20;  // small pool segments
+constexpr size_t kRoundLarge = 2 << 20;    // large pool segments round to this
 
-// Size classes: round up to 64 bytes below 4 KiB, otherwise to 1/8 of the enclosing
-// power of two. Worst-case waste is 12.5%, and tensors of nearly equal size (e.g. the
-// last, smaller batch of an epoch) share a bucket.
 size_t round_size(size_t nbytes) {
-  if (nbytes <= 4096) return std::max<size_t>(kAlignment, (nbytes + kAlignment - 1) / kAlignment * kAlignment);
-  size_t power = 1;
-  while (power < nbytes) power <<= 1;
-  size_t step = power / 8;
-  return (nbytes + step - 1) / step * step;
+  return std::max(kMinBlockSize, (nbytes + kMinBlockSize - 1) / kMinBlockSize * kMinBlockSize);
 }
 
-// See Note [Caching allocator]. One free list per size class and device (each virtual CPU
-// device caches its own blocks, as a GPU does). A mutex keeps it thread-safe: DP replicas,
-// pipeline stages and DataLoader workers allocate concurrently.
+size_t segment_size(size_t size) {
+  return size <= kSmallSize ? kSmallSegment : (size + kRoundLarge - 1) / kRoundLarge * kRoundLarge;
+}
+
+// A piece of a mapped segment. The blocks of one segment form a list in address order
+// (prev/next); a segment that is one free block is fully free.
+struct Block {
+  char* ptr;
+  size_t size;
+  int device;   // the CPU device index it serves
+  bool small;   // which pool
+  bool allocated = false;
+  uint64_t idle_since = 0;  // the allocator's clock when it was last freed
+  Block* prev = nullptr;
+  Block* next = nullptr;
+
+  bool is_segment() const { return !prev && !next; }
+};
+
+// Free blocks by (size, address): lower_bound on the size is the best fit.
+struct BlockLess {
+  bool operator()(const Block* a, const Block* b) const {
+    if (a->size != b->size) return a->size < b->size;
+    return std::less<const char*>()(a->ptr, b->ptr);
+  }
+};
+using Pool = std::set<Block*, BlockLess>;
+
+// See Note [Caching allocator]. Per device (each virtual CPU device caches its own blocks,
+// as a GPU does). A mutex keeps it thread-safe: DP replicas, pipeline stages and
+// DataLoader workers allocate concurrently.
 class CachingCpuAllocator final : public Allocator {
  public:
   void* allocate(size_t nbytes, Device device) override {
     const size_t size = round_size(nbytes);
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (void* cached = take_cached(device.index, size)) return cached;
-      // A cache miss: the bytes count against the device's budget from here, so that two
-      // threads cannot both pass the check.
-      check_budget(device, size, nbytes);
-      note_reserved(state(device.index), static_cast<int64_t>(size));
-    }
-    void* ptr = std::aligned_alloc(kAlignment, size);
-    if (!ptr) {
-      empty_cache();  // one retry with every device's cache returned to the system
-      std::lock_guard<std::mutex> lock(mutex_);
-      state(device.index).stats.num_alloc_retries += 1;
-      ptr = std::aligned_alloc(kAlignment, size);
-      if (!ptr) {
-        state(device.index).stats.reserved_bytes -= static_cast<int64_t>(size);
-        throw_out_of_memory(device, nbytes);
-      }
-    }
     std::lock_guard<std::mutex> lock(mutex_);
     DeviceState& d = state(device.index);
-    d.stats.system_allocations += 1;
-    in_use_.emplace(ptr, Block{size, device.index});
-    note_allocated(d, size);
-    return ptr;
+    Pool& pool = size <= kSmallSize ? d.small_pool : d.large_pool;
+    Block key{nullptr, size, device.index, size <= kSmallSize};
+    Block* block = nullptr;
+    if (auto it = pool.lower_bound(&key); it != pool.end()) {
+      block = *it;
+      pool.erase(it);
+    } else {
+      block = new_segment(d, device, size, nbytes);
+    }
+    split(d, block, size);
+    block->allocated = true;
+    in_use_.emplace(block->ptr, block);
+    note_allocated(d, block->size);
+    return block->ptr;
   }
 
   void deallocate(void* ptr, size_t, Device) override {
@@ -71,11 +87,12 @@ class CachingCpuAllocator final : public Allocator {
     std::lock_guard<std::mutex> lock(mutex_);
     auto found = in_use_.find(ptr);
     LOOM_CHECK(found != in_use_.end(), "CPU allocator: deallocate of ", ptr, ", which it did not hand out");
-    const Block block = found->second;  // the block's own class and device (Storage's device may be re-labelled)
+    Block* block = found->second;  // the block knows its device (Storage's device may be re-labelled)
     in_use_.erase(found);
-    DeviceState& d = state(block.device);
-    d.free[block.size].push_back(ptr);
-    d.stats.allocated_bytes -= static_cast<int64_t>(block.size);
+    DeviceState& d = state(block->device);
+    block->allocated = false;
+    d.stats.allocated_bytes -= static_cast<int64_t>(block->size);
+    free_block(d, block);
   }
 
   AllocatorStats stats(Device device) const override {
@@ -94,7 +111,7 @@ class CachingCpuAllocator final : public Allocator {
 
   void empty_cache() override {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& entry : devices_) release_cached(entry.first);
+    for (auto& entry : devices_) release_cached(entry.second);
   }
 
   void set_memory_limit(Device device, int64_t bytes) override {
@@ -110,9 +127,9 @@ class CachingCpuAllocator final : public Allocator {
 
   void reserve_external(Device device, int64_t bytes) override {
     std::lock_guard<std::mutex> lock(mutex_);
-    const auto size = static_cast<size_t>(bytes);
-    check_budget(device, size, size);
     DeviceState& d = state(device.index);
+    const auto size = static_cast<size_t>(bytes);
+    check_budget(d, device, size, size);
     d.stats.external_bytes += bytes;  // before note_allocated, which may record it at a new peak
     note_reserved(d, bytes);
     note_allocated(d, size);
@@ -127,59 +144,130 @@ class CachingCpuAllocator final : public Allocator {
   }
 
  private:
-  struct Block {
-    size_t size;  // its size class
-    int device;   // the CPU device index it was allocated for
-  };
   struct DeviceState {
-    std::map<size_t, std::vector<void*>> free;  // size class -> cached blocks (no empty lists)
+    Pool small_pool, large_pool;  // free blocks
     AllocatorStats stats;
     int64_t limit = kNoMemoryLimit;
+
+    Pool& pool_of(const Block* block) { return block->small ? small_pool : large_pool; }
   };
 
   // The rest run with mutex_ held.
   DeviceState& state(int device) { return devices_[device]; }
 
-  // Best fit: the smallest cached block of this size class or a larger one (up to
-  // kMaxOversize times), so that a stage's blocks serve the next, smaller stage.
-  void* take_cached(int device, size_t size) {
-    DeviceState& d = state(device);
-    auto it = d.free.lower_bound(size);
-    if (it == d.free.end() || it->first > kMaxOversize * size) return nullptr;
-    const size_t block = it->first;
-    void* ptr = it->second.back();
-    it->second.pop_back();
-    if (it->second.empty()) d.free.erase(it);
-    in_use_.emplace(ptr, Block{block, device});
-    note_allocated(d, block);
-    return ptr;
+  // Maps a segment for a request nothing cached fits: within the budget (Note [Device
+  // memory budget]), after the pool's idle segments went back (Note [Caching allocator]).
+  Block* new_segment(DeviceState& d, Device device, size_t size, size_t requested) {
+    const size_t bytes = segment_size(size);
+    const bool small = size <= kSmallSize;
+    check_budget(d, device, bytes, requested);
+    release_idle(d, small ? d.small_pool : d.large_pool, bytes);
+    void* ptr = map(bytes);
+    if (!ptr) {  // the system refused: one retry with every device's cache returned to it
+      for (auto& entry : devices_) release_cached(entry.second);
+      d.stats.num_alloc_retries += 1;
+      ptr = map(bytes);
+      if (!ptr) throw_out_of_memory(d, device, requested);
+    }
+    note_reserved(d, static_cast<int64_t>(bytes));
+    d.stats.system_allocations += 1;
+    return new Block{static_cast<char*>(ptr), bytes, device.index, small};
+  }
+
+  static void* map(size_t bytes) {
+    void* ptr = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return ptr == MAP_FAILED ? nullptr : ptr;
+  }
+
+  static void unmap(DeviceState& d, Block* block) {
+    munmap(block->ptr, block->size);  // fails only for an address that is not a mapping
+    d.stats.reserved_bytes -= static_cast<int64_t>(block->size);
+    delete block;
+  }
+
+  // Keeps the first `size` bytes of `block` and returns the rest to its pool when the rest
+  // is worth keeping apart (Note [Caching allocator]).
+  static void split(DeviceState& d, Block* block, size_t size) {
+    const size_t rest = block->size - size;
+    if (block->small ? rest < kMinBlockSize : rest <= kSmallSize) return;
+    auto* remainder = new Block{block->ptr + size, rest, block->device, block->small};
+    remainder->idle_since = block->idle_since;
+    remainder->prev = block;
+    remainder->next = block->next;
+    if (block->next) block->next->prev = remainder;
+    block->next = remainder;
+    block->size = size;
+    d.pool_of(remainder).insert(remainder);
+  }
+
+  static bool is_free(const Block* block) { return block && !block->allocated; }
+
+  // Merges `block` with its free neighbours and puts the result in its pool.
+  void free_block(DeviceState& d, Block* block) {
+    Pool& pool = d.pool_of(block);
+    if (Block* prev = block->prev; is_free(prev)) {
+      pool.erase(prev);
+      prev->size += block->size;
+      prev->next = block->next;
+      if (block->next) block->next->prev = prev;
+      delete block;
+      block = prev;
+    }
+    if (Block* next = block->next; is_free(next)) {
+      pool.erase(next);
+      block->size += next->size;
+      block->next = next->next;
+      if (next->next) next->next->prev = block;
+      delete next;
+    }
+    block->idle_since = ++clock_;
+    pool.insert(block);
+  }
+
+  // Unmaps `pool`'s fully free segments, longest idle first, until `bytes` went back.
+  static void release_idle(DeviceState& d, Pool& pool, size_t bytes) {
+    std::vector<Block*> idle;
+    for (Block* block : pool)
+      if (block->is_segment()) idle.push_back(block);
+    std::sort(idle.begin(), idle.end(), [](const Block* a, const Block* b) { return a->idle_since < b->idle_since; });
+    size_t released = 0;
+    for (Block* block : idle) {
+      if (released >= bytes) break;
+      released += block->size;
+      pool.erase(block);
+      unmap(d, block);
+    }
+  }
+
+  // Every fully free segment of the device back to the system.
+  static void release_cached(DeviceState& d) {
+    for (Pool* pool : {&d.small_pool, &d.large_pool}) {
+      for (auto it = pool->begin(); it != pool->end();) {
+        Block* block = *it;
+        if (!block->is_segment()) {
+          ++it;
+          continue;
+        }
+        it = pool->erase(it);
+        unmap(d, block);
+      }
+    }
   }
 
   // Past the budget, this device's cache goes back to the system and the check is tried
   // once more; still past it, OutOfMemoryError for the `requested` bytes.
-  void check_budget(Device device, size_t size, size_t requested) {
-    if (fits_budget(device.index, size)) return;
-    release_cached(device.index);
-    state(device.index).stats.num_alloc_retries += 1;
-    if (!fits_budget(device.index, size)) throw_out_of_memory(device, requested);
+  void check_budget(DeviceState& d, Device device, size_t size, size_t requested) {
+    if (fits_budget(d, size)) return;
+    release_cached(d);
+    d.stats.num_alloc_retries += 1;
+    if (!fits_budget(d, size)) throw_out_of_memory(d, device, requested);
   }
 
-  bool fits_budget(int device, size_t size) {
-    const DeviceState& d = state(device);
+  static bool fits_budget(const DeviceState& d, size_t size) {
     return d.limit == kNoMemoryLimit || d.stats.reserved_bytes + static_cast<int64_t>(size) <= d.limit;
   }
 
-  void release_cached(int device) {
-    DeviceState& d = state(device);
-    for (auto& [size, bucket] : d.free) {
-      for (void* ptr : bucket) std::free(ptr);
-      d.stats.reserved_bytes -= static_cast<int64_t>(size * bucket.size());
-    }
-    d.free.clear();
-  }
-
-  [[noreturn]] void throw_out_of_memory(Device device, size_t nbytes) {
-    DeviceState& d = state(device.index);
+  [[noreturn]] static void throw_out_of_memory(DeviceState& d, Device device, size_t nbytes) {
     d.stats.num_ooms += 1;
     throw OutOfMemoryError(out_of_memory_message(device, static_cast<int64_t>(nbytes), d.stats, d.limit));
   }
@@ -197,8 +285,9 @@ class CachingCpuAllocator final : public Allocator {
   }
 
   mutable std::mutex mutex_;
-  std::map<int, DeviceState> devices_;        // CPU device index -> its cache and counts
-  std::unordered_map<void*, Block> in_use_;   // block handed out -> its class and device
+  std::map<int, DeviceState> devices_;         // CPU device index -> its pools and counts
+  std::unordered_map<void*, Block*> in_use_;   // block handed out -> its block
+  uint64_t clock_ = 0;                         // counts frees, for idle_since
 };
 
 Allocator* g_allocators[kNumDeviceTypes] = {};

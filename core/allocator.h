@@ -2,24 +2,37 @@
 //
 // Note [Caching allocator]
 // A training step allocates and frees the same sizes every iteration. Returning large
-// blocks to glibc makes it munmap them, and the next step page-faults the same memory
+// blocks to the system makes it unmap them, and the next step page-faults the same memory
 // back in (PyTorch on CPU loses ~20% to this at batch 128). loom's CPU allocator keeps
-// freed blocks in size-bucketed free lists and hands them out again, so steady-state
-// training does no system allocation at all. empty_cache() returns them to the system.
-// The CUDA backend registers its own allocator of the same shape (cuda/).
-//
-// Which block: the smallest cached one whose size class is at least the request's and
-// at most twice it (best fit). A cached block's pages are resident already, so handing
-// out a larger one costs nothing, while a fresh block adds to the process's memory; with
-// exact classes only, every size a network uses keeps its own peak count of blocks, and
-// the cache is the *sum* of those peaks. A ResNet's stages have halving activation
-// sizes, so stage 1's blocks now serve stage 2 instead: ResNet18 eval at batch 128
-// reserves 356 MiB instead of 462, training at batch 32 344 instead of 374 (bench_train).
-// The factor 2 bounds what a smaller tensor wastes of a block; larger factors went
-// lower still in eval but made training reach its steady state later, or not at all.
-// The steady state holds because a step's requests repeat in the same order, so from a
-// free list that already served a whole step without a miss, every later step is served
-// alike. A block keeps its class for life; stats count whole blocks.
+// freed memory and hands it out again, so steady-state training does no system
+// allocation at all. Its shape is PyTorch's CUDA caching allocator's (Note [Caching
+// allocator on CUDA], cuda/caching_allocator.h), on memory mapped from the system:
+// - Sizes round up to 512 B. Requests up to 1 MiB come from the small pool, carved out
+//   of 2 MiB segments; larger ones from the large pool, where a request nothing cached
+//   fits gets a segment of its size rounded up to 2 MiB.
+// - The smallest free block that fits is taken (best fit) and split when the rest is
+//   worth keeping apart (small pool: at least 512 B; large pool: more than 1 MiB); freed
+//   neighbours within a segment merge again. One activation's block thus serves two
+//   smaller tensors later in the step, and they give it back whole for the next large
+//   one: the cache holds about the step's peak, not the sum over sizes of each size's
+//   peak count of blocks (what a cache of whole blocks per size class holds).
+// - Memory the workload stopped using goes back to the system: when nothing cached fits
+//   a request, the pool's fully free segments (all smaller than the request, or one would
+//   have served it) are unmapped, longest idle first, up to the size of the segment about
+//   to be mapped. After training at batch 1024, the evaluation at batch 2000 needs larger
+//   blocks than the training's, which would otherwise stay cached beside its own. A step
+//   that repeats the last one's requests is served from the cache without a miss, so
+//   steady-state training never pays for this.
+// - empty_cache() unmaps every fully free segment; a budget (Note [Device memory budget],
+//   core/memory.h) does the same before it raises OutOfMemoryError.
+// On the speedrun (docs/speedrun.md) this holds the training step in 1.5 GB where whole
+// blocks per size class held 2.4, and the evaluation after it in the same memory instead
+// of 1.2 GB more.
+// The steady state: a step's requests repeat in the same order, so once a step is served
+// without a miss the cache is laid out to serve the next alike; misses stop after the
+// first steps (stats().system_allocations stays flat). Stats count whole blocks: a
+// block's size is its request's, rounded, or the whole free block when too little would
+// remain to split off.
 //
 // Each CPU device (cpu, and every virtual cpu:N) has its own free lists and statistics, as
 // each GPU has: a block freed on cpu:1 serves cpu:1 again, so a device's reserved bytes

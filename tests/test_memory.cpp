@@ -16,8 +16,8 @@ namespace {
 
 constexpr int64_t kMiB = 1 << 20;
 
-// `bytes` (a multiple of 4) of float32 on `device`: one block of exactly that size when
-// it is a size class (any power of two of 4 KiB or more; Note [Caching allocator]).
+// `bytes` (a multiple of 4) of float32 on `device`: a segment of exactly that size when it
+// is a multiple of 2 MiB and nothing cached fits it (Note [Caching allocator]).
 Tensor block(int64_t bytes, Device device) { return zeros({bytes / 4}, TensorOptions().device(device)); }
 
 // Lifts the budget when a test case ends, passed or failed.

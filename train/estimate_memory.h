@@ -21,7 +21,7 @@
 //                  the last step (distinct storages: Note [Counting storages, not tensors])
 //   other held     the rest of what stays allocated between steps (buffers, a batch,
 //                  the data set where it lives on the training device, and what the
-//                  allocator's size classes and best fit add to the blocks of all these)
+//                  allocator's rounding adds to the blocks of all these)
 //   comm           shared-memory blocks charged at the peak beyond those held between
 //                  steps: FSDP's gathered units, communication buffers made in the step
 //   activations    the rest at the peak: activations, their gradients and temporaries

@@ -52,9 +52,9 @@ RankEstimates estimate_in_threads(const TrainConfig& config, int ranks, int firs
   std::vector<std::string> errors(static_cast<size_t>(ranks));
   // A rank of one process may span devices (dp, mp); each rank gets room for as many.
   const int span = static_cast<int>(std::max({config.parallel.dp_devices, config.parallel.mp_devices, int64_t{2}}));
-  // The cached blocks an earlier alternative left would serve this one's requests (best
-  // fit up to twice the size: Note [Caching allocator]) and change its figures: every
-  // estimate starts from an empty cache, as a fresh process does.
+  // The cached blocks an earlier alternative left would serve this one's requests (split
+  // to fit: Note [Caching allocator]) and change its figures: every estimate starts from
+  // an empty cache, as a fresh process does.
   empty_cache(DeviceType::CPU);
   {
     std::vector<std::jthread> threads;  // joined however this scope is left
