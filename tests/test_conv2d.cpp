@@ -12,6 +12,7 @@
 #include <omp.h>
 
 #include "autograd/ops.h"
+#include "core/memory.h"  // defines: cpu_kernel_workspace_bytes
 #include "gradcheck.h"
 #include "tensor_compare.h"  // defines: testing::relative_error
 
@@ -207,6 +208,63 @@ TEST_CASE("conv2d float32 with the Winograd and the direct algorithm, against fl
   CHECK_THROWS_WITH_AS(conv2d(zeros({1, 1, 3, 3}), zeros({1, 1, 3, 3}), Tensor(), {1}, {1}),
                        doctest::Contains("LOOM_CONV2D_ALGO: expected 'auto', 'winograd' or 'direct', got 'fast'"), Error);
   unsetenv("LOOM_CONV2D_ALGO");
+}
+
+// The four results of a forward and backward pass, and the scratchpad the pass grew.
+struct PassResults {
+  Tensor y, gx, gw, gb;
+  int64_t scratchpad = 0;  // bytes the calling thread's oneDNN scratchpad grew by
+};
+
+// One forward + backward in a fresh thread, whose scratchpad starts empty (Note [oneDNN
+// scratchpad] keeps one per thread), under LOOM_CONV2D_MAX_SCRATCHPAD=bound.
+PassResults conv_pass_in_fresh_thread(const char* bound, const Tensor& x, const Tensor& w, const Tensor& b,
+                                      const Tensor& gy) {
+  setenv("LOOM_CONV2D_MAX_SCRATCHPAD", bound, 1);
+  PassResults r;
+  std::thread thread([&] {
+    const int64_t before = cpu_kernel_workspace_bytes();
+    Tensor xi = x.detach().requires_grad_(true), wi = w.detach().requires_grad_(true), bi = b.detach().requires_grad_(true);
+    r.y = conv2d(xi, wi, bi, {1}, {1});
+    r.y.backward(gy);
+    r.gx = xi.grad(), r.gw = wi.grad(), r.gb = bi.grad();
+    r.scratchpad = cpu_kernel_workspace_bytes() - before;
+  });
+  thread.join();
+  unsetenv("LOOM_CONV2D_MAX_SCRATCHPAD");
+  return r;
+}
+
+// Note [Convolutions in batch slices]
+TEST_CASE("a pass whose scratchpad passes LOOM_CONV2D_MAX_SCRATCHPAD runs in batch slices, with the same results") {
+  Generator gen(8);
+  for (const MemoryFormat format : {MemoryFormat::Contiguous, MemoryFormat::ChannelsLast}) {
+    CAPTURE(format);
+    // airbench94's largest layer at batch 64: oneDNN's Winograd (AVX-512) needs 63 MB of scratchpad.
+    const Tensor x = randn({64, 64, 15, 15}, {}, &gen).contiguous(format);
+    const Tensor w = randn({256, 64, 3, 3}, {}, &gen) * 0.05;
+    const Tensor b = randn({256}, {}, &gen);
+    const Tensor gy = randn({64, 256, 15, 15}, {}, &gen).contiguous(format);
+    const PassResults whole = conv_pass_in_fresh_thread("none", x, w, b, gy);
+    const PassResults sliced = conv_pass_in_fresh_thread("4MiB", x, w, b, gy);
+    // The same sums, rounded otherwise: oneDNN picks its Winograd schedule by the batch it is
+    // given, and the weight and bias gradients add the slices' sums.
+    CHECK(relative_error(sliced.y, whole.y) < 1e-5);
+    CHECK(relative_error(sliced.gx, whole.gx) < 1e-5);
+    CHECK(relative_error(sliced.gw, whole.gw) < 1e-5);
+    CHECK(relative_error(sliced.gb, whole.gb) < 1e-5);
+    CHECK(sliced.y.is_contiguous(format));
+    // Where one call's scratchpad passes the bound, the slices' is far smaller (the rest of
+    // it, some 7-9 MB, is oneDNN's whatever the batch).
+    MESSAGE("scratchpad: one call ", whole.scratchpad, " bytes, in slices ", sliced.scratchpad);
+    if (whole.scratchpad > 48 * 1024 * 1024) CHECK(sliced.scratchpad < whole.scratchpad / 2);
+  }
+  setenv("LOOM_CONV2D_MAX_SCRATCHPAD", "lots", 1);
+  CHECK_THROWS_WITH_AS(conv2d(randn({2, 4, 6, 6}), randn({4, 4, 3, 3}), Tensor(), {1}, {1}),
+                       doctest::Contains("LOOM_CONV2D_MAX_SCRATCHPAD: expected a positive memory size such as 64MiB, "
+                                         "or 'none', got 'lots'"),
+                       Error);
+  unsetenv("LOOM_CONV2D_MAX_SCRATCHPAD");
 }
 
 TEST_CASE("conv2d takes non-contiguous inputs") {

@@ -59,12 +59,30 @@
 // is): autograd does so under autocast, so that a float32 parameter's gradient is
 // never rounded to 16 bits (Note [Autocast conv2d weight gradients], autograd/ops/conv.cpp).
 // LOOM_CONV2D_VERBOSE=1 prints each plan's oneDNN implementation as it is built.
+//
+// Note [Convolutions in batch slices]
+// oneDNN's Winograd holds the whole batch's transformed tiles in its scratchpad (36
+// values per 4x4 output tile and channel, inputs and outputs alike): on airbench94's
+// 64 -> 256-channel 15x15 layer, 734 MiB at batch 1024 and 1.4 GiB at its evaluation
+// batch of 2000, more than the layer's output, and the scratchpad (Note [oneDNN
+// scratchpad], core/cpu/onednn.h) keeps the largest size it grew to for the rest of
+// the process. So a pass whose scratchpad would pass kMaxScratchpad runs on consecutive
+// slices of the batch instead, each slice a plan of its own (cached as any other), each
+// slice's scratchpad about the bound (oneDNN keeps 7-9 MB whatever the batch). The images are independent, so each slice computes
+// its images' outputs and input gradients, and the weight gradient is the sum of the
+// slices' gradients, added in slice order (it is sliced only in float32). The numbers are
+// those of one call up to rounding (~2e-6 relative, tests/test_conv2d.cpp): oneDNN picks
+// its Winograd schedule by the batch it is given, and the sums are added in another order;
+// the same command still computes the same numbers every run. The reorders into the
+// computing layout are per slice too, so they shrink with it. LOOM_CONV2D_MAX_SCRATCHPAD
+// (read per call) sets another bound ("64MiB") or none.
 #include <dnnl.hpp>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <cmath>
 #include <omp.h>
@@ -87,6 +105,7 @@
 #include "core/cpu/winograd_conv2d.h"  // defines: winograd_forward, winograd_backward_* (loom's own)
 #include "core/copy.h"
 #include "core/kernels.h"
+#include "core/memory.h"  // defines: parse_memory_size (LOOM_CONV2D_MAX_SCRATCHPAD)
 
 namespace loom::cpu {
 namespace {
@@ -97,6 +116,25 @@ using Tag = memory::format_tag;
 enum class Pass : int8_t { Forward, BackwardData, BackwardWeights };
 enum class Layout : int8_t { Nchw, Blocked, Nhwc };
 enum class Algorithm : int8_t { Direct, Winograd, Auto };
+
+// See Note [Convolutions in batch slices]. Forward + backward of airbench94's two largest
+// layers at batch 1024 (64 -> 256 channels at 15x15: 3 slices; 256 at 7x7: 2), CPU time on
+// 2 threads, best of 5, three rounds: within 2% of one call, as noisy as one call itself;
+// a 64 MiB bound cost the 7x7 layer 5% (6 slices).
+constexpr size_t kMaxScratchpad = 256 << 20;
+
+// The scratchpad bound: LOOM_CONV2D_MAX_SCRATCHPAD if set ("none": no bound), else kMaxScratchpad.
+size_t max_scratchpad() {
+  const char* value = std::getenv("LOOM_CONV2D_MAX_SCRATCHPAD");
+  if (value == nullptr || *value == '\0') return kMaxScratchpad;
+  if (std::strcmp(value, "none") == 0) return std::numeric_limits<size_t>::max();
+  try {
+    const int64_t bytes = parse_memory_size(value);
+    if (bytes > 0) return static_cast<size_t>(bytes);
+  } catch (const Error&) {
+  }
+  LOOM_FAIL("LOOM_CONV2D_MAX_SCRATCHPAD: expected a positive memory size such as 64MiB, or 'none', got '", value, "'");
+}
 
 // See Note [Conv2d memory layout]: LOOM_CONV2D_LAYOUT if set (read per call, so that
 // benchmarks and tests can switch it), else nhwc for channels-last bfloat16 activations
@@ -503,6 +541,67 @@ struct Operands {
 
 void run_pass(Pass pass, const Conv2dGeometry& g, bool channels_last, Operands& t, ReorderedInputs& reordered);
 
+// See Note [Convolutions in batch slices]: into how many slices of the batch of n the pass
+// goes, so that each slice's scratchpad stays under the bound (it grows with the batch);
+// 1 for a pass within it, a batch of one, or a weight gradient not in float32.
+int64_t batch_slices(Pass pass, const Plan& plan, int64_t n, const Operands& t) {
+  const size_t size = plan.scratchpad.get_size(), bound = max_scratchpad();
+  if (size <= bound || n < 2) return 1;
+  if (pass == Pass::BackwardWeights &&
+      (t.gw.dtype() != kFloat32 || (t.gb.defined() && t.gb.dtype() != kFloat32)))
+    return 1;
+  return std::min<int64_t>(n, static_cast<int64_t>((size + bound - 1) / bound));
+}
+
+// a += b, both float32 and contiguous: a slice's weight (or bias) gradient into the sum.
+void accumulate(Tensor& a, const Tensor& b) {
+  float* out = a.data_ptr<float>();
+  const float* in = b.data_ptr<float>();
+  const int64_t count = a.numel();
+#pragma omp parallel for schedule(static) if (count > (1 << 16))
+  for (int64_t i = 0; i < count; ++i) out[i] += in[i];
+}
+
+// The pass on `slices` consecutive slices of the batch (Note [Convolutions in batch slices]).
+void run_in_batch_slices(Pass pass, const PlanKey& key, int64_t slices, Operands& t, ReorderedInputs& reordered) {
+  const int64_t n = key.geometry.n;
+  Tensor gw_slice, gb_slice;  // the weight gradient's later slices, added into t.gw and t.gb
+  for (int64_t i = 0; i < slices; ++i) {
+    const int64_t start = n * i / slices, count = n * (i + 1) / slices - start;
+    PlanKey slice_key = key;
+    slice_key.geometry.n = count;
+    const std::shared_ptr<const Plan> plan = get_plan(slice_key);
+    const auto rows = [&](const Tensor& x) { return x.narrow(0, start, count); };
+    switch (pass) {
+      case Pass::Forward: {
+        const Tensor x = rows(t.x), y = rows(t.y);
+        run_plan(slice_key, *plan, {&x, &t.w, &y, &t.b}, reordered);
+        break;
+      }
+      case Pass::BackwardData: {
+        const Tensor gy = rows(t.gy), gx = rows(t.gx);
+        run_plan(slice_key, *plan, {&gy, &t.w, &gx}, reordered);
+        break;
+      }
+      case Pass::BackwardWeights: {
+        const Tensor x = rows(t.x), gy = rows(t.gy);
+        if (i == 0) {
+          run_plan(slice_key, *plan, {&x, &gy, &t.gw, &t.gb}, reordered);
+          break;
+        }
+        if (!gw_slice.defined()) {
+          gw_slice = empty(t.gw.shape(), TensorOptions(kFloat32));
+          if (t.gb.defined()) gb_slice = empty(t.gb.shape(), TensorOptions(kFloat32));
+        }
+        run_plan(slice_key, *plan, {&x, &gy, &gw_slice, &gb_slice}, reordered);
+        accumulate(t.gw, gw_slice);
+        if (t.gb.defined()) accumulate(t.gb, gb_slice);
+        break;
+      }
+    }
+  }
+}
+
 Tensor float32_in_layout(const Tensor& t, bool channels_last) {
   if (!t.defined()) return Tensor();
   const MemoryFormat format = channels_last && t.dim() == 4 ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
@@ -549,10 +648,13 @@ void run_pass_with(Pass pass, const std::string& algo, const Conv2dGeometry& g, 
     key.layout = algo == kOnednnDirectNhwc ? Layout::Nhwc : Layout::Blocked;
     key.algorithm = algo == kOnednnWinogradBlocked ? Algorithm::Winograd : Algorithm::Direct;
   }
+  const std::shared_ptr<const Plan> plan = get_plan(key);
+  if (const int64_t slices = batch_slices(pass, *plan, g.n, t); slices > 1)
+    return run_in_batch_slices(pass, key, slices, t, reordered);
   switch (pass) {
-    case Pass::Forward: return run_plan(key, *get_plan(key), {&t.x, &t.w, &t.y, &t.b}, reordered);
-    case Pass::BackwardData: return run_plan(key, *get_plan(key), {&t.gy, &t.w, &t.gx}, reordered);
-    case Pass::BackwardWeights: return run_plan(key, *get_plan(key), {&t.x, &t.gy, &t.gw, &t.gb}, reordered);
+    case Pass::Forward: return run_plan(key, *plan, {&t.x, &t.w, &t.y, &t.b}, reordered);
+    case Pass::BackwardData: return run_plan(key, *plan, {&t.gy, &t.w, &t.gx}, reordered);
+    case Pass::BackwardWeights: return run_plan(key, *plan, {&t.x, &t.gy, &t.gw, &t.gb}, reordered);
   }
 }
 

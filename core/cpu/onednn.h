@@ -21,7 +21,9 @@
 // Winograd's scratchpads are large and differ per shape (Note [Conv2d algorithm]: 7 to
 // 134 MiB per pass on the ResNet18 shapes at batch 128), and the cache would have kept
 // one block per size for good (~180 MiB more resident memory per training process).
-// Growing frees the old buffer to the system, which happens in the first step only.
+// Growing frees the old buffer to the system, which happens in the first step only. A
+// convolution whose scratchpad would pass 256 MiB runs in batch slices instead (Note
+// [Convolutions in batch slices], core/cpu/conv2d.cpp), so the buffer stays below that.
 #pragma once
 
 #include <dnnl.hpp>  // defines: dnnl::engine, dnnl::memory, dnnl::error
