@@ -8,6 +8,7 @@
 #include <omp.h>               // defines: omp_set_num_threads
 #include <sys/resource.h>      // defines: getrusage (peak resident memory)
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -37,12 +38,14 @@ std::string cpu_model() {
 
 double mib(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 
-// The phase whose end first saw the run's peak RSS: the peak was reached during it.
+// The phase during which the run's peak RSS was reached: the first whose end saw it (within
+// 1 MiB, so that a later phase's few pages more do not claim it).
 const examples::Airbench94Memory& peak_phase(const examples::Airbench94Result& r) {
-  const examples::Airbench94Memory* peak = &r.memory.front();
+  int64_t peak = 0;
+  for (const auto& m : r.memory) peak = std::max(peak, m.peak_resident);
   for (const auto& m : r.memory)
-    if (m.peak_resident > peak->peak_resident) peak = &m;
-  return *peak;
+    if (m.peak_resident >= peak - (1 << 20)) return m;
+  return r.memory.back();
 }
 
 json::Value metrics(const examples::Airbench94Result& r, const examples::Airbench94Config& c, int64_t threads,
@@ -159,7 +162,7 @@ int main(int argc, char** argv) {
     if (rank0) config.log = [](const std::string& line) { std::printf("%s\n", line.c_str()), std::fflush(stdout); };
 
     const examples::CifarTensors train = examples::load_cifar10_tensors(root, true);
-    const examples::CifarTensors test = examples::load_cifar10_tensors(root, false);
+    const examples::CifarTensors test = examples::load_cifar10_tensors(root, false, config.memory_format);
     const examples::Airbench94Result r = examples::run_airbench94(config, train, test);
 
     if (rank0) {

@@ -5,8 +5,11 @@
 // weights; then a short run of the whole recipe whose loss must fall.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "core/eigh.h"
 #include "data/in_memory_loader.h"
@@ -368,4 +371,23 @@ TEST_CASE("airbench94: the net's shapes and parameter count; 30 steps of the rec
   CHECK(result.per_epoch[2].train_loss < 0.8 * result.per_epoch[0].train_loss);
   CHECK(result.tta_accuracy > 0.5);
   CHECK(result.wall_time_s > 0);
+
+  // Note [Where the speedrun's memory goes]: the memory at the end of each phase.
+  const int64_t image_bytes = 3 * 32 * 32 * 4;
+  // The test set is a view of the training set's storages, counted once; the test images
+  // relaid in channels-last are a copy of their own.
+  CHECK(result.data_bytes == n * image_bytes + n * 8 + 512 * image_bytes);
+  std::vector<std::string> phases;
+  int64_t peak = 0;
+  for (const examples::Airbench94Memory& m : result.memory) {
+    CAPTURE(m.phase);
+    phases.push_back(m.phase);
+    CHECK(m.peak_resident >= std::max(peak, m.resident));  // the peak so far never falls
+    peak = m.peak_resident;
+    CHECK(m.allocated <= m.reserved);
+    CHECK(m.peak_allocated <= m.peak_reserved);
+    CHECK(m.peak_reserved >= m.reserved);
+  }
+  CHECK(phases == std::vector<std::string>{"data", "whitening", "first step", "training", "tta", "accuracy"});
+  CHECK(peak > result.data_bytes);
 }

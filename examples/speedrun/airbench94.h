@@ -107,10 +107,13 @@ struct Airbench94Result {
 
 // CIFAR-10 as normalised float32 images [N, 3, 32, 32] and int64 labels [N], read once
 // (untimed). mean/std are airbench's: (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616).
+// The images are laid out in `format`: the test images in the batches' layout are the ones
+// run_airbench94 evaluates on as they are, where others would be copied into it.
 struct CifarTensors {
   Tensor images, labels;
 };
-CifarTensors load_cifar10_tensors(const std::string& root, bool train);
+CifarTensors load_cifar10_tensors(const std::string& root, bool train,
+                                  MemoryFormat format = MemoryFormat::Contiguous);
 
 // Steps of the whole run: ceil(batches per epoch * epochs), batches dropping the last partial one.
 int64_t airbench94_total_steps(const Airbench94Config& config, int64_t train_size);
