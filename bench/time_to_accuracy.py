@@ -118,7 +118,8 @@ def state_name(kind, seed, steps):
 def command(a, kind, seed, data, metrics):
     common = ["--data", data, "--seed", str(seed)]
     steps = [] if a.steps == TOTAL_STEPS else ["--max-steps", str(a.steps)]
-    if kind == "torch":
+    if kind == "torch":  # bench/airbench_torch.py names it --steps
+        steps = [] if a.steps == TOTAL_STEPS else ["--steps", str(a.steps)]
         return ([a.torch_python, "bench/airbench_torch.py", *common, "--threads",
                  str(a.threads), "--metrics-json", metrics, *steps, *shlex.split(a.torch_args)],
                 {"GLIBC_TUNABLES": TUNED, "OMP_NUM_THREADS": str(a.threads)})
