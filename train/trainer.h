@@ -149,6 +149,10 @@ struct TrainConfig {
   ParallelConfig parallel;
   CheckpointConfig checkpoint;
   MetricsConfig metrics;
+  // --recipe's file (train/recipe.h), and the settings after it and the command line as a
+  // recipe (parse_train_flags fills both; "" for a config filled in code).
+  std::string recipe;
+  std::string effective_toml;
 };
 
 struct TrainResult {
