@@ -90,7 +90,34 @@ TEST_CASE("a recv whose tensor does not match the sender's fails with both shape
 TEST_CASE("a rank that never arrives: timeout naming rank, op, number and shape; then the group is unusable") {
   loom::testing::NeverArrives seen;
   require_no_errors(run_tcp_ranks(2, [&](Communicator& comm) { seen.run(comm, 1500ms, {}); }, 700ms));
-  seen.check(700ms, /*why=*/"", /*at_most_seconds=*/3.0);
+  // Gloo's timeout names no peer; the roll call does (Note [A roll call after a failure]).
+  seen.check(700ms, /*why=*/"Rank 1 (on ", /*at_most_seconds=*/3.0);
+  CHECK(contains(seen.first, "did not answer a roll call through the store within 0.175 s"));
+  CHECK(contains(seen.first, "(ranks 0 (on "));
+}
+
+TEST_CASE("a rank that left: the others fail at once, and their errors name it after a roll call") {
+  std::vector<std::string> messages(3);
+  std::vector<double> seconds(3);
+  require_no_errors(run_tcp_ranks(3, [&](Communicator& comm) {
+    const int r = comm.rank();
+    if (r == 2) return;  // its communicator closes its connections
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      comm.all_reduce(ones({1000}))->wait();
+    } catch (const Error& e) {
+      messages[size_t(r)] = e.what();
+    }
+    seconds[size_t(r)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }, 4s));
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(messages[size_t(r)]);
+    CHECK(contains(messages[size_t(r)], "all_reduce #0 (sum) of float32 [1000] on rank " + std::to_string(r)));
+    CHECK(contains(messages[size_t(r)], "Rank 2 (on "));
+    CHECK(contains(messages[size_t(r)], "did not answer a roll call through the store within 1 s"));
+    CHECK(contains(messages[size_t(r)], "(ranks 0, 1 (on "));
+    CHECK(seconds[size_t(r)] < 3.5);  // the roll call's second, not the 4 s timeout
+  }
 }
 
 TEST_CASE("destroying a communicator with queued work fails that work instead of hanging") {

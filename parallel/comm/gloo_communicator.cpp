@@ -10,12 +10,14 @@
 
 #include <signal.h>  // defines: sigaction, for Note [Gloo's sockets and SIGPIPE]
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
 #include "parallel/comm/gloo_store.h"
 #include "parallel/comm/host_reduce.h"  // defines: is_reducible
 #include "parallel/comm/host_staging.h"  // defines: needs_host_staging, stage_on_host, copy_results_back
+#include "parallel/comm/roll_call.h"     // defines: announce_host, roll_call
 
 namespace loom::distributed {
 
@@ -67,6 +69,7 @@ GlooCommunicator::GlooCommunicator(std::shared_ptr<TCPStore> store, const std::s
     GlooStore adapter(*store_, options.timeout);
     gloo::rendezvous::PrefixStore prefixed(prefix, adapter);
     context->connectFullMesh(prefixed, device);
+    announce_host(*store_, prefix, rank, options.iface.empty() ? options.hostname : "interface " + options.iface);
     context_ = std::move(context);
     ShmOptions shm_options{.timeout = options.timeout, .staging_bytes = options.shm_staging_bytes};
     shm_ = ShmCollectives::connect(*store_, prefix, rank, size, options.shared_memory, shm_options, &why_not_shm_);
@@ -155,6 +158,16 @@ void GlooCommunicator::fail(const Op& op, const std::exception& gloo_error) {
   else
     hint = "Check the other ranks' output for the first error";
   std::string message = detail::str(op.describe(), " failed: ", hint, ". [gloo: ", what, "]");
+  bool first_failure;
+  {
+    std::lock_guard<std::mutex> lock(broken_mutex_);
+    first_failure = broken_.empty();
+  }
+  // Which peers are gone: see Note [A roll call after a failure] (roll_call.h). A few
+  // seconds at most, a quarter of the timeout on short ones.
+  const auto wait = std::clamp(timeout() / 4, milliseconds(100), milliseconds(3000));
+  if (first_failure && size() > 1)
+    message += ". " + roll_call(store_->host(), store_->port(), prefix_, rank(), size(), op.describe(), wait);
   mark_broken(message);
   LOOM_FAIL(message, ". This communicator cannot be used any more");
 }
