@@ -20,12 +20,11 @@
 //      kernel's routing table picks; learnt by connecting a UDP socket, which sends
 //      nothing). Rank 0's own host is reachable from the others by the address they use
 //      for MASTER_ADDR, so it is the interface they share with it.
-// Step 4 is loom's addition; it is why multi-node runs need no GLOO_SOCKET_IFNAME in
+// Step 4 is loom's addition (net::local_address_toward, parallel/store/socket.h); it is why multi-node runs need no GLOO_SOCKET_IFNAME in
 // network namespaces (scripts/two_hosts.sh) or on machines with a Debian /etc/hosts.
 #pragma once
 
 #include <string>
-#include <vector>
 
 namespace loom::distributed {
 
@@ -37,19 +36,5 @@ struct GlooAddress {
 
 // See Note [Which address a rank gives Gloo]. `ifname` may be null or empty.
 GlooAddress choose_gloo_address(const char* ifname, const std::string& master_addr);
-
-// "localhost", "127.x.y.z", "::1" (names are not looked up, except "localhost").
-bool is_loopback_host(const std::string& host);
-
-// This machine's addresses for `name` (getaddrinfo, numeric strings), in resolver order;
-// empty when it does not resolve.
-std::vector<std::string> resolve_host(const std::string& name);
-
-// The local address the kernel would send from to reach `host` (a UDP socket connected to
-// it: no packet leaves); "" when `host` does not resolve or no route leads to it.
-std::string local_address_toward(const std::string& host);
-
-// Whether `address` (numeric) is assigned to one of this machine's interfaces.
-bool is_local_address(const std::string& address);
 
 }  // namespace loom::distributed

@@ -14,8 +14,6 @@ namespace loom::distributed {
 
 namespace {
 
-constexpr const char* kGenerationKey = "launch/restart_count";
-
 const std::string* find(const Environment& env, const char* name) {
   auto it = env.find(name);
   return it == env.end() || it->second.empty() ? nullptr : &it->second;
@@ -264,7 +262,7 @@ std::shared_ptr<TCPStore> connect_store_of_attempt(const std::string& host, int 
                                                    std::chrono::milliseconds timeout) {
   if (rank == 0) {
     auto store = std::make_shared<TCPStore>(host, port, /*is_server=*/true, timeout);
-    store->set(kGenerationKey, std::to_string(restart_count));
+    store->set(kRestartCountKey, std::to_string(restart_count));
     return store;
   }
   // See Note [Restart generations].
@@ -275,7 +273,7 @@ std::shared_ptr<TCPStore> connect_store_of_attempt(const std::string& host, int 
     std::string theirs;
     try {
       store = std::make_shared<TCPStore>(host, port, /*is_server=*/false, std::max(left, std::chrono::milliseconds(1)));
-      theirs = store->get(kGenerationKey);
+      theirs = store->get(kRestartCountKey);
     } catch (const Error&) {
       // The old attempt's rank 0 exited between our connect and its reply: try again.
       if (std::chrono::steady_clock::now() >= deadline) throw;
