@@ -120,6 +120,33 @@ TEST_CASE("a rank that left: the others fail at once, and their errors name it a
   }
 }
 
+TEST_CASE("a failed rank closes its connections: a peer waiting on it fails at once and answers the roll call") {
+  // Rank 2 leaves; rank 0's all_reduce fails; rank 1 waits for a message from rank 0
+  // alone, which never comes. Without the closing it would wait for its 4 s timeout, miss
+  // rank 0's roll call (1 s), and be named among the lost.
+  std::vector<std::string> messages(2);
+  double rank1_seconds = 0;
+  require_no_errors(run_tcp_ranks(3, [&](Communicator& comm) {
+    const int r = comm.rank();
+    if (r == 2) return;
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      if (r == 0) comm.all_reduce(ones({10}))->wait();
+      else comm.recv(zeros({10}), 0)->wait();
+    } catch (const Error& e) {
+      messages[size_t(r)] = e.what();
+    }
+    if (r == 1) rank1_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }, 4s));
+  CAPTURE(messages[0]);
+  CAPTURE(messages[1]);
+  CHECK(contains(messages[0], "Rank 2 (on "));
+  CHECK(contains(messages[0], "(ranks 0, 1 (on "));
+  CHECK(contains(messages[1], "recv #0 (from rank 0, tag 0) of float32 [10] on rank 1 of 3 failed: A peer closed its "
+                              "connection"));
+  CHECK(rank1_seconds < 3);
+}
+
 TEST_CASE("destroying a communicator with queued work fails that work instead of hanging") {
   std::shared_ptr<Work> running, queued;
   require_no_errors(run_tcp_ranks(2, [&](Communicator& comm) {

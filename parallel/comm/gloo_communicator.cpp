@@ -154,7 +154,8 @@ void GlooCommunicator::fail(const Op& op, const std::exception& gloo_error) {
                        "time: it may have crashed, be stuck or slower than the timeout, or be calling operations "
                        "in a different order. Check the other ranks' output");
   else if (what.find("losed") != std::string::npos || what.find("reset") != std::string::npos)
-    hint = "A peer closed its connection: its process probably exited or crashed. Check the other ranks' output";
+    hint = "A peer closed its connection: its process exited or crashed, or an operation failed there (a rank "
+           "whose operation fails closes its connections). Check the other ranks' output";
   else
     hint = "Check the other ranks' output for the first error";
   std::string message = detail::str(op.describe(), " failed: ", hint, ". [gloo: ", what, "]");
@@ -164,10 +165,16 @@ void GlooCommunicator::fail(const Op& op, const std::exception& gloo_error) {
     first_failure = broken_.empty();
   }
   // Which peers are gone: see Note [A roll call after a failure] (roll_call.h). A few
-  // seconds at most, a quarter of the timeout on short ones.
+  // seconds at most, a quarter of the timeout on short ones. Closing the connections
+  // first fails at once every peer that waits on this rank, so that it answers too.
   const auto wait = std::clamp(timeout() / 4, milliseconds(100), milliseconds(3000));
-  if (first_failure && size() > 1)
+  if (first_failure && size() > 1) {
+    try {
+      context_->closeConnections();
+    } catch (const std::exception&) {
+    }
     message += ". " + roll_call(store_->host(), store_->port(), prefix_, rank(), size(), op.describe(), wait);
+  }
   mark_broken(message);
   LOOM_FAIL(message, ". This communicator cannot be used any more");
 }

@@ -16,10 +16,13 @@
 // seconds for the others to do the same (they fail at about the same time: a closed
 // connection is seen at once, and a timeout runs from a collective every rank entered
 // together). The ranks that never check in are the lost ones: exited, hung outside the
-// group's operations, or on a host this one cannot reach. It runs on a connection of
-// its own with a short deadline, because the group's store connection may be blocked,
-// and the store itself may be gone (it lives in rank 0's process) or behind the same
-// cut link; then that is the finding. Nothing is spent while the group is healthy.
+// group's operations, or on a host this one cannot reach. A live rank may be waiting on
+// the failed one (for its part of a broadcast, say) rather than failing itself; so the
+// failed rank first closes its Gloo connections, which fails such waits at once. The
+// roll call runs on a store connection of its own with a short deadline, because the
+// group's connection may be blocked, and the store itself may be gone (it lives in rank
+// 0's process) or behind the same cut link; then that is the finding. Nothing is spent
+// while the group is healthy.
 #pragma once
 
 #include <chrono>
