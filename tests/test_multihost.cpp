@@ -351,6 +351,7 @@ TEST_CASE("a store where nothing listens, or an address nobody has: a clear erro
   CHECK(a.code != 0);
   CHECK(b.code != 0);
   CHECK_MESSAGE(contains(a.output, "could not connect to the store at host0:29500 within"), a.output);
-  CHECK_MESSAGE(contains(a.output, "last error: Connection refused"), a.output);
+  CHECK_MESSAGE(contains(a.output, "(timeout 3000 ms; last error: Connection refused)"), a.output);
   CHECK_MESSAGE(contains(b.output, "could not connect to the store at 10.213.0.99:29500 within"), b.output);
+  CHECK_MESSAGE(contains(b.output, "(timeout 3000 ms; last error: "), b.output);
 }

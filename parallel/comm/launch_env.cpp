@@ -268,15 +268,17 @@ std::shared_ptr<TCPStore> connect_store_of_attempt(const std::string& host, int 
   // See Note [Restart generations].
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (true) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     std::shared_ptr<TCPStore> store;
     std::string theirs;
     try {
       store = std::make_shared<TCPStore>(host, port, /*is_server=*/false, std::max(left, std::chrono::milliseconds(1)));
       theirs = store->get(kRestartCountKey);
     } catch (const Error&) {
-      // The old attempt's rank 0 exited between our connect and its reply: try again.
-      if (std::chrono::steady_clock::now() >= deadline) throw;
+      // The old attempt's rank 0 exited between our connect and its reply: try again, unless
+      // the time is (nearly) up: a last try of a few milliseconds would report its own
+      // sliver of a timeout instead of the whole one that just ran out.
+      if (std::chrono::steady_clock::now() + std::chrono::milliseconds(200) >= deadline) throw;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
       continue;
     }
