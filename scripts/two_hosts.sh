@@ -83,6 +83,7 @@ cleanup() {
     rm -rf "/etc/netns/$ns"
   done
   ip netns del "$name-sw" 2>/dev/null || true
+  rmdir /etc/netns 2>/dev/null || true  # only if no one else's files are left in it
   wait 2>/dev/null || true
   exit "$status"
 }
