@@ -7,8 +7,9 @@ unrestricted, in one run: how loom does on the many x86 CPUs without AVX-512.
 Each cell is one process of bench_train's loom worker or of bench_train_torch.py (PyTorch
 with glibc told to keep freed memory, bench_train's "torch tuned"), 2 threads, float32,
 batch 128 and 32; the commands of a row take turns for --repeat rounds (so that a change
-in the machine's load hits them alike) and each cell is the median. Ratios are the medians
-of the per-round ratios. The 1-minute load average is read before every process.
+in the machine's load hits them alike) and each cell is the median. A ratio is the ratio of
+the medians beside it, so that it follows from the figures shown (bench/docs_figures.py checks
+it). The 1-minute load average is read before every process.
 
 AVX2 rows run under Note [CPU ISA switch] (core/cpu/cpu_isa.h): LOOM_CPU_ISA=avx2,
 ONEDNN_MAX_CPU_ISA=AVX2, OPENBLAS_CORETYPE=Haswell, and ATEN_CPU_CAPABILITY=avx2 for
@@ -83,28 +84,28 @@ def main():
                     cells[key].append(rate)
                     loads.append(before)
                     print(f"{isa:17s} batch {batch:3d} {key:5s} {rate:7.1f} img/s  (load {before:.1f})", flush=True)
-            rounds = range(args.repeat)
+            medians = {key: round(statistics.median(cells[key]), 2) for key in cells}
             rows.append({
                 "isa": isa, "batch": batch,
-                "loom": statistics.median(cells["loom"]), "alt": statistics.median(cells["alt"]),
-                "torch_tuned": statistics.median(cells["torch"]),
-                "vs_tuned": round(statistics.median(cells["loom"][r] / cells["torch"][r] for r in rounds), 2),
-                "vs_alt": round(statistics.median(cells["loom"][r] / cells["alt"][r] for r in rounds), 2),
+                "loom": medians["loom"], "alt": medians["alt"], "torch_tuned": medians["torch"],
+                "vs_tuned": round(medians["loom"] / medians["torch"], 2),
+                "vs_alt": round(medians["loom"] / medians["alt"], 2),
                 "load": f"{min(loads):.1f}-{max(loads):.1f}",
             })
     columns = [{"key": "isa", "title": "ISA"}, {"key": "batch", "title": "batch"},
                {"key": "loom", "title": "loom img/s", "format": ".1f"},
                {"key": "alt", "title": "loom direct (AVX2) / loom's own Winograd (native) img/s", "format": ".1f"},
                {"key": "torch_tuned", "title": "torch tuned img/s", "format": ".1f"},
-               {"key": "vs_tuned", "title": "loom / torch tuned", "format": ".2f"},
-               {"key": "vs_alt", "title": "loom / second loom column", "format": ".2f"},
+               {"key": "vs_tuned", "title": "loom / torch tuned", "format": ".2f", "ratio_of": "loom / torch_tuned"},
+               {"key": "vs_alt", "title": "loom / second loom column", "format": ".2f", "ratio_of": "loom / alt"},
                {"key": "load", "title": "load average"}]
     title = (f"ResNet18-CIFAR training, float32, {args.threads} threads, AVX2-restricted and unrestricted "
              f"(median of {args.repeat} interleaved processes per cell, {args.steps} timed steps each)")
     for row in rows:
         print(row)
     if args.out:
-        results_file.write(args.out, results_file.document(title, "bench_isa.py", columns, rows, [], started))
+        results_file.write(args.out, results_file.document(title, "bench_isa.py", columns, rows, [], started,
+                                                           labels=["isa", "batch"]))
 
 
 if __name__ == "__main__":

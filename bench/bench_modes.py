@@ -116,7 +116,8 @@ def summarise(results):
 
 # The columns of the results file, in the order docs/benchmarks.md shows them.
 COLUMNS = [{"key": "mode", "title": "configuration"}, {"key": "img_per_s", "title": "img/s", "format": ".1f"},
-           {"key": "speedup_vs_single", "title": "/ loom single", "format": ".2f"},
+           {"key": "speedup_vs_single", "title": "/ loom single", "format": ".2f",
+            "ratio_of": "img_per_s / img_per_s@mode=loom single"},
            {"key": "peak_mib", "title": "peak MiB", "format": ".0f"},
            {"key": "model_state_mib", "title": "model state MiB", "format": ".1f"},
            {"key": "comm_mib_per_step", "title": "comm MiB / step", "format": ".1f"},
@@ -202,7 +203,7 @@ def draw_chart(path, document):
         ax.grid(axis="x", color="#EEEEEE")
         ax.set_axisbelow(True)
     fig.suptitle(f"{header}\n{document['machine']['cpu']}, {document['machine']['cores']} cores, "
-                 "commit {}{}, {}".format(*results_file.commit_words(document["commit"]), document["date"]), fontsize=8)
+                 "commit {}, {}".format(results_file.commit_hash(document["commit"]), document["date"]), fontsize=8)
     fig.tight_layout()
     base = os.path.splitext(path)[0]
     for ext in ("png", "svg"):

@@ -98,15 +98,16 @@ def main():
                {"key": "amp", "title": "amp"},
                {"key": "off", "title": "search off (img/s)", "format": ".1f"},
                {"key": "on", "title": "search on (img/s)", "format": ".1f"},
-               {"key": "ratio", "title": "on / off", "format": ".2f"},
+               {"key": "ratio", "title": "on / off", "format": ".2f", "ratio_of": "on / off"},
                {"key": "search_s", "title": "search (s, once)", "format": ".1f"},
                {"key": "peak_off", "title": "peak off (MiB)", "format": ".0f"},
                {"key": "peak_on", "title": "peak on (MiB)", "format": ".0f"},
-               {"key": "bf16_vs_f32", "title": "bf16 / float32, search on", "format": ".2f"}]
+               {"key": "bf16_vs_f32", "title": "bf16 / float32, search on", "format": ".2f",
+                "ratio_of": "on / on@amp=none"}]
     title = (f"Kernel search on and off: loom training throughput, {a.threads} threads, {a.warmup} warm-up + "
              f"{a.steps} timed steps per worker, medians of {a.rounds} interleaved rounds")
     results_file.write(a.out, results_file.document(title, "conv_benchmark.py", columns, rows, [], started,
-                                                    a.conditions))
+                                                    a.conditions, labels=["isa", "model", "batch", "amp"]))
 
 
 if __name__ == "__main__":

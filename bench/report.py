@@ -24,9 +24,13 @@ relative link [text](path#anchor) must name a file or folder that exists, and a 
 heading where it names one; each `Note [Name]` cited
 must be defined by a comment `// Note [Name]` (or `# Note [Name]`) in the sources; and pages
 and Notes named in prose must be links ([ddp.md](ddp.md), [Note [Name]](../path/file.h)).
-bench/docs_checks.py adds three: docs/limitations.md's commands still fail as it says, no
-other page states a limitation, and every "<row> / <row>" ratio equals its rows' figures.
-Standard library only: the test suite runs it (meson test test_docs).
+bench/docs_checks.py adds the page checks: docs/limitations.md's commands still fail as it
+says, no other page states a limitation, a refusal stated elsewhere links its tested
+limitations.md section, no page names a private path (../shared, ~/.cache, /tmp/), and no
+caption tells a measurement's history. bench/docs_figures.py adds the figure checks: every
+"<row> / <row>" ratio and every ratio column beside its row's figures follows from those
+figures, and every figure a page quotes from a results file (a titled link to the file)
+equals the file's. Standard library only: the test suite runs it (meson test test_docs).
 """
 import argparse
 import difflib
@@ -36,8 +40,9 @@ import re
 import subprocess
 import sys
 
-import docs_checks  # bench/docs_checks.py: limitations as tests, no limitation elsewhere, one ratio per comparison
-import results_file  # bench/results_file.py: the commit in words
+import docs_checks  # bench/docs_checks.py: limitations as tests, refusals linked to them, no private paths
+import docs_figures  # bench/docs_figures.py: ratios follow from their figures, quoted figures equal their files
+import results_file  # bench/results_file.py: the commit a caption names
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BLOCK = re.compile(r"(<!-- results: (?P<path>\S+) -->\n)(?P<body>.*?)(<!-- end results -->)", re.S)
@@ -58,10 +63,8 @@ def cell(value, fmt=None):
 
 
 def commit_phrase(commit):
-    """"at commit `abc1234`"; a run from a working tree that differed from its commit
-    (results_file's "-dirty") says so in words rather than in git's jargon."""
-    hash_, note = results_file.commit_words(commit)
-    return f"at commit `{hash_}`{note}"
+    """"at commit `abc1234`" (results_file.commit_hash: no git jargon in a caption)."""
+    return f"at commit `{results_file.commit_hash(commit)}`"
 
 
 def machine_phrase(machine):
@@ -156,7 +159,7 @@ def heading_anchors(page):
     """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces as '-'."""
     with open(page) as f:
         text = re.sub(r"```.*?```", "", f.read(), flags=re.S)
-    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in re.findall(r"^#+ (.*)$", text, re.M)}
+    return {docs_checks.anchor(h) for h in re.findall(r"^#+ (.*)$", text, re.M)}
 
 
 def check_notes(page, text, notes, root, problems):
@@ -189,7 +192,8 @@ def main():
     args = parser.parse_args()
     root = os.path.abspath(args.root)
     notes = defined_notes(root)
-    problems, warnings, stale, blocks = [], [], [], 0
+    problems, warnings, stale, blocks, refusals, quoted = [], [], [], 0, 0, 0
+    sections = docs_checks.tested_sections(root)
     for page in markdown_pages(root):
         with open(page) as f:
             text = f.read()
@@ -209,11 +213,18 @@ def main():
         check_notes(page, fresh, notes, root, problems)
         check_citations_are_links(page, fresh, root, problems)  # every page links what it names
         docs_checks.check_phrases(page, fresh, root, problems)
+        refusals += docs_checks.check_refusals(page, fresh, root, problems, sections)
+        docs_checks.check_private_paths(page, fresh, root, problems)
+        docs_checks.check_caption_words(page, fresh, root, problems)
+        quoted += docs_figures.check_quoted_figures(page, fresh, root, problems)
     ratios = 0
     for name in sorted(os.listdir(os.path.join(root, "bench", "results"))):
         if name.endswith(".json"):
             with open(os.path.join(root, "bench", "results", name)) as f:
-                ratios += docs_checks.check_ratios(json.load(f), os.path.join("bench", "results", name), problems)
+                results = json.load(f)
+            rel = os.path.join("bench", "results", name)
+            ratios += docs_figures.check_ratios(results, rel, problems)
+            ratios += docs_figures.check_ratio_columns(results, rel, problems)
     limitations = 0
     if not args.no_limitations:
         limitations = docs_checks.check_limitations(root, os.path.abspath(args.build or os.path.join(root, "build")),
@@ -229,7 +240,8 @@ def main():
         print("warning:", warning)
     verdict = "OK" if not (stale or problems) else "FAILED"
     print(f"docs check {verdict}: {blocks} results blocks, {len(markdown_pages(root))} pages, "
-          f"{len(notes)} Notes defined, {ratios} ratios against their rows, {limitations} limitations run; "
+          f"{len(notes)} Notes defined, {ratios} ratios against their rows, {quoted} quoted figures against "
+          f"their files, {refusals} refusals linked, {limitations} limitations run; "
           f"{len(stale)} stale pages, {len(problems)} other problems, {len(warnings)} warnings")
     return 1 if (args.check and (stale or problems)) else 0
 

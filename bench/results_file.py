@@ -38,24 +38,27 @@ def commit():
     return head + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
-def commit_words(commit):
-    """(hash, note) of a recorded commit: a run from a working tree that differed from its
-    commit (commit()'s "-dirty") says so in words, for captions and pictures alike, rather
-    than in git's jargon: note is " (the working tree had changes beyond it)", else ""."""
-    dirty = commit.endswith("-dirty")
-    return commit[:-len("-dirty")] if dirty else commit, " (the working tree had changes beyond it)" if dirty else ""
+def commit_hash(commit):
+    """The hash a caption or a picture names for a recorded commit. A caption states the
+    conditions of a measurement, not how it was made: git's "-dirty" (commit()'s mark of a
+    working tree that differed from its commit) stays in the file for whoever audits it, and
+    a run whose changes touched the measured code says so in its conditions."""
+    return commit[:-len("-dirty")] if commit.endswith("-dirty") else commit
 
 
 def now():
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
-def document(title, script, columns, rows, ratios, started, conditions=""):
-    """A results file: the command is this process's own (script + its arguments)."""
+def document(title, script, columns, rows, ratios, started, conditions="", labels=None):
+    """A results file: the command is this process's own (script + its arguments). labels: the
+    columns that name a row, where the first alone does not (bench/docs_figures.py)."""
     doc = {"title": title, "command": f"python3 bench/{script} " + shlex.join(sys.argv[1:]), "machine": machine(),
            "commit": commit(), "date": started, "columns": columns, "rows": rows, "ratios": ratios}
     if conditions:
         doc["conditions"] = conditions
+    if labels:
+        doc["labels"] = labels
     return doc
 
 

@@ -88,7 +88,8 @@ TABLES = {
               {"key": "full_shard", "title": "`FULL_SHARD` measured", "format": ".1f"},
               {"key": "shard_grad_op", "title": "`SHARD_GRAD_OP` measured", "format": ".1f"},
               {"key": "no_shard", "title": "`NO_SHARD` measured", "format": ".1f"},
-              {"key": "full_over_ddp", "title": "`FULL_SHARD` / DDP", "format": ".2f"}]),
+              {"key": "full_over_ddp", "title": "`FULL_SHARD` / DDP", "format": ".2f",
+               "ratio_of": "full_shard / ddp_state"}]),
 }
 
 

@@ -216,7 +216,9 @@ def plural(n, word):
 def label(kind, runs):
     threads = "/".join(str(t) for t in sorted({r["threads"] for r in runs}))
     if kind == "torch":
-        versions = "/".join(sorted({r.get("version", "1.13") for r in runs}))
+        # major.minor only: Debian 12's python3-torch 1.13.1 reports itself as 1.13.0a0, and
+        # the pages name one version for one package (docs/benchmarks.md).
+        versions = "/".join(sorted({".".join(r.get("version", "1.13").split(".")[:2]) for r in runs}))
         return f"PyTorch {versions}, {threads} threads (malloc tuned)"
     if kind == "ddp":
         return f"loom DDP, 2 processes x {threads} thread{'s' if threads != '1' else ''}"
@@ -352,8 +354,8 @@ def draw(plt, doc, by_kind, path):
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), title="diamond: the median of each",
               title_fontsize=7, frameon=False)
     ax.set_title(f"airbench94 on CIFAR-10: each run, loom against PyTorch\n{doc['machine']['cpu']}, "
-                 "{} cores, commit {}{}; redraw: {}".format(doc["machine"]["cores"], *results_file.commit_words(doc["commit"]),
-                                                             REDRAW), fontsize=8)
+                 "{} cores, commit {}; redraw: {}".format(doc["machine"]["cores"], results_file.commit_hash(doc["commit"]),
+                                                           REDRAW), fontsize=8)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=90, bbox_inches="tight")
     plt.close(fig)

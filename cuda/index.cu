@@ -18,6 +18,7 @@
 // scatter_add_ are non-deterministic for the same reason). Integer sums are exact.
 //
 // Out-of-range indices: Note [Index validation on the GPU] (cuda/kernel_utils.cuh).
+#include "core/deterministic.h"  // defines: alert_not_deterministic (atomicAdd)
 #include "core/index_layout.h"  // defines: without_dim, along_dim, check_index_*
 #include "core/kernels.h"
 #include "cuda/kernel_utils.cuh"  // defines: BadIndexFlag, report_bad_index
@@ -111,6 +112,8 @@ void gather_impl(const char* op, const Tensor& in, int64_t dim, const Tensor& in
 
 void scatter_add_impl(const char* op, Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) {
   LOOM_CHECK(out.dtype() != kBool, op, ": adding bool tensors is not supported; convert with .to(kInt64) first");
+  if (is_floating(out.dtype()))  // atomicAdd's order: the last bits of a float sum vary (above)
+    alert_not_deterministic(std::string(op) + " on CUDA (atomicAdd)", "run it on the CPU, whose loop adds in order");
   dispatch_types(AddTypes{}, out.dtype(), op, [&]<typename T>() {
     run_index_loop(op, index, src.strides(), index, out.strides(), dim, out.stride(dim), out.size(dim),
                    out.device().index, [&](const IndexLoop& loop, int64_t* bad, unsigned grid, cudaStream_t stream) {

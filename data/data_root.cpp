@@ -39,6 +39,7 @@ std::string check_explicit(const std::string& value, const std::string& source) 
   std::error_code error;
   const std::string state = fs::is_directory(dir, error) ? "it lacks " + missing + " (and has no " + kFolderName +
                                                                "/ folder holding them)"
+                            : fs::exists(dir, error)   ? "it is a file; expected a folder"
                                                          : "no such directory";
   LOOM_FAIL("CIFAR-10 not found at ", display_path(dir), " given by ", source, ": ", state, ".\n", cifar10_download_hint());
 }

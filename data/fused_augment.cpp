@@ -31,9 +31,11 @@ std::optional<FusedImageTransform> FusedImageTransform::plan(const Transform& tr
   size_t at = 0;
   if (at < chain.size()) {
     if (const auto* crop = dynamic_cast<const RandomCrop*>(chain[at])) {
-      // Only a uint8 pixel value can be the padding byte fed through the table.
+      // Only a uint8 pixel value can be the padding byte fed through the table; the
+      // gather below reads a constant border, not a reflected one.
       const double fill = crop->fill();
       if (fill != std::floor(fill) || fill < 0 || fill > 255) return std::nullopt;
+      if (crop->padding_mode() != PaddingMode::constant) return std::nullopt;
       (void)crop->output_shape(image_shape);  // the reference path's size check and error
       plan.crop_ = *crop;
       plan.padding_ = crop->padding();

@@ -23,8 +23,8 @@ bool flips_image(Flip flip, uint64_t seed, int64_t epoch, int64_t index) {
       return false;
     case Flip::random:
       return SampleRng({seed, epoch}, index).uniform() < 0.5;
-    case Flip::alternating:  // See Note [Alternating flip]: epoch 0's coin, inverted on odd epochs
-      return (SampleRng({seed, 0}, index).uniform() < 0.5) != (epoch % 2 == 1);
+    case Flip::alternating:  // See Note [Alternating flip] (data/sample_rng.h)
+      return alternating_flip(seed, epoch, index);
   }
   return false;
 }

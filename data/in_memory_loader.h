@@ -11,13 +11,8 @@
 // which commutes with the flips and the reflect padding below, so it is done once, not per
 // batch); `labels` int64 [N].
 //
-// Note [Alternating flip]
 // Flip::random flips each image with probability 1/2, drawn afresh every epoch (torchvision's
-// RandomHorizontalFlip). Flip::alternating (airbench) draws the coin once, at epoch 0, and
-// then flips the *whole* set every odd epoch: image i is mirrored in epoch e iff
-// coin_i XOR (e odd). Any two consecutive epochs then show every image once each way, where
-// independent coins show a quarter of the images the same way twice in a row; over ten
-// epochs the net sees more distinct views, which is worth about as much as an extra epoch.
+// RandomHorizontalFlip); Flip::alternating flips by Note [Alternating flip] (data/sample_rng.h).
 //
 // Note [Reflect translate]
 // translate = t shifts each image by (dy, dx), each uniform in {-t, ..., t}, drawn per image

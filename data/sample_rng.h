@@ -32,8 +32,15 @@ struct AugmentSeed {
 class SampleRng {
  public:
   SampleRng(AugmentSeed augment, int64_t index)
-      : key_(random_bits(random_bits(augment.seed ^ kDomain, static_cast<uint64_t>(augment.epoch)),
+      : augment_(augment),
+        index_(index),
+        key_(random_bits(random_bits(augment.seed ^ kDomain, static_cast<uint64_t>(augment.epoch)),
                          static_cast<uint64_t>(index))) {}
+
+  // What the stream is keyed by: a transform whose rule spans epochs (alternating_flip)
+  // draws from another epoch's stream of the same sample.
+  AugmentSeed augment() const { return augment_; }
+  int64_t index() const { return index_; }
 
   // 64 random bits; each call advances the stream by one.
   uint64_t bits() { return random_bits(key_, counter_++); }
@@ -50,8 +57,20 @@ class SampleRng {
  private:
   // Separates augmentation streams from samplers' permutations under the same seed.
   static constexpr uint64_t kDomain = 0xA06E'D47A'5EED'0001ull;
+  AugmentSeed augment_;
+  int64_t index_;
   uint64_t key_;
   uint64_t counter_ = 0;
 };
+
+// Note [Alternating flip]
+// Whether sample `index` is mirrored in `epoch` under airbench's alternating flip: a coin
+// drawn once, from epoch 0's stream, inverted on odd epochs. Any two consecutive epochs
+// then show every image once each way, where independent coins (RandomHorizontalFlip)
+// show a quarter of the images the same way twice in a row; over ten epochs the net sees
+// more distinct views, worth about as much as an extra epoch.
+inline bool alternating_flip(uint64_t seed, int64_t epoch, int64_t index) {
+  return (SampleRng({seed, 0}, index).uniform() < 0.5) != (epoch % 2 == 1);
+}
 
 }  // namespace loom::data

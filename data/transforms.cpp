@@ -37,6 +37,19 @@ std::string format_list(const std::vector<double>& values) {
   return out + "]";
 }
 
+// The image with its last dim (width) reversed.
+Tensor mirrored(const Tensor& input, const char* who) {
+  Tensor src = contiguous_input(input, who);
+  Tensor out = empty(src.shape(), TensorOptions(src.dtype()));
+  const int64_t w = src.size(-1), rows = src.numel() / w;
+  const auto bytes = static_cast<int64_t>(src.element_size());
+  const auto* in = static_cast<const char*>(src.raw_data());
+  auto* o = static_cast<char*>(out.raw_data());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t x = 0; x < w; ++x)
+      std::memcpy(o + (r * w + x) * bytes, in + (r * w + (w - 1 - x)) * bytes, static_cast<size_t>(bytes));
+  return out;
+}
 }  // namespace
 
 Tensor Transform::operator()(const Tensor& input) const {
@@ -146,8 +159,8 @@ std::string Normalize::repr() const { return "Normalize(mean=" + format_list(mea
 
 // ---- RandomCrop -------------------------------------------------------------------
 
-RandomCrop::RandomCrop(std::pair<int64_t, int64_t> size, int64_t padding, double fill)
-    : size_h_(size.first), size_w_(size.second), padding_(padding), fill_(fill) {
+RandomCrop::RandomCrop(std::pair<int64_t, int64_t> size, int64_t padding, double fill, PaddingMode mode)
+    : size_h_(size.first), size_w_(size.second), padding_(padding), fill_(fill), mode_(mode) {
   LOOM_CHECK(size_h_ > 0 && size_w_ > 0, "RandomCrop: size must be positive, got (", size_h_, ", ", size_w_, ")");
   LOOM_CHECK(padding_ >= 0, "RandomCrop: padding must be >= 0, got ", padding_);
 }
@@ -158,6 +171,11 @@ Shape RandomCrop::output_shape(const Shape& input) const {
   LOOM_CHECK(size_h_ <= padded_h && size_w_ <= padded_w, "RandomCrop: required crop size (", size_h_, ", ", size_w_,
              ") is larger than the padded input image (", padded_h, ", ", padded_w, "): image shape ", input,
              ", padding ", padding_);
+  // As torch's reflect padding: the mirror image must fit inside the image it mirrors.
+  LOOM_CHECK(mode_ != PaddingMode::reflect ||
+                 (padding_ < input[input.size() - 2] && padding_ < input[input.size() - 1]),
+             "RandomCrop: padding_mode reflect needs padding smaller than the image's height and width, got "
+             "padding ", padding_, " for image shape ", input);
   Shape out = input;
   out[out.size() - 2] = size_h_;
   out[out.size() - 1] = size_w_;
@@ -190,8 +208,13 @@ Tensor RandomCrop::forward(const Tensor& input, SampleRng& rng) const {
     for (int64_t p = 0; p < planes; ++p)
       for (int64_t y = 0; y < size_h_; ++y)
         for (int64_t x = 0; x < size_w_; ++x) {
-          // Position in the unpadded image; outside it is the constant padding.
-          const int64_t sy = window.top + y - padding_, sx = window.left + x - padding_;
+          // Position in the unpadded image; outside it is the constant padding, or the
+          // image mirrored about its edge pixel (reflect: -1 reads 1, h reads h - 2).
+          int64_t sy = window.top + y - padding_, sx = window.left + x - padding_;
+          if (mode_ == PaddingMode::reflect) {
+            sy = sy < 0 ? -sy : sy >= h ? 2 * (h - 1) - sy : sy;
+            sx = sx < 0 ? -sx : sx >= w ? 2 * (w - 1) - sx : sx;
+          }
           const bool inside = sy >= 0 && sy < h && sx >= 0 && sx < w;
           o[(p * size_h_ + y) * size_w_ + x] = inside ? in[(p * h + sy) * w + sx] : fill;
         }
@@ -202,6 +225,7 @@ Tensor RandomCrop::forward(const Tensor& input, SampleRng& rng) const {
 std::string RandomCrop::repr() const {
   std::string out = loom::detail::str("RandomCrop(size=(", size_h_, ", ", size_w_, "), padding=", padding_);
   if (fill_ != 0) out += ", fill=" + format_double(fill_);
+  if (mode_ == PaddingMode::reflect) out += ", padding_mode=reflect";
   return out + ")";
 }
 
@@ -214,19 +238,17 @@ RandomHorizontalFlip::RandomHorizontalFlip(double p) : p_(p) {
 Tensor RandomHorizontalFlip::forward(const Tensor& input, SampleRng& rng) const {
   LOOM_CHECK(input.defined(), "RandomHorizontalFlip: got an undefined tensor");
   check_image_dims(input.shape(), "RandomHorizontalFlip");
-  if (!flips(rng)) return input;
-  Tensor src = contiguous_input(input, "RandomHorizontalFlip");
-  Tensor out = empty(src.shape(), TensorOptions(src.dtype()));
-  const int64_t w = src.size(-1), rows = src.numel() / w;
-  const auto bytes = static_cast<int64_t>(src.element_size());
-  const auto* in = static_cast<const char*>(src.raw_data());
-  auto* o = static_cast<char*>(out.raw_data());
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t x = 0; x < w; ++x)
-      std::memcpy(o + (r * w + x) * bytes, in + (r * w + (w - 1 - x)) * bytes, static_cast<size_t>(bytes));
-  return out;
+  return flips(rng) ? mirrored(input, "RandomHorizontalFlip") : input;
 }
 
 std::string RandomHorizontalFlip::repr() const { return "RandomHorizontalFlip(p=" + format_double(p_) + ")"; }
+
+// ---- AlternatingHorizontalFlip ----------------------------------------------------
+
+Tensor AlternatingHorizontalFlip::forward(const Tensor& input, SampleRng& rng) const {
+  LOOM_CHECK(input.defined(), "AlternatingHorizontalFlip: got an undefined tensor");
+  check_image_dims(input.shape(), "AlternatingHorizontalFlip");
+  return flips(rng) ? mirrored(input, "AlternatingHorizontalFlip") : input;
+}
 
 }  // namespace loom::data::transforms

@@ -116,13 +116,21 @@ class Normalize : public Transform {
   std::vector<double> mean_, std_;
 };
 
-// Pads every side of an [..., H, W] image by `padding` pixels of value `fill`, then cuts
-// a size_h x size_w window at a random position, as transforms.RandomCrop(size,
-// padding, fill=fill, padding_mode="constant").
+// How RandomCrop fills the border it adds: torchvision's padding_mode "constant" (the
+// value `fill`) or "reflect" (the image mirrored about its edge pixel, which is not
+// repeated: no flat border whose edge a net could learn).
+enum class PaddingMode { constant, reflect };
+
+// Pads every side of an [..., H, W] image by `padding` pixels, then cuts a size_h x size_w
+// window at a random position, as transforms.RandomCrop(size, padding, fill=fill,
+// padding_mode=mode). A 32 x 32 crop of an image padded by t is a translation by up to t
+// pixels each way (airbench's "reflect translate" is padding t, mode reflect).
 class RandomCrop : public Transform {
  public:
-  RandomCrop(int64_t size, int64_t padding = 0, double fill = 0) : RandomCrop({size, size}, padding, fill) {}
-  RandomCrop(std::pair<int64_t, int64_t> size, int64_t padding = 0, double fill = 0);
+  RandomCrop(int64_t size, int64_t padding = 0, double fill = 0, PaddingMode mode = PaddingMode::constant)
+      : RandomCrop({size, size}, padding, fill, mode) {}
+  RandomCrop(std::pair<int64_t, int64_t> size, int64_t padding = 0, double fill = 0,
+             PaddingMode mode = PaddingMode::constant);
   Tensor forward(const Tensor& input, SampleRng& rng) const override;
   Shape output_shape(const Shape& input) const override;
   std::string repr() const override;
@@ -135,10 +143,12 @@ class RandomCrop : public Transform {
   int64_t width() const { return size_w_; }
   int64_t padding() const { return padding_; }
   double fill() const { return fill_; }
+  PaddingMode padding_mode() const { return mode_; }
 
  private:
   int64_t size_h_, size_w_, padding_;
   double fill_;
+  PaddingMode mode_;
 };
 
 // Mirrors the last dim (width) with probability p, as transforms.RandomHorizontalFlip.
@@ -153,6 +163,20 @@ class RandomHorizontalFlip : public Transform {
 
  private:
   double p_;
+};
+
+// Mirrors the last dim (width) by airbench's alternating rule (Note [Alternating flip],
+// data/sample_rng.h): a coin per image drawn once, inverted every odd epoch, so each pair
+// of consecutive epochs shows every image both ways. Draws nothing from the sample's own
+// stream (its coin comes from epoch 0's), so the transforms after it draw as they would
+// without it. torchvision has no such transform.
+class AlternatingHorizontalFlip : public Transform {
+ public:
+  Tensor forward(const Tensor& input, SampleRng& rng) const override;
+  std::string repr() const override { return "AlternatingHorizontalFlip()"; }
+  static bool flips(const SampleRng& rng) {
+    return alternating_flip(rng.augment().seed, rng.augment().epoch, rng.index());
+  }
 };
 
 }  // namespace loom::data::transforms

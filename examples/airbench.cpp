@@ -19,7 +19,8 @@
 #include "examples/speedrun/airbench94.h"      // defines: run_airbench94, load_cifar10_tensors
 #include "core/cpu/kernel_benchmark.h"           // defines: backends::cpu::benchmark (reported)
 #include "train/conv_benchmark.h"    // defines: --conv-benchmark (Note [Kernel autotuning])
-#include "train/flags.h"              // defines: Flags
+#include "train/flags.h"              // defines: Flags, report_flag_error
+#include "train/path_flags.h"         // defines: check_output_file (--metrics-json)
 #include "nn/json.h"                           // defines: json::Value, json::dump
 #include "parallel/comm/process_group.h"       // defines: init_process_group, default_group
 
@@ -78,69 +79,79 @@ json::Value metrics(const examples::Airbench94Result& r, const examples::Airbenc
 
 }  // namespace
 
-int main(int argc, char** argv) try {
+int main(int argc, char** argv) {
   training::Flags flags("airbench", "CIFAR-10 to 94% test accuracy with the airbench94 recipe, timed end to end.");
   auto& data_dir = flags.add<std::string>("data", "", "the cifar-10-batches-bin folder (default: $LOOM_DATA, then data/)");
   auto& seed = flags.add<int64_t>("seed", 0, "seed of the initial weights, the order and the augmentation");
+  flags.at_least(0, "0 or more");
   auto& threads = flags.add<int64_t>("threads", 0, "compute threads per process (0: OpenMP's default)");
+  flags.at_least(0, "0 (OpenMP's default) or more");
   auto& steps = flags.add<int64_t>("max-steps", -1, "stop after N steps (-1: the whole run, 476 steps)");
+  flags.at_least(-1, "-1 (the whole run) or 0 or more");
   auto& epochs = flags.add<double>("epochs", 9.9, "length of the run in epochs (the schedules scale with it)");
+  flags.above(0, "a positive length in epochs (9.9: the recipe's)");
   auto& amp = flags.add<std::string>("amp", "none", "none, or bf16: CPU autocast (needs AVX-512 bf16)");
+  flags.one_of({"none", "bf16"});
   auto& tta = flags.add<int64_t>("tta", 2, "test-time augmentation: 0 none, 1 mirror, 2 mirror + translate");
+  flags.in_range(0, 2, "0, 1 or 2");
   auto& eval_every_epoch = flags.add<bool>("eval-every-epoch", false, "untimed test accuracy after each epoch");
   auto& memory_format = flags.add<std::string>("memory-format", "channels_last",
                                                 "channels_last (NHWC through the whole net: no reorders) or contiguous");
+  flags.one_of({"channels_last", "contiguous"});
   auto& metrics_json = flags.add<std::string>("metrics-json", "", "write the run's figures to this JSON file");
+  flags.rule([&] { training::check_output_file("--metrics-json", metrics_json); });
   const training::ConvBenchmarkFlags conv_benchmark = training::add_conv_benchmark_flags(flags);
-  flags.parse(argc, argv);
-  training::apply_conv_benchmark_flags(conv_benchmark);
-  LOOM_CHECK(amp == "none" || amp == "bf16", "--amp: expected none or bf16, got '", amp, "'");
-  LOOM_CHECK(tta >= 0 && tta <= 2, "--tta: expected 0, 1 or 2, got ", tta);
-  LOOM_CHECK(threads >= 0, "--threads: expected 0 (OpenMP's default) or more, got ", threads);
-  if (threads > 0) omp_set_num_threads(static_cast<int>(threads));
-
-  examples::Airbench94Config config;
-  const char* world = std::getenv("WORLD_SIZE");
-  if (world && std::atoi(world) > 1) {
-    distributed::init_process_group("gloo", "env://");
-    config.process_group = distributed::default_group();
+  std::string root;
+  try {
+    flags.parse(argc, argv);
+    flags.check();
+    training::apply_conv_benchmark_flags(conv_benchmark);
+    root = data::find_cifar10_root(data_dir.empty() ? std::nullopt : std::optional<std::string>(data_dir));
+  } catch (const std::exception& e) {  // the same in every process of a launch: said once
+    return training::report_flag_error("airbench", e);
   }
-  const bool rank0 = !config.process_group || config.process_group->rank() == 0;
-  config.seed = static_cast<uint64_t>(seed);
-  config.max_steps = steps;
-  config.epochs = epochs;
-  // float32 where the CPU has no bfloat16 arithmetic (Note [bf16 autocast where the CPU has
-  // no bfloat16 arithmetic], core/cpu/bf16_path.h), said once.
-  config.bf16 = amp == "bf16" && cpu::bf16_autocast_pays();
-  if (amp == "bf16" && !config.bf16 && rank0)
-    std::printf("--amp bf16: this CPU has no bfloat16 arithmetic (%s), so autocast would only add casts: the run is "
-                "float32 (LOOM_CPU_BF16=staging keeps bfloat16)\n", cpu::bf16_path_description());
-  config.tta = static_cast<nn::TTA>(tta);
-  config.eval_every_epoch = eval_every_epoch;
-  LOOM_CHECK(memory_format == "channels_last" || memory_format == "contiguous",
-             "--memory-format: expected channels_last or contiguous, got '", memory_format, "'");
-  config.memory_format = memory_format == "channels_last" ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
-  if (rank0) config.log = [](const std::string& line) { std::printf("%s\n", line.c_str()), std::fflush(stdout); };
-
-  const std::string root = data::find_cifar10_root(data_dir.empty() ? std::nullopt : std::optional<std::string>(data_dir));
-  const examples::CifarTensors train = examples::load_cifar10_tensors(root, true);
-  const examples::CifarTensors test = examples::load_cifar10_tensors(root, false);
-  const examples::Airbench94Result r = examples::run_airbench94(config, train, test);
-
-  if (rank0) {
-    std::printf("tta_accuracy %.4f  accuracy %.4f  wall_time %.1f s (whitening %.2f, train %.1f [data %.1f, "
-                "lookahead %.2f], tta %.1f)\n",
-                r.tta_accuracy, r.accuracy, r.wall_time_s, r.whitening_s, r.train_s, r.data_s, r.lookahead_s, r.tta_s);
-    if (!metrics_json.empty()) {
-      const int64_t processes = config.process_group ? config.process_group->size() : 1;
-      const int64_t per_epoch = train.images.size(0) / config.batch_size;
-      write_file_atomically(metrics_json, json::dump(metrics(r, config, threads, processes, per_epoch)) + "\n",
-                            "--metrics-json");
+  try {
+    if (threads > 0) omp_set_num_threads(static_cast<int>(threads));
+    examples::Airbench94Config config;
+    const char* world = std::getenv("WORLD_SIZE");
+    if (world && std::atoi(world) > 1) {
+      distributed::init_process_group("gloo", "env://");
+      config.process_group = distributed::default_group();
     }
+    const bool rank0 = !config.process_group || config.process_group->rank() == 0;
+    config.seed = static_cast<uint64_t>(seed);
+    config.max_steps = steps;
+    config.epochs = epochs;
+    // float32 where the CPU has no bfloat16 arithmetic (Note [bf16 autocast where the CPU has
+    // no bfloat16 arithmetic], core/cpu/bf16_path.h), said once.
+    config.bf16 = amp == "bf16" && cpu::bf16_autocast_pays();
+    if (amp == "bf16" && !config.bf16 && rank0)
+      std::printf("--amp bf16: this CPU has no bfloat16 arithmetic (%s), so autocast would only add casts: the run is "
+                  "float32 (LOOM_CPU_BF16=staging keeps bfloat16)\n", cpu::bf16_path_description());
+    config.tta = static_cast<nn::TTA>(tta);
+    config.eval_every_epoch = eval_every_epoch;
+    config.memory_format = memory_format == "channels_last" ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
+    if (rank0) config.log = [](const std::string& line) { std::printf("%s\n", line.c_str()), std::fflush(stdout); };
+
+    const examples::CifarTensors train = examples::load_cifar10_tensors(root, true);
+    const examples::CifarTensors test = examples::load_cifar10_tensors(root, false);
+    const examples::Airbench94Result r = examples::run_airbench94(config, train, test);
+
+    if (rank0) {
+      std::printf("tta_accuracy %.4f  accuracy %.4f  wall_time %.1f s (whitening %.2f, train %.1f [data %.1f, "
+                  "lookahead %.2f], tta %.1f)\n",
+                  r.tta_accuracy, r.accuracy, r.wall_time_s, r.whitening_s, r.train_s, r.data_s, r.lookahead_s, r.tta_s);
+      if (!metrics_json.empty()) {
+        const int64_t processes = config.process_group ? config.process_group->size() : 1;
+        const int64_t per_epoch = train.images.size(0) / config.batch_size;
+        write_file_atomically(metrics_json, json::dump(metrics(r, config, threads, processes, per_epoch)) + "\n",
+                              "--metrics-json");
+      }
+    }
+    if (config.process_group) distributed::destroy_process_group();
+    return 0;
+  } catch (const std::exception& e) {  // a filesystem_error or bad_alloc too: one line, never an abort
+    std::fprintf(stderr, "airbench: error: %s\n", e.what());
+    return 1;
   }
-  if (config.process_group) distributed::destroy_process_group();
-  return 0;
-} catch (const Error& e) {
-  std::fprintf(stderr, "airbench: error: %s\n", e.what());
-  return 1;
 }

@@ -18,15 +18,16 @@
 #include "nn/safetensors.h"
 #include "parallel/checkpoint/convert.h"
 #include "parallel/distributed_checkpoint.h"
+#include "train/path_flags.h"  // defines: check_input_file, check_output_file, check_output_folder
 
 namespace ckpt = loom::distributed::checkpoint;
 
 namespace {
 
-int usage(const char* why) {
-  std::fprintf(stderr, "dcp_convert: %s\nusage: dcp_convert to-file CKPT OUT.safetensors [--with-optimizer]\n"
-               "       dcp_convert to-sharded IN.safetensors STEP_DIR\n", why);
-  return 2;
+int usage(const std::string& why) {
+  std::fprintf(stderr, "dcp_convert: error: %s\nusage: dcp_convert to-file CKPT OUT.safetensors [--with-optimizer]\n"
+               "       dcp_convert to-sharded IN.safetensors STEP_DIR\n", why.c_str());
+  return 1;
 }
 
 // A step directory as given, or a checkpoint directory's newest complete step.
@@ -46,7 +47,8 @@ int main(int argc, char** argv) {
     if (command == "to-file") {
       if (argc < 4 || argc > 5) return usage("to-file takes CKPT, OUT and optionally --with-optimizer");
       const bool with_optimizer = argc == 5 && std::string(argv[4]) == "--with-optimizer";
-      if (argc == 5 && !with_optimizer) return usage((std::string("unknown flag ") + argv[4]).c_str());
+      if (argc == 5 && !with_optimizer) return usage(std::string("unknown flag ") + argv[4]);
+      loom::training::check_output_file("OUT", argv[3]);
       const std::string step_dir = step_dir_of(argv[2]);
       const ckpt::CheckpointIndex index = ckpt::read_checkpoint_index(step_dir);
       const auto tensors = ckpt::consolidate(index, with_optimizer);
@@ -57,12 +59,14 @@ int main(int argc, char** argv) {
     }
     if (command == "to-sharded") {
       if (argc != 4) return usage("to-sharded takes IN and STEP_DIR");
+      loom::training::check_input_file("IN", argv[2]);
+      loom::training::check_output_folder("STEP_DIR", argv[3]);
       const auto tensors = loom::safetensors::load_file(argv[2]);
       ckpt::write_one_rank_set(tensors, argv[3]);
       std::printf("wrote %zu tensors of %s as a one-rank sharded set at %s\n", tensors.size(), argv[2], argv[3]);
       return 0;
     }
-    return usage(command.empty() ? "no command" : ("unknown command '" + command + "'").c_str());
+    return usage(command.empty() ? "no command" : "unknown command '" + command + "'");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dcp_convert: error: %s\n", e.what());
     return 1;

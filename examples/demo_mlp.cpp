@@ -11,28 +11,28 @@
 
 #include "autograd/grad_mode.h"  // defines: NoGradGuard
 #include "autograd/ops.h"        // defines: linear, tanh, mean, the Tensor math
+#include "core/error.h"          // defines: LOOM_CHECK
 
 using namespace loom;
 
 // `demo_mlp [--max-steps N]`, as the other small programs and train_cifar10 take it; any
-// other argument is an error that says so (exit 2), never a silent run of some other length.
+// other argument is one error line (exit status 1), never a silent run of some other length.
 static int parse_steps(int argc, char** argv) {
   int steps = 2000;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
+    LOOM_CHECK(arg == "--max-steps", "unexpected argument '", arg, "'; the one flag is --max-steps N");
+    LOOM_CHECK(i + 1 < argc, "--max-steps: expected N SGD steps (1 to 1000000) after it, got nothing");
     char* end = nullptr;
-    const long value = arg == "--max-steps" && i + 1 < argc ? std::strtol(argv[++i], &end, 10) : -1;
-    if (end == nullptr || *end != '\0' || value < 1 || value > 1000000) {
-      std::fprintf(stderr, "usage: %s [--max-steps N]   (N SGD steps, 1 to 1000000; default 2000); got '%s'\n",
-                   argv[0], argv[i]);
-      std::exit(2);
-    }
+    const long value = std::strtol(argv[++i], &end, 10);
+    LOOM_CHECK(*argv[i] != '\0' && *end == '\0' && value >= 1 && value <= 1000000,
+               "--max-steps: expected 1 to 1000000 SGD steps (default 2000), got '", argv[i], "'");
     steps = static_cast<int>(value);
   }
   return steps;
 }
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   const int steps = parse_steps(argc, argv);
   const int64_t batch = 256, hidden = 64;
   Generator gen(0);
@@ -68,4 +68,7 @@ int main(int argc, char** argv) {
       std::printf("step %5d  loss %.5f\n", step, loss.item<float>());
   }
   return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "demo_mlp: error: %s\n", e.what());
+  return 1;
 }

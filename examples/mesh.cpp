@@ -12,9 +12,10 @@
 //
 //   build/examples/mesh --world 4 --pp 1 --dp-shard 2 --tp 2 --parameter 9,6 --fsdp-layout per_parameter
 #include <algorithm>
+#include <charconv>  // defines: from_chars (--parameter)
 #include <cstdio>
-#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"                        // defines: loom::Error
@@ -27,9 +28,27 @@ namespace ckpt = loom::distributed::checkpoint;
 
 namespace {
 
+// The degrees are ints (ParallelDims): a larger count would wrap, not fail.
+constexpr double kMaxWorld = 65536;
+
 std::string json(const ckpt::Chunk& c) {
   return "{\"offsets\": [" + std::to_string(c.offsets[0]) + ", " + std::to_string(c.offsets[1]) + "], \"sizes\": [" +
          std::to_string(c.sizes[0]) + ", " + std::to_string(c.sizes[1]) + "]}";
+}
+
+// --parameter ROWS,COLS: two positive integers.
+std::pair<int64_t, int64_t> parse_shape(const std::string& text) {
+  int64_t rows = 0, cols = 0;
+  const char* end = text.data() + text.size();
+  auto [comma, rows_error] = std::from_chars(text.data(), end, rows);
+  bool ok = rows_error == std::errc() && comma < end && *comma == ',';
+  if (ok) {
+    auto [last, cols_error] = std::from_chars(comma + 1, end, cols);
+    ok = cols_error == std::errc() && last == end;
+  }
+  LOOM_CHECK(ok && rows >= 1 && cols >= 1, "--parameter: expected ROWS,COLS, two positive integers (e.g. 10,6), got '",
+             text, "'");
+  return {rows, cols};
 }
 
 // Each rank's boxes of a [rows, cols] parameter, one JSON line per rank.
@@ -63,14 +82,22 @@ int main(int argc, char** argv) {
   try {
     training::Flags flags("mesh", "Draws the ranks of a world on the mesh [pp, dp_replicate, dp_shard, tp].");
     auto& world = flags.add<int64_t>("world", 8, "processes (WORLD_SIZE)");
+    flags.in_range(1, kMaxWorld, "1 to 65536 processes");
     auto& pp = flags.add<int64_t>("pp", 2, "pipeline stages");
+    flags.in_range(1, kMaxWorld, "1 to 65536 stages");
     auto& dp_replicate = flags.add<int64_t>("dp-replicate", 1, "replicas");
+    flags.in_range(1, kMaxWorld, "1 to 65536 replicas");
     auto& dp_shard = flags.add<int64_t>("dp-shard", -1, "shards (-1: what the world leaves)");
+    flags.in_range(-1, kMaxWorld, "-1 (what the world leaves) or 1 to 65536 shards");
     auto& tp = flags.add<int64_t>("tp", 2, "tensor-parallel ranks");
+    flags.in_range(1, kMaxWorld, "1 to 65536 tensor-parallel ranks");
     auto& parameter = flags.add<std::string>("parameter", "", "ROWS,COLS: print each rank's boxes of such a parameter");
     auto& tp_dim = flags.add<int64_t>("tp-dim", 1, "--parameter: the dim tp cuts (0: column-parallel, 1: row-parallel)");
+    flags.in_range(0, 1, "0 or 1");
     auto& layout = flags.add<std::string>("fsdp-layout", "per_parameter", "--parameter: flat | per_parameter");
+    flags.one_of({"flat", "per_parameter"});
     flags.parse(argc, argv);
+    flags.check();
     distributed::ParallelDims degrees;
     degrees.pp = static_cast<int>(pp);
     degrees.dp_replicate = static_cast<int>(dp_replicate);
@@ -81,19 +108,11 @@ int main(int argc, char** argv) {
       std::printf("%s", dims.draw().c_str());
       return 0;
     }
-    const size_t comma = parameter.find(',');
-    LOOM_CHECK(comma != std::string::npos, "--parameter: expected ROWS,COLS (e.g. 10,6), got '", parameter, "'");
-    LOOM_CHECK(layout == "flat" || layout == "per_parameter", "--fsdp-layout: expected flat or per_parameter, got '",
-               layout, "'");
-    LOOM_CHECK(tp_dim == 0 || tp_dim == 1, "--tp-dim: expected 0 or 1, got ", tp_dim);
-    print_boxes(dims, static_cast<int>(world), std::stoll(parameter.substr(0, comma)),
-                std::stoll(parameter.substr(comma + 1)), static_cast<int>(tp_dim), layout == "per_parameter");
+    const auto [rows, cols] = parse_shape(parameter);
+    print_boxes(dims, static_cast<int>(world), rows, cols, static_cast<int>(tp_dim), layout == "per_parameter");
     return 0;
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {
     std::fprintf(stderr, "mesh: error: %s\n", e.what());
-    return 1;
-  } catch (const std::invalid_argument&) {
-    std::fprintf(stderr, "mesh: error: --parameter: expected two integers ROWS,COLS\n");
     return 1;
   }
 }

@@ -10,6 +10,7 @@
 // line; the other programs take it from here to keep to what their mode changes).
 #pragma once
 
+#include <cerrno>
 #include <cstdint>
 #include <cstdlib>  // defines: strtoll
 #include <memory>
@@ -37,10 +38,13 @@ inline MinimalFlags parse_minimal_flags(int argc, char** argv) {
     const std::string arg = argv[i];
     if (arg == "--synthetic") {
       flags.synthetic = true;
-    } else if ((arg == "--max-steps" || arg == "--steps") && i + 1 < argc) {
+    } else if (arg == "--max-steps" || arg == "--steps") {
+      LOOM_CHECK(i + 1 < argc, arg, ": expected a count of 0 or more after it, got nothing");
       char* end = nullptr;
+      errno = 0;
       flags.steps = std::strtoll(argv[++i], &end, 10);
-      LOOM_CHECK(*end == '\0' && flags.steps >= 0, arg, ": expected a count of 0 or more, got '", argv[i], "'");
+      LOOM_CHECK(*argv[i] != '\0' && *end == '\0' && errno == 0 && flags.steps >= 0, arg,
+                 ": expected a count of 0 or more, got '", argv[i], "'");
     } else {
       LOOM_FAIL(argv[0], ": unexpected argument '", arg, "'; the flags are --max-steps N and --synthetic");
     }

@@ -75,7 +75,7 @@ int main(int argc, char** argv) try {
   // dist.destroy_process_group()
   destroy_process_group();
   return 0;
-} catch (const Error& e) {
+} catch (const std::exception& e) {  // any error, loom::Error or not: one line, exit status 1
   std::fprintf(stderr, "tp_minimal: error: %s\n", e.what());
   return 1;
 }

@@ -61,7 +61,7 @@ int main(int argc, char** argv) try {
     if (loss.defined()) std::printf("epoch %lld loss %.4f\n", static_cast<long long>(epoch + 1), loss.item<float>());
   }
   return 0;
-} catch (const Error& e) {
+} catch (const std::exception& e) {  // any error, loom::Error or not: one line, exit status 1
   std::fprintf(stderr, "vit_minimal: error: %s\n", e.what());
   return 1;
 }

@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <bit>
+#include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <sstream>
 
@@ -132,36 +134,57 @@ Entry parse_entry(const std::string& name, const json::Value& value, uint64_t da
   return e;
 }
 
+// The header length in `first8` (a file's first 8 bytes), checked against the `size`
+// bytes of the whole file.
+uint64_t header_length(std::string_view first8, uint64_t size, const std::string& where) {
+  LOOM_CHECK(first8.size() >= 8 && size >= 8, where, ": file too small (", size, " bytes); a safetensors file "
+             "starts with an 8-byte header length");
+  uint64_t n = 0;
+  std::memcpy(&n, first8.data(), 8);
+  LOOM_CHECK(n <= size - 8, where, ": header length ", n, " exceeds the ", size - 8,
+             " bytes that follow it (truncated file, or not a safetensors file)");
+  LOOM_CHECK(n <= kMaxHeaderBytes, where, ": header length ", n, " is larger than the ", kMaxHeaderBytes,
+             "-byte limit");
+  return n;
+}
+
+// The JSON header (bytes 8..8+n of the file), which must be an object.
+json::Value parse_header(std::string_view text, const std::string& where) {
+  json::Value header;
+  try {
+    header = json::parse(text);
+  } catch (const json::ParseError& e) {
+    LOOM_FAIL(where, ": malformed JSON header: ", e.what(), " (the header is bytes 8..", 8 + text.size(),
+              " of the file)");
+  }
+  LOOM_CHECK(header.is_object(), where, ": the header must be a JSON object, got a ", json::type_name(header.type()));
+  return header;
+}
+
+// The header's "__metadata__" entry, an object of strings.
+Metadata parse_metadata(const json::Value& value, const std::string& where) {
+  LOOM_CHECK(value.is_object(), where, ": \"__metadata__\" must be an object of strings");
+  Metadata metadata;
+  for (const auto& [k, v] : value.as_object()) {
+    LOOM_CHECK(v.is_string(), where, ": metadata \"", k, "\" must be a string, got a ", json::type_name(v.type()));
+    metadata.insert(k, v.as_string());
+  }
+  return metadata;
+}
+
 }  // namespace
 
 File deserialize(std::string_view bytes, const std::string& source, Device device) {
   const std::string where = "safetensors file '" + source + "'";
-  LOOM_CHECK(bytes.size() >= 8, where, ": file too small (", bytes.size(), " bytes); a safetensors file starts with "
-             "an 8-byte header length");
-  uint64_t n = 0;
-  std::memcpy(&n, bytes.data(), 8);
-  LOOM_CHECK(n <= bytes.size() - 8, where, ": header length ", n, " exceeds the ", bytes.size() - 8,
-             " bytes that follow it (truncated file, or not a safetensors file)");
-  LOOM_CHECK(n <= kMaxHeaderBytes, where, ": header length ", n, " is larger than the ", kMaxHeaderBytes,
-             "-byte limit");
-  json::Value header;
-  try {
-    header = json::parse(bytes.substr(8, n));
-  } catch (const json::ParseError& e) {
-    LOOM_FAIL(where, ": malformed JSON header: ", e.what(), " (the header is bytes 8..", 8 + n, " of the file)");
-  }
-  LOOM_CHECK(header.is_object(), where, ": the header must be a JSON object, got a ", json::type_name(header.type()));
+  const uint64_t n = header_length(bytes, bytes.size(), where);
+  const json::Value header = parse_header(bytes.substr(8, n), where);
 
   const std::string_view data = bytes.substr(8 + n);
   File file;
   std::vector<Entry> entries;
   for (const auto& [name, value] : header.as_object()) {
     if (name == "__metadata__") {
-      LOOM_CHECK(value.is_object(), where, ": \"__metadata__\" must be an object of strings");
-      for (const auto& [k, v] : value.as_object()) {
-        LOOM_CHECK(v.is_string(), where, ": metadata \"", k, "\" must be a string, got a ", json::type_name(v.type()));
-        file.metadata.insert(k, v.as_string());
-      }
+      file.metadata = parse_metadata(value, where);
       continue;
     }
     entries.push_back(parse_entry(name, value, data.size(), where));
@@ -194,6 +217,25 @@ File deserialize(std::string_view bytes, const std::string& source, Device devic
 
 File read_file(const std::string& path, Device device) {
   return deserialize(read_whole_file(path, "safetensors"), path, device);
+}
+
+Metadata read_metadata(const std::string& path) {
+  const std::string where = "safetensors file '" + path + "'";
+  std::ifstream in(path, std::ios::binary);
+  LOOM_CHECK(in, "safetensors: cannot open '", path, "': ", std::strerror(errno));
+  in.seekg(0, std::ios::end);
+  const auto size = static_cast<uint64_t>(std::max<std::streamoff>(in.tellg(), 0));
+  in.seekg(0);
+  std::string first8(8, '\0');
+  in.read(first8.data(), 8);
+  first8.resize(static_cast<size_t>(in.gcount()));
+  const uint64_t n = header_length(first8, size, where);
+  std::string text(n, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(n));
+  LOOM_CHECK(static_cast<uint64_t>(in.gcount()) == n, where, ": error reading its header: ", std::strerror(errno));
+  const json::Value header = parse_header(text, where);
+  const json::Value* metadata = header.find("__metadata__");
+  return metadata ? parse_metadata(*metadata, where) : Metadata{};
 }
 
 OrderedDict<Tensor> load_file(const std::string& path, Device device) { return read_file(path, device).tensors; }

@@ -54,6 +54,8 @@ void save_file(const OrderedDict<Tensor>& tensors, const std::string& path, cons
 OrderedDict<Tensor> load_file(const std::string& path, Device device = Device());
 // Tensors and metadata together.
 File read_file(const std::string& path, Device device = Device());
+// The metadata alone, from the header: the file's data is not read (safetensors' safe_open(path).metadata()).
+Metadata read_metadata(const std::string& path);
 
 }  // namespace loom::safetensors
 

@@ -7,6 +7,7 @@
 #include "autograd/grad_mode.h"   // defines: NoGradGuard
 #include "autograd/ops.h"
 #include "core/cpu/kernel_benchmark.h"  // defines: backends::cpu::FixedKernelRules
+#include "core/deterministic.h"         // defines: alert_not_deterministic (balance_by time)
 #include "core/error.h"
 #include "core/factory.h"         // defines: ones_like
 #include "core/flop_counter.h"    // defines: FlopCounterMode (Note [Counted, not timed])
@@ -166,6 +167,10 @@ void check_balance(const std::vector<int64_t>& balance, int64_t stages, int64_t 
 void check_balance_by(const std::string& by) {
   LOOM_CHECK(by == "cost" || by == "time", "balance_by: expected \"cost\" (the cost model) or \"time\" (measured), "
              "got '", by, "'");
+  // Note [Same command, same model] (core/deterministic.h): measured times, and so the cut, differ run to run.
+  if (by == "time")
+    alert_not_deterministic("balance_by \"time\" (a pipeline cut by measured layer times)",
+                            "cut by \"cost\" (counted FLOPs and bytes, the same every run) or give the layer counts");
 }
 
 std::vector<int64_t> choose_balance(nn::Sequential& module, const std::vector<int64_t>& given, const std::string& by,

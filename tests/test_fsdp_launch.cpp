@@ -134,7 +134,8 @@ TEST_CASE("--mode fsdp --checkpoint-dir then --resume continues bit for bit, fro
   REQUIRE_MESSAGE(again.code == 0, again.output);
   CHECK_MESSAGE(contains(again.output, "skipped incomplete sharded checkpoints: step-00000004 (no .metadata manifest"),
                 again.output);
-  CHECK_MESSAGE(contains(again.output, "resumed from " + sharded + "/step-00000002 at epoch 1, step 2"), again.output);
+  CHECK_MESSAGE(contains(again.output, "resumed from " + sharded + "/step-00000002 (a sharded checkpoint) at epoch 1, step 2"),
+                again.output);
   CHECK(a == read_file(dir.path / "c.safetensors"));
   // At another world size, strategy or in one process it reshards, and says from what
   // (tests/test_resharding_launch.cpp checks the weights of every such pair).

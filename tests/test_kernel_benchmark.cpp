@@ -17,6 +17,7 @@
 #include "autograd/ops.h"                // defines: conv2d, randn
 #include "core/cpu/bf16_path.h"          // defines: bf16_path (whether bf16 convolutions are native)
 #include "core/cpu/kernel_benchmark.h"   // defines: backends::cpu, autotune::choose
+#include "core/deterministic.h"        // defines: use_deterministic_algorithms, alert_not_deterministic
 #include "core/error.h"
 #include "nn/nn.h"                        // defines: nn::Conv2d
 #include "parallel/ddp/distributed_data_parallel.h"
@@ -39,6 +40,13 @@ cpu::autotune::Candidate sleeper(const std::string& name, int ms, double error, 
             std::this_thread::sleep_for(std::chrono::milliseconds(ms));
           },
           [error] { return error; }};
+}
+
+std::string read_first_line(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
 }
 
 // Turns benchmark on for one scope, and the timing adjustment off after it.
@@ -76,36 +84,55 @@ TEST_CASE("the search keeps the fastest candidate within the bound, never a wron
   }
 }
 
-TEST_CASE("the choice table round-trips through its file; a file from another instruction set is refused") {
+TEST_CASE("the choice table round-trips through its file; a file from another CPU or an older loom is refused") {
   const std::string path = (std::filesystem::temp_directory_path() / "loom_test_kernel_choices.txt").string();
   std::filesystem::remove(path);
   KernelChoices& process = backends::cpu::kernel_choices();
   process.clear();
-  backends::cpu::set_benchmark_cache(path);
-  int runs = 0;
-  CHECK(cpu::autotune::choose("conv2d key", "x", {sleeper("a", 1, 0, &runs)}, 1e-5).empty() == false);
+  // With the search off a cache is replayed, so it must exist.
+  CHECK_THROWS_WITH_AS(backends::cpu::set_benchmark_cache(path), doctest::Contains("no such file"), Error);
+  {
+    BenchmarkOn on;
+    backends::cpu::set_benchmark_cache(path);
+    int runs = 0;
+    CHECK(cpu::autotune::choose("conv2d key", "x", {sleeper("a", 1, 0, &runs)}, 1e-5).empty() == false);
+  }
   REQUIRE(std::filesystem::exists(path));
+  // The file says which CPU measured it.
+  CHECK(read_first_line(path).find(backends::cpu::cpu_identity()) != std::string::npos);
   process.clear();
   backends::cpu::set_benchmark_cache(path);  // loads it
   CHECK(process.find("conv2d key") == std::optional<std::string>("a"));
   // A later run that knows the key searches nothing.
-  runs = 0;
+  int runs = 0;
   CHECK(cpu::autotune::choose("conv2d key", "x", {sleeper("a", 1, 0, &runs), sleeper("b", 1, 0, &runs)},
                               1e-5) == "a");
   CHECK(runs == 0);
 
+  const std::string here = " cpu=" + backends::cpu::cpu_identity() + "\n";
+  for (const std::string& header : {"loom kernel choices v2 isa=some_other_isa" + here,
+                                    "loom kernel choices v2 isa=" + backends::cpu::cpu_isa_name() +
+                                        " cpu=GenuineIntel family 6 model 143 (Some Xeon)\n"}) {
+    {
+      std::ofstream other(path);
+      other << header << "conv2d k\tonednn_direct_blocked\n";
+    }
+    try {
+      backends::cpu::set_benchmark_cache(path);
+      FAIL("expected a refusal");
+    } catch (const Error& e) {
+      const std::string message = e.what();
+      CHECK(message.find(header.find("some_other_isa") != std::string::npos ? "some_other_isa" : "Some Xeon") !=
+            std::string::npos);
+      CHECK(message.find(backends::cpu::cpu_isa_name()) != std::string::npos);
+      CHECK(message.find(backends::cpu::cpu_identity()) != std::string::npos);
+    }
+  }
   {
-    std::ofstream other(path);
-    other << "loom kernel choices v1 isa=some_other_cpu\nconv2d k\tonednn_direct_blocked\n";
+    std::ofstream old(path);
+    old << "loom kernel choices v1 isa=" << backends::cpu::cpu_isa_name() << "\nconv2d k\tonednn_direct_blocked\n";
   }
-  try {
-    backends::cpu::set_benchmark_cache(path);
-    FAIL("expected a refusal");
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    CHECK(message.find("some_other_cpu") != std::string::npos);
-    CHECK(message.find(backends::cpu::cpu_isa_name()) != std::string::npos);
-  }
+  CHECK_THROWS_WITH_AS(backends::cpu::set_benchmark_cache(path), doctest::Contains("did not record the CPU"), Error);
   {
     std::ofstream garbage(path);
     garbage << "not a table\n";
@@ -115,6 +142,56 @@ TEST_CASE("the choice table round-trips through its file; a file from another in
   backends::cpu::set_benchmark_cache("");
   process.clear();
   std::filesystem::remove(path);
+}
+
+TEST_CASE("a replayed cache decides without timing; under use_deterministic_algorithms a search is refused") {
+  const std::string path = (std::filesystem::temp_directory_path() / "loom_test_kernel_replay.txt").string();
+  KernelChoices& process = backends::cpu::kernel_choices();
+  process.clear();
+  Tensor x = randn({2, 16, 8, 8}), w = randn({16, 16, 3, 3}) * 0.1;
+  CHECK_FALSE(backends::cpu::use_kernel_choices());
+  {
+    BenchmarkOn on;
+    std::filesystem::remove(path);
+    backends::cpu::set_benchmark_cache(path);
+    conv2d(x, w, Tensor(), {1}, {1});  // searches the forward, and writes the file
+    backends::cpu::set_benchmark_cache("");
+  }
+  const auto searched = process.entries();
+  REQUIRE(searched.size() == 1);
+  const std::string key = searched.begin()->first;
+  // Replayed: the file's choice (a real candidate's name) decides and nothing is timed or searched.
+  process.clear();
+  {
+    std::ofstream file(path);
+    file << "loom kernel choices v2 isa=" << backends::cpu::cpu_isa_name() << " cpu=" << backends::cpu::cpu_identity()
+         << "\n" << key << "\tonednn_direct_nhwc\n";
+  }
+  backends::cpu::set_benchmark_cache(path);
+  CHECK(backends::cpu::use_kernel_choices());
+  use_deterministic_algorithms(true);  // a replay is deterministic: allowed
+  Tensor replayed = conv2d(x, w, Tensor(), {1}, {1});
+  CHECK(process.entries().size() == 1);
+  Tensor x2 = randn({2, 16, 10, 10});
+  conv2d(x2, w, Tensor(), {1}, {1});  // a shape the file lacks: the fixed rules, no search, no refusal
+  CHECK(process.entries().size() == 1);
+  // With the search on and the switch on, a new shape is refused, naming the way out.
+  {
+    BenchmarkOn on;
+    Tensor x3 = randn({2, 16, 12, 12});
+    CHECK_THROWS_WITH_AS(conv2d(x3, w, Tensor(), {1}, {1}), doctest::Contains("--conv-benchmark-cache FILE alone"),
+                         Error);
+  }
+  use_deterministic_algorithms(false);
+  CHECK_NOTHROW(alert_not_deterministic("anything"));
+  use_deterministic_algorithms(true);
+  CHECK_THROWS_WITH_AS(alert_not_deterministic("my op", "do this"), doctest::Contains("my op does not have a deterministic"),
+                       Error);
+  use_deterministic_algorithms(false);
+  backends::cpu::set_benchmark_cache("");
+  process.clear();
+  std::filesystem::remove(path);
+  CHECK(replayed.shape() == Shape{2, 16, 8, 8});
 }
 
 TEST_CASE("conv2d with benchmark on: every pass searched, within float32's bound of float64, in both layouts") {

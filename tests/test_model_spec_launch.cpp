@@ -79,6 +79,16 @@ training::ModelSpec toy_spec() {
   };
 }
 
+// The same family without a tensor-parallel plan: --tp is refused, naming it
+// (docs/limitations.md runs the trainer below with it).
+training::ModelSpec plain_toy_spec() {
+  training::ModelSpec plain = toy_spec();
+  plain.family = "plain toy";
+  plain.names = {"plain_toy_net"};
+  plain.tp_plan = nullptr;
+  return plain;
+}
+
 std::string self_path() {
   char path[PATH_MAX];
   const ssize_t n = ::readlink("/proc/self/exe", path, sizeof path - 1);
@@ -144,10 +154,11 @@ TEST_CASE("the speedrun net trains through its spec: FSDP = DDP, TP and a pipeli
 }
 
 TEST_CASE("a spec without a tp plan refuses --tp, naming the family; a name registered twice is refused") {
-  training::ModelSpec plain = toy_spec();
-  plain.family = "plain toy";
-  plain.names = {"plain_toy_net"};
-  plain.tp_plan = nullptr;
+  Result tp = Launch(under_loomrun(2, self_path() + " --toy-trainer --model plain_toy_net --synthetic --max-steps 1 "
+                                      "--eval-limit 0 --threads 1 --workers 0 --quiet --tp 2")).finish();
+  CHECK(tp.code != 0);
+  CHECK_MESSAGE(contains(tp.output, "the plain toy family (--model plain_toy_net) has none"), tp.output);
+  training::ModelSpec plain = plain_toy_spec();
   training::register_model_spec(plain);
   CHECK_THROWS_WITH_AS(training::register_model_spec(plain), doctest::Contains("--model plain_toy_net is registered"),
                        Error);
@@ -161,6 +172,7 @@ int main(int argc, char** argv) {
   // built-in models.
   if (argc > 1 && std::string(argv[1]) == "--toy-trainer") {
     training::register_model_spec(toy_spec());
+    training::register_model_spec(plain_toy_spec());
     argv[1] = argv[0];
     return training::train_main(argc - 1, argv + 1);
   }

@@ -13,6 +13,7 @@
 
 #include "core/tensor.h"
 #include "nn/safetensors.h"   // defines: load_file
+#include "busy_cores.h"      // defines: BusyCores
 #include "process_launch.h"   // defines: Launch, Result, TempDir, path_from_env, contains
 
 using namespace loom;
@@ -115,30 +116,6 @@ TEST_CASE("train_cifar10 --mode pipeline --pp P under loomrun saves the in-proce
   CHECK_MESSAGE(contains(three.output, "WORLD_SIZE is 3"), three.output);
 }
 
-namespace {
-
-// A busy loop on every core while alive: the loaded machine of Note [Which tests depend on
-// timing] (tests/test_balance.cpp), made inside the test.
-class BusyCores {
- public:
-  BusyCores() {
-    for (unsigned i = 0; i < std::max(2u, std::thread::hardware_concurrency()); ++i)
-      threads_.emplace_back([this] {
-        volatile double sink = 0;
-        while (!stop_.load(std::memory_order_relaxed)) sink = sink + 1.0;
-      });
-  }
-  ~BusyCores() {
-    stop_ = true;
-    for (auto& t : threads_) t.join();
-  }
-
- private:
-  std::atomic<bool> stop_{false};
-  std::vector<std::thread> threads_;
-};
-
-}  // namespace
 
 TEST_CASE("the same --pp 2 command, run on an idle and on a busy machine, saves byte-identical weights") {
   TempDir dir("loom_pipeline_repeat");

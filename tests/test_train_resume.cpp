@@ -21,6 +21,7 @@
 using namespace loom;
 using namespace loom::training;
 using loom::testing::check_same_weights;
+using loom::testing::max_weight_difference;
 
 namespace {
 
@@ -190,11 +191,59 @@ TEST_CASE("--amp fp16: the GradScaler's state is checkpointed and resuming conti
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("the ResNet18 recipe's pieces: Lookahead, reflect crop, alternating flip, no decay on norms and biases") {
+  const std::string dir = temp_dir("recipe");
+  TrainConfig straight = small_run();
+  straight.training.epochs = 2;
+  straight.training.max_steps = 20;  // the whole run: its last step takes the Lookahead average
+  straight.optim.nesterov = true;
+  straight.optim.label_smoothing = 0.1;
+  straight.optim.schedule = "onecycle";
+  straight.optim.no_decay_norms_and_biases = true;
+  straight.optim.lookahead_every = 3;
+  straight.data.crop_padding = 2;
+  straight.data.padding_mode = "reflect";
+  straight.data.flip = "alternating";
+  straight.checkpoint.save = dir + "/straight.safetensors";
+  train_cifar10(straight);
+  // Lookahead's average is training state: resuming mid-epoch and at the epoch's end
+  // continues exactly (Note [Lookahead in a checkpoint]).
+  for (int64_t stop : {7, 10}) {
+    CAPTURE(stop);
+    check_resumes_exactly(straight, stop, dir);
+  }
+  // Each piece changes the weights (no piece is silently ignored).
+  const auto trained_without = [&](const std::string& name, void (*undo)(TrainConfig&)) {
+    TrainConfig other = straight;
+    undo(other);
+    other.checkpoint.save = dir + "/" + name + ".safetensors";
+    train_cifar10(other);
+    return max_weight_difference(straight.checkpoint.save, other.checkpoint.save);
+  };
+  CHECK(trained_without("no_lookahead", [](TrainConfig& c) { c.optim.lookahead_every = 0; }) > 0);
+  CHECK(trained_without("constant", [](TrainConfig& c) { c.data.padding_mode = "constant"; }) > 0);
+  CHECK(trained_without("random_flip", [](TrainConfig& c) { c.data.flip = "random"; }) > 0);
+  CHECK(trained_without("decay_all", [](TrainConfig& c) { c.optim.no_decay_norms_and_biases = false; }) > 0);
+  // A checkpoint with Lookahead's average is not resumed without it, nor one without it with it.
+  TrainConfig first = straight;
+  first.training.max_steps = 5;
+  first.checkpoint.save.clear();
+  first.checkpoint.dir = dir + "/mixed";
+  train_cifar10(first);
+  TrainConfig second = first;
+  second.checkpoint.resume = true;
+  second.training.max_steps = 6;
+  second.optim.lookahead_every = 0;
+  CHECK_THROWS_WITH_AS(train_cifar10(second), doctest::Contains("resume it with the same --lookahead-every"), Error);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("resume without a checkpoint says where it looked") {
   TrainConfig c = small_run();
   c.checkpoint.dir = temp_dir("empty");
   c.checkpoint.resume = true;
-  CHECK_THROWS_WITH_AS(train_cifar10(c), doctest::Contains("no checkpoint at"), Error);
+  const std::string says = "--resume: no checkpoint in " + c.checkpoint.dir + ": neither a full one";
+  CHECK_THROWS_WITH_AS(train_cifar10(c), doctest::Contains(says.c_str()), Error);
   std::filesystem::remove_all(c.checkpoint.dir);
 }
 
@@ -210,6 +259,10 @@ TEST_CASE("counts out of range and unknown pipeline settings are refused before 
       {[](TrainConfig& c) { c.training.epochs = 0; },
        "--epochs: expected at least 1 (--eval-only evaluates without training)"},
       {[](TrainConfig& c) { c.data.batch_size = 0; }, "--batch-size: expected at least 1, got 0"},
+      {[](TrainConfig& c) { c.data.crop_padding = -1; }, "--crop-padding: expected 0 (no crop) or more pixels, got -1"},
+      {[](TrainConfig& c) { c.data.flip = "sometimes"; }, "--flip: expected"},
+      {[](TrainConfig& c) { c.optim.lookahead_decay = 1.5; }, "--lookahead-decay: expected a decay in [0, 1], got 1.5"},
+      {[](TrainConfig& c) { c.optim.lookahead_every = -1; }, "--lookahead-every: expected 0 (off) or a number of steps"},
       {[](TrainConfig& c) { c.training.threads = -2; }, "--threads: expected 0 (OpenMP's default) or more, got -2"},
       {[](TrainConfig& c) { c.data.eval_limit = -5; },
        "--eval-limit: expected -1 (the whole test set) or 0 or more, got -5"},

@@ -8,6 +8,7 @@
 
 #include "core/factory.h"
 #include "data/image_dataset.h"
+#include "data/in_memory_loader.h"  // defines: flips_image (the speedrun loader's rule)
 #include "data/synthetic_cifar.h"
 #include "data/transforms.h"
 
@@ -127,6 +128,61 @@ TEST_CASE("RandomCrop pads with zeros and cuts the drawn window") {
   CHECK(RandomCrop(6, 1, /*fill=*/255)(image).tolist<uint8_t>()[0] == 255);
   CHECK_THROWS_AS(RandomCrop(9, 2)(image), Error);  // larger than the padded 8x8
   CHECK_THROWS_AS(RandomCrop(4, 1, /*fill=*/300)(image), Error);
+}
+
+TEST_CASE("RandomCrop with padding_mode reflect mirrors the image about its edge pixel") {
+  const Tensor image = ramp_image();  // 1..16 in a 4x4 grid
+  RandomCrop crop(4, /*padding=*/2, /*fill=*/0, PaddingMode::reflect);
+  int corners = 0;
+  for (int64_t i = 0; i < 400; ++i) {
+    SampleRng probe(AugmentSeed{9, 0}, i);
+    const auto w = crop.get_params(probe, 8, 8);
+    SampleRng rng(AugmentSeed{9, 0}, i);
+    const auto got = crop(image, rng).tolist<uint8_t>();
+    CHECK(rng.draws() == 2);  // the same draws as the constant padding: top, then left
+    // Padded row -2 reads row 2, -1 reads row 1 (torch.nn.functional.pad(x, 2, "reflect")).
+    if (w.top == 0 && w.left == 0) {
+      ++corners;
+      CHECK(got == std::vector<uint8_t>{11, 10, 9, 10, 7, 6, 5, 6, 3, 2, 1, 2, 7, 6, 5, 6});
+    }
+    if (w.top == 4 && w.left == 4)
+      CHECK(got == std::vector<uint8_t>{11, 12, 11, 10, 15, 16, 15, 14, 11, 12, 11, 10, 7, 8, 7, 6});
+  }
+  CHECK(corners > 0);
+  CHECK_THROWS_AS(RandomCrop(4, 4, 0, PaddingMode::reflect)(image), Error);  // no mirror image 4 wide in 4 pixels
+  CHECK(crop.repr() == "RandomCrop(size=(4, 4), padding=2, padding_mode=reflect)");
+}
+
+TEST_CASE("AlternatingHorizontalFlip: one coin per image, inverted every odd epoch, no draws of its own") {
+  const Tensor x = from_vector<uint8_t>({1, 2, 3}, {1, 1, 3});
+  AlternatingHorizontalFlip flip;
+  int mirrored = 0;
+  for (int64_t i = 0; i < 2000; ++i) {
+    SampleRng e0(AugmentSeed{7, 0}, i), e1(AugmentSeed{7, 1}, i), e2(AugmentSeed{7, 2}, i), e5(AugmentSeed{7, 5}, i);
+    const bool first = flip(x, e0).tolist<uint8_t>()[0] == 3;
+    CHECK(e0.draws() == 0);  // the coin comes from its own stream, so later transforms draw as without it
+    CHECK((flip(x, e1).tolist<uint8_t>()[0] == 3) == !first);
+    CHECK((flip(x, e2).tolist<uint8_t>()[0] == 3) == first);
+    CHECK((flip(x, e5).tolist<uint8_t>()[0] == 3) == !first);
+    // The same rule as the speedrun's in-memory loader.
+    CHECK(first == data::flips_image(data::Flip::alternating, 7, 0, i));
+    mirrored += first ? 1 : 0;
+  }
+  CHECK(mirrored > 900);
+  CHECK(mirrored < 1100);
+}
+
+TEST_CASE("reflect padding and the alternating flip run through the reference path, as it computes them") {
+  for (const TransformPtr& transform :
+       {TransformPtr(std::make_shared<Compose>(RandomCrop(32, 2, 0, PaddingMode::reflect), RandomHorizontalFlip(),
+                                               ToTensor())),
+        TransformPtr(std::make_shared<Compose>(RandomCrop(32, 4), AlternatingHorizontalFlip(), ToTensor()))}) {
+    SyntheticCIFAR dataset(8, /*seed=*/2, transform);
+    CHECK_FALSE(dataset.uses_fused_path());  // the fused gather knows neither
+    Batch batch = dataset.get_batch(iota(8), {11, 1});
+    Batch reference = dataset.Dataset::get_batch(iota(8), {11, 1});
+    CHECK(batch.data.tolist<float>() == reference.data.tolist<float>());
+  }
 }
 
 TEST_CASE("transforms print as torchvision prints them") {

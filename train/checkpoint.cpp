@@ -7,7 +7,7 @@
 #include "core/generator.h"
 #include "nn/safetensors.h"
 #include "parallel/comm/launch_env.h"  // defines: read_launch_env (the restart count)
-#include "parallel/distributed_checkpoint.h"  // defines: find_latest_complete (a sharded checkpoint to resume)
+#include "parallel/distributed_checkpoint.h"  // defines: find_latest_complete, remove_all_checkpoints (sharded sets)
 
 namespace loom::training {
 namespace {
@@ -17,6 +17,11 @@ const std::string& metadata_text(const safetensors::Metadata& metadata, const st
   const std::string* value = metadata.find(key);
   LOOM_CHECK(value, "checkpoint ", path, " has no '", key, "' in its metadata: it was not written by train_cifar10");
   return *value;
+}
+
+// The global step a full checkpoint file was saved at, from its header alone.
+int64_t saved_step(const std::string& path) {
+  return std::stoll(metadata_text(safetensors::read_metadata(path), "global_step", path));
 }
 
 std::string exact(double value) {  // round-trips a double through text
@@ -29,27 +34,45 @@ std::string exact(double value) {  // round-trips a double through text
 
 std::string checkpoint_path(const std::string& dir) { return dir + "/checkpoint.safetensors"; }
 
-std::string checkpoint_to_resume(const std::string& dir, bool resume, bool sharded, bool log) {
-  if (dir.empty()) return "";
+// See Note [Resuming either format].
+CheckpointToResume checkpoint_to_resume(const std::string& dir, bool resume, bool prefer_sharded, bool log) {
+  if (dir.empty()) return {};
   const int restart = distributed::read_launch_env(distributed::process_environment()).restart_count;
-  if (!resume && restart == 0) return "";  // a first start: Note [Resuming after a restart]
-  if (!sharded) {
-    // Only the renamed file counts; a *.tmp.<pid> left by a rank killed mid-save does not.
-    const std::string path = checkpoint_path(dir);
-    LOOM_CHECK(!resume || std::filesystem::exists(path), "--resume: no checkpoint at ", path,
-               "; run once with --checkpoint-dir ", dir, " to create it");
-    return std::filesystem::is_regular_file(path) ? path : "";
-  }
+  if (!resume && restart == 0) return {};  // a first start: Note [Resuming after a restart]
+  // Only the renamed file counts; a *.tmp.<pid> left by a rank killed mid-save does not.
+  const std::string file = checkpoint_path(dir);
+  CheckpointToResume full;
+  if (std::filesystem::is_regular_file(file)) full = {file, false, saved_step(file)};
   // Note [The manifest is written last] (parallel/distributed_checkpoint.h).
   const distributed::checkpoint::Latest latest = distributed::checkpoint::find_latest_complete(dir);
   if (log && !latest.skipped.empty())
     std::fprintf(stderr, "%s: skipped incomplete sharded checkpoints: %s\n", dir.c_str(),
                  distributed::checkpoint::describe_skipped(latest).c_str());
-  LOOM_CHECK(!resume || !latest.step_dir.empty(), "--resume: no complete sharded checkpoint under ", dir,
-             latest.skipped.empty() ? std::string(" (no step-* directories)")
-                                    : "; incomplete ones: " + distributed::checkpoint::describe_skipped(latest),
-             ". Run once with --checkpoint-dir ", dir, " to create one");
-  return latest.step_dir;
+  CheckpointToResume sharded;
+  if (!latest.step_dir.empty()) sharded = {latest.step_dir, true, latest.global_step};
+  LOOM_CHECK(!resume || !full.path.empty() || !sharded.path.empty(), "--resume: no checkpoint in ", dir,
+             ": neither a full one (", file, ") nor a complete sharded one (", dir, "/step-*: ",
+             latest.skipped.empty() ? std::string("none")
+                                    : "only incomplete ones: " + distributed::checkpoint::describe_skipped(latest),
+             "). Run once with --checkpoint-dir ", dir, " to create one");
+  if (full.path.empty()) return sharded;
+  if (sharded.path.empty()) return full;
+  const bool take_sharded =
+      sharded.global_step > full.global_step || (sharded.global_step == full.global_step && prefer_sharded);
+  if (log)
+    std::fprintf(stderr, "%s holds a full checkpoint at step %lld and a sharded one at step %lld: resuming from the "
+                 "%s one (%s)\n", dir.c_str(), static_cast<long long>(full.global_step),
+                 static_cast<long long>(sharded.global_step), take_sharded ? "sharded" : "full",
+                 sharded.global_step != full.global_step ? "the later step"
+                                                         : "the same step; the format this run writes");
+  return take_sharded ? sharded : full;
+}
+
+int clear_checkpoints(const std::string& dir) {
+  int removed = distributed::checkpoint::remove_all_checkpoints(dir);
+  std::error_code error;
+  if (std::filesystem::remove(checkpoint_path(dir), error)) ++removed;
+  return removed;
 }
 
 safetensors::File pack_training_state(const OrderedDict<Tensor>& model_state, const OrderedDict<Tensor>& optimizer_state,
@@ -85,7 +108,7 @@ void save_checkpoint(const std::string& dir, const OrderedDict<Tensor>& model_st
 
 CheckpointState read_checkpoint(const std::string& dir, optim::LRScheduler* scheduler, optim::GradScaler* scaler) {
   const std::string path = checkpoint_path(dir);
-  LOOM_CHECK(std::filesystem::exists(path), "--resume: no checkpoint at ", path,
+  LOOM_CHECK(std::filesystem::is_regular_file(path), "--resume: no checkpoint at ", path,
              "; run once with --checkpoint-dir ", dir, " to create it");
   return unpack_training_state(safetensors::read_file(path), path, scheduler, scaler);
 }

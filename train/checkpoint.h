@@ -21,8 +21,8 @@
 // trains from scratch even when D holds an old run's checkpoint -- reusing a directory
 // never silently continues a finished or unrelated run -- and --resume stays the way to
 // continue by hand (after a requeue, say). A restart that happens before the first
-// checkpoint was written starts from scratch, as the first attempt did (the sharded format
-// removes an earlier run's step directories at a first start for this reason). Only a
+// checkpoint was written starts from scratch, as the first attempt did (a first start
+// removes an earlier run's checkpoints, of either format, for this reason). Only a
 // complete checkpoint is ever seen: rank 0 writes it to a temporary file, syncs it, and
 // renames it into place, so a rank killed mid-save leaves the previous one; a sharded one
 // is complete when its manifest vouches for every shard (Note [The manifest is written
@@ -67,14 +67,35 @@ struct TrainingPosition {
 
 std::string checkpoint_path(const std::string& dir);
 
-// What to resume from: with `resume` (--resume), or when this process is a restart
-// (LOOM_RESTART_COUNT or TORCHELASTIC_RESTART_COUNT above 0), the checkpoint file in
-// `dir` (full) or its newest complete step directory (sharded: Note [Sharded checkpoints
-// in train_cifar10], sharded_checkpoint.h); "" for a first start or a restart with
-// nothing complete yet. `resume` with nothing to resume is a loom::Error. With `log`,
-// incomplete sharded checkpoints that were skipped are named on stderr, with the reason.
-// See Note [Resuming after a restart].
-std::string checkpoint_to_resume(const std::string& dir, bool resume, bool sharded, bool log);
+// Note [Resuming either format]
+// --resume (and a restart) continues from whatever --checkpoint-dir holds, whichever format
+// this run writes: the full checkpoint file (checkpoint_path), or the newest complete
+// step directory of a sharded set (Note [Sharded checkpoints in train_cifar10],
+// sharded_checkpoint.h), whatever layout wrote it. The format flag decides what this run
+// writes, never what it can read: a set saved under --dp-shard 4 resumes under --mode ddp,
+// a full file under --pp 2 (read as a one-file set, each rank taking its pieces). When the
+// directory holds both kinds (a run of one format resumed by a run of the other), the
+// later global step wins, and the run says which it took and why; at an equal step, the
+// format this run writes. Which kind and where are said in the "resumed from" line.
+struct CheckpointToResume {
+  std::string path;          // the full checkpoint's file or the sharded set's step directory; "" for none
+  bool sharded = false;      // which of the two `path` is
+  int64_t global_step = -1;  // the step it was saved at
+};
+
+// What to resume from (Note [Resuming either format]): with `resume` (--resume), or when
+// this process is a restart (LOOM_RESTART_COUNT or TORCHELASTIC_RESTART_COUNT above 0),
+// the newer of `dir`'s full checkpoint and its newest complete sharded step directory
+// (`prefer_sharded` breaks a tie: the format this run writes); none for a first start or
+// a restart with nothing complete yet. `resume` with nothing to resume is a loom::Error
+// saying where it looked. With `log`, incomplete sharded checkpoints that were skipped,
+// and the choice between two kinds, are said on stderr. See Note [Resuming after a restart].
+CheckpointToResume checkpoint_to_resume(const std::string& dir, bool resume, bool prefer_sharded, bool log);
+
+// A first start with --checkpoint-dir `dir`: removes an earlier run's checkpoints of
+// either kind, so that a restart before this run's first checkpoint cannot resume from
+// them (Note [Resuming after a restart]). Returns how many it removed.
+int clear_checkpoints(const std::string& dir);
 
 // Writes the training state (Note [What a checkpoint holds]) to checkpoint_path(dir),
 // atomically; the model's and the optimizer's state are whole (ParallelModel's

@@ -19,6 +19,8 @@
 
 #include <string>
 
+#include "nn/optim/lookahead.h"  // defines: Lookahead (its average is training state)
+
 #include "train/checkpoint.h"   // defines: TrainingPosition
 #include "train/distributed.h"  // defines: Distributed
 #include "train/optimizer.h"    // defines: BuiltOptimizer
@@ -31,15 +33,19 @@ class Checkpointer {
  public:
   // Resolves --checkpoint-format against what is sharded: a loom::Error naming the flag
   // when the asked format cannot hold this run's state.
+  // `lookahead` (--lookahead-every; may be null): its average is saved beside the model's
+  // state, in the full format only (Note [Lookahead in a checkpoint]).
   Checkpointer(const TrainConfig& config, const Distributed& dist, ParallelModel& parallel,
-               const BuiltOptimizer& optimizer, optim::LRScheduler* scheduler, optim::GradScaler* scaler);
+               const BuiltOptimizer& optimizer, optim::LRScheduler* scheduler, optim::GradScaler* scaler,
+               optim::Lookahead* lookahead = nullptr);
 
   bool sharded() const { return sharded_; }
 
   // Where to continue from: under --resume, or after loomrun restarted the job (Note
-  // [Resuming after a restart]), the newest complete checkpoint's position with every
-  // rank's state loaded from it; else the start (and, under the sharded format, an
-  // earlier run's step directories removed, so that a restart cannot resume from them).
+  // [Resuming after a restart]), the newest complete checkpoint's position, of either
+  // format whichever this run writes (Note [Resuming either format], checkpoint.h), with
+  // every rank's state loaded from it; else the start (and an earlier run's checkpoints
+  // removed, so that a restart cannot resume from them).
   TrainingPosition resume();
 
   // Saves the training state at `at` under --checkpoint-dir (nothing without one). A
@@ -57,6 +63,7 @@ class Checkpointer {
   const BuiltOptimizer& built_;
   optim::LRScheduler* scheduler_;
   optim::GradScaler* scaler_;
+  optim::Lookahead* lookahead_;
   bool sharded_ = false;
 };
 

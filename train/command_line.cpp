@@ -4,9 +4,13 @@
 #include <sstream>
 
 #include "core/error.h"            // defines: loom::Error, reported as one line
+#include "data/data_root.h"        // defines: find_cifar10_root (--data)
+#include "parallel/comm/launch_env.h"  // defines: read_launch_env (the world the degrees must fill)
 #include "train/conv_benchmark.h"  // defines: --conv-benchmark (Note [Kernel autotuning])
-#include "train/flags.h"           // defines: Flags (--help is generated)
+#include "train/degrees.h"         // defines: needs_process_group, parallel_dims_from_flags
+#include "train/flags.h"           // defines: Flags (--help is generated), report_flag_error
 #include "train/model_spec.h"      // defines: model_names (--model)
+#include "train/path_flags.h"      // defines: check_output_folder, ... (Note [Path flags are checked first])
 
 namespace loom::training {
 
@@ -56,12 +60,13 @@ struct CommandLine {
 // Note [One table, one place for each rule]
 // Every rule about the flags' values sits in the table beside the flag it concerns: a value
 // out of range or not among the choices (one_of, at_least), and the rules between flags
-// (rule). Flags::check runs them all, on a command line's values (parse_train_flags via
-// train_cifar10) and on a config a program filled in code (check_train_config binds the
-// table to a copy of it), before any data is read or model built: the code that uses the
+// (rule). Flags::check runs them all, on a command line's values as typed (parse_train_flags)
+// and on a config however it was filled (check_train_config, which train_cifar10 calls,
+// binds the table to a copy of it), before any data is read or model built: the code that uses the
 // values would otherwise divide by --microbatches 0, read --max-steps -7 as "no limit",
 // finish --epochs 0 successfully having done nothing, or learn of a misspelt
-// --pipeline-checkpoint only after timing the model's layers. What depends on the world
+// --pipeline-checkpoint only after timing the model's layers. The path flags are checked
+// there too (Note [Path flags are checked first], path_flags.h). What depends on the world
 // (the degrees against WORLD_SIZE: degrees.cpp) or on the model (--balance's counts
 // against its layers: parallelize.cpp) is checked where that is known.
 CommandLine::CommandLine(const TrainConfig& initial)
@@ -71,6 +76,9 @@ CommandLine::CommandLine(const TrainConfig& initial)
             "ViTs with --model) in any parallel mode, as examples/reference/train_ddp.py does with PyTorch.") {
   flags.section("data");
   flags.bind("data", data, "CIFAR-10 binary folder (else $LOOM_DATA, else data/, else ../shared/data/)");
+  flags.rule([this] {  // an explicit folder is checked now, not after the process group is up
+    if (c.data.root && !c.data.root->empty() && !c.data.synthetic) data::find_cifar10_root(c.data.root);
+  });
   flags.bind("synthetic", c.data.synthetic, "random CIFAR-shaped data (throughput without I/O)");
   flags.rule([this] {
     LOOM_CHECK(c.data.synthetic_size >= 1, "TrainConfig::data.synthetic_size: expected at least 1, got ",
@@ -81,6 +89,16 @@ CommandLine::CommandLine(const TrainConfig& initial)
   flags.bind("workers", c.data.workers, "DataLoader worker threads");
   flags.at_least(0, "0 (load in the training thread) or more");
   flags.bind("no-augment", no_augment, "no random crop/flip");
+  flags.bind("crop-padding", c.data.crop_padding,
+             "RandomCrop(32, padding=N) of the training images: a shift of up to N pixels each way (0: none)");
+  flags.at_least(0, "0 (no crop) or more pixels");
+  flags.bind("padding-mode", c.data.padding_mode,
+             "the crop's border: constant (zeros, torchvision's default) | reflect (the image mirrored at its edge)");
+  flags.one_of({"constant", "reflect"});
+  flags.bind("flip", c.data.flip,
+             "random (RandomHorizontalFlip) | alternating (a coin per image drawn once, inverted every other epoch: "
+             "each image shown both ways in any two epochs, as airbench) | none");
+  flags.one_of({"random", "alternating", "none"});
   flags.bind("no-shuffle", no_shuffle, "sequential training order");
   flags.bind("eval-limit", c.data.eval_limit, "evaluate on at most N test images (-1: all)");
   flags.at_least(-1, "-1 (the whole test set) or 0 or more");
@@ -92,7 +110,9 @@ CommandLine::CommandLine(const TrainConfig& initial)
   flags.section("model");
   flags.bind("model", c.model.name, joined_model_names() + " (ResNets with the CIFAR stem)");
   flags.bind("init", c.model.init, "load weights (safetensors) before training");
+  flags.rule([this] { check_input_file("--init", c.model.init); });
   flags.bind("seed", seed, "seed for init, shuffling, augmentation");
+  flags.at_least(0, "0 or more");
 
   flags.section("optimizer and schedule");
   flags.bind("epochs", c.training.epochs, "passes over the training set");
@@ -106,20 +126,30 @@ CommandLine::CommandLine(const TrainConfig& initial)
              "sgd | adamw (AdamW: --weight-decay decoupled, none on biases, norms and embeddings)");
   flags.one_of({"sgd", "adamw"});
   flags.bind("lr", c.optim.lr, "learning rate");
+  flags.at_least(0, "0 or more");
   flags.bind("momentum", c.optim.momentum, "SGD momentum");
+  flags.in_range(0, 1, "0 to 1");
   flags.bind("weight-decay", c.optim.weight_decay, "L2 penalty (AdamW: decoupled decay)");
+  flags.at_least(0, "0 or more");
+  flags.bind("no-decay-norms-and-biases", c.optim.no_decay_norms_and_biases,
+             "sgd: no weight decay on biases and BatchNorm/LayerNorm parameters (adamw never decays them)");
   flags.bind("nesterov", c.optim.nesterov, "Nesterov momentum");
   flags.bind("label-smoothing", c.optim.label_smoothing, "cross-entropy label smoothing");
+  flags.in_range(0, 1, "0 to 1 (the share of the target spread over every class)");
   flags.bind("schedule", c.optim.schedule,
              "LR schedule: none | cosine | onecycle | warmup_cosine (linear warm-up, then cosine)");
   flags.one_of({"none", "cosine", "onecycle", "warmup_cosine"});
   flags.bind("warmup-epochs", c.optim.warmup_epochs, "warmup_cosine: epochs of warm-up");
+  flags.at_least(0, "0 or more");
   flags.bind("clip-grad-norm", c.optim.clip_grad_norm,
              "clip the gradients' 2-norm (over the whole model, however it is cut) to this before each step; 0: no");
-  flags.rule([this] {
-    LOOM_CHECK(c.optim.clip_grad_norm >= 0, "--clip-grad-norm: expected 0 (no clipping) or a positive norm, got ",
-               c.optim.clip_grad_norm);
-  });
+  flags.at_least(0, "0 (no clipping) or a positive norm");
+  flags.bind("lookahead-every", c.optim.lookahead_every,
+             "Lookahead every N steps: an average of the weights and BatchNorm statistics (decay "
+             "--lookahead-decay^N x progress^3) that the model is pulled back to; taken whole at the end (0: off)");
+  flags.at_least(0, "0 (off) or a number of steps");
+  flags.bind("lookahead-decay", c.optim.lookahead_decay, "Lookahead: the average's decay per step, in [0, 1]");
+  flags.in_range(0, 1, "a decay in [0, 1]");
   flags.bind("lr-scaling", c.optim.lr_scaling, "none | linear (lr x data-parallel replicas: the world size under ddp)");
   flags.one_of({"none", "linear"});
 
@@ -150,10 +180,17 @@ CommandLine::CommandLine(const TrainConfig& initial)
                "--estimate-memory predicts the memory of training steps from a fresh start; drop --resume and --eval-only");
   });
   conv_benchmark = add_conv_benchmark_flags(flags);
+  flags.rule([this] {
+    LOOM_CHECK(!*conv_benchmark.deterministic || c.parallel.balance_by != "time",
+               "--deterministic refuses --balance time: a cut by measured layer times can differ run to run. Use "
+               "--balance cost (counted, the same every run) or give the layer counts");
+  });
 
   flags.section("checkpoints and metrics");
   flags.bind("save", c.checkpoint.save, "write final weights (safetensors)");
+  flags.rule([this] { check_output_file("--save", c.checkpoint.save); });
   flags.bind("checkpoint-dir", c.checkpoint.dir, "write full training state here");
+  flags.rule([this] { check_output_folder("--checkpoint-dir", c.checkpoint.dir); });
   flags.bind("checkpoint-every", c.checkpoint.every,
              "steps between checkpoints (also at each epoch end; 0: only then)");
   flags.at_least(0, "0 (only at epoch ends) or more");
@@ -171,6 +208,7 @@ CommandLine::CommandLine(const TrainConfig& initial)
   });
   flags.bind("eval-only", c.training.eval_only, "evaluate --init on the test set and exit");
   flags.bind("metrics-json", c.metrics.json, "write final metrics as JSON");
+  flags.rule([this] { check_output_file("--metrics-json", c.metrics.json); });
   flags.bind("quiet", quiet, "no progress bar");
 
   flags.section("parallelism: degrees across processes (under loomrun)");
@@ -178,10 +216,13 @@ CommandLine::CommandLine(const TrainConfig& initial)
   flags.at_least(1, "at least 1 pipeline stage");
   flags.bind("dp-replicate", c.parallel.dp_replicate,
              "degree: replicas of the model or of each stage (DistributedDataParallel; 0: --mode's preset)");
+  flags.at_least(0, "0 (--mode's preset) or more");
   flags.bind("dp-shard", c.parallel.dp_shard,
              "degree: shards of the model (FullyShardedDataParallel; -1: what the world leaves; 0: --mode's preset)");
+  flags.at_least(-1, "-1 (what the world leaves), 0 (--mode's preset) or more");
   flags.bind("tp", c.parallel.tp,
              "degree: tensor-parallel ranks, each block's layers split over them (docs/tensor_parallel.md)");
+  flags.at_least(1, "at least 1 tensor-parallel rank");
   flags.bind("mode", c.parallel.mode,
              "single | dp (DataParallel: one process, several devices) | mp (layer-wise model parallel) | pipeline "
              "(micro-batches over the mp stages) | ddp (DistributedDataParallel; start with loomrun) | fsdp "
@@ -208,6 +249,7 @@ CommandLine::CommandLine(const TrainConfig& initial)
   });
   flags.bind("sync-bn", c.parallel.sync_bn, "ddp: BatchNorm statistics over every rank (SyncBatchNorm)");
   flags.bind("bucket-cap-mb", c.parallel.bucket_cap_mb, "ddp: gradient bucket size in MiB");
+  flags.above(0, "a positive size in MiB");
   flags.bind("zero-redundancy-optimizer", c.parallel.zero_redundancy_optimizer,
              "ddp: ZeRO-1, each rank keeps and steps the optimizer state of 1/N of the parameters");
   flags.rule([this] {
@@ -220,6 +262,7 @@ CommandLine::CommandLine(const TrainConfig& initial)
              "fsdp: full_shard | shard_grad_op | no_shard | hybrid_shard");
   flags.bind("shard-group-size", c.parallel.shard_group_size,
              "fsdp hybrid_shard: ranks per shard group (divides the world)");
+  flags.at_least(0, "0 (no hybrid_shard) or more");
   flags.bind("reshard-after-forward", c.parallel.reshard_after_forward,
              "--dp-shard: default | always | never: free each unit's parameters after its forward (default: always, "
              "never under --pp, where a stage's units stay gathered through the step's micro-batches)");
@@ -234,6 +277,7 @@ CommandLine::CommandLine(const TrainConfig& initial)
              "pipeline: micro-batches per batch (PyTorch pipelining's n_microbatches)");
   flags.at_least(1, "at least 1 micro-batch per batch");
   flags.bind("chunks", chunks, "pipeline: --microbatches by torchgpipe's name");
+  flags.at_least(1, "at least 1 micro-batch per batch");
   flags.bind("pipeline-schedule", c.parallel.pipeline_schedule, "pipeline: gpipe | 1f1b | interleaved_1f1b");
   flags.one_of({"gpipe", "1f1b", "interleaved_1f1b"});
   flags.bind("virtual-stages", c.parallel.virtual_stages, "pipeline, interleaved_1f1b: model chunks per stage (V)");
@@ -265,6 +309,7 @@ CommandLine::CommandLine(const TrainConfig& initial)
                p.mode);
   });
   flags.bind("mp-devices", c.parallel.mp_devices, "mp, pipeline: stages, one device each");
+  flags.at_least(1, "at least 1 stage");
   flags.bind("dp-devices", c.parallel.dp_devices,
              "dp: devices (0: every GPU with --device cuda, 2 on cpu: cpu:0 and cpu:1)");
   flags.at_least(0, "0 (the default devices) or more");
@@ -276,6 +321,7 @@ TrainConfig parse_train_flags(int argc, char** argv) {
   CommandLine line;
   TrainConfig& c = line.c;
   line.flags.parse(argc, argv);
+  line.flags.check();  // as typed, before the values below are folded in: each error names the flag given
   apply_conv_benchmark_flags(line.conv_benchmark);
 
   if (!line.data.empty()) c.data.root = line.data;
@@ -301,10 +347,20 @@ void check_train_config(const TrainConfig& config) {
 }
 
 int train_main(int argc, char** argv) {
+  TrainConfig config;
   try {
-    train_cifar10(parse_train_flags(argc, argv));
+    config = parse_train_flags(argc, argv);
+    check_train_config(config);
+    const distributed::LaunchEnv launch = distributed::read_launch_env(distributed::process_environment());
+    if (needs_process_group(config) && launch.world_size > 0)  // the degrees against the launch's world
+      parallel_dims_from_flags(config, launch.world_size);
+  } catch (const std::exception& e) {  // the same in every process of a launch: said once
+    return report_flag_error("train_cifar10", e);
+  }
+  try {
+    train_cifar10(config);
     return 0;
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {  // a filesystem_error or bad_alloc too: one line, never an abort
     std::fprintf(stderr, "train_cifar10: error: %s\n", e.what());
     return 1;
   }

@@ -21,9 +21,10 @@ TrainConfig parse_train_flags(int argc, char** argv);
 // flag (or flags) and what was expected. train_cifar10 calls it first.
 void check_train_config(const TrainConfig& config);
 
-// parse_train_flags, then train_cifar10; a loom::Error is printed as one line and
-// returns 1. A program that registers its own models (register_model_spec,
-// train/model_spec.h) first is a trainer for them too.
+// parse_train_flags and check_train_config, then train_cifar10; any exception is printed
+// as one "train_cifar10: error: ..." line and returns 1 (a command-line error once per
+// launch: Note [One error, once], flags.cpp). A program that registers its own models
+// (register_model_spec, train/model_spec.h) first is a trainer for them too.
 int train_main(int argc, char** argv);
 
 }  // namespace loom::training

@@ -1,10 +1,14 @@
 #include "train/flags.h"
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <sstream>
+#include <thread>
 
 #include "core/error.h"
+#include "parallel/comm/launch_env.h"  // defines: read_launch_env (which process of a launch this is)
 
 namespace loom::training {
 namespace {
@@ -75,6 +79,8 @@ void Flags::bind(const std::string& name, T& target, const std::string& help) {
     }
   };
   flag->value_text = [field] { return to_text(*field); };
+  if constexpr (std::is_same_v<T, int64_t> || std::is_same_v<T, double>)
+    flag->number = [field] { return static_cast<double>(*field); };
   flags_.push_back(std::move(flag));
 }
 
@@ -94,14 +100,22 @@ void Flags::one_of(std::vector<std::string> choices) {
   });
 }
 
-void Flags::at_least(int64_t min, std::string expected) {
-  LOOM_CHECK(!flags_.empty() && flags_.back()->type == "N", program_,
-             ": at_least needs an integer flag bound before it");
+void Flags::add_range(double min, double max, bool exclusive, std::string expected) {
+  LOOM_CHECK(!flags_.empty() && flags_.back()->number, program_, ": a range needs a number flag bound before it");
   const Flag& flag = *flags_.back();
-  rules_.push_back([name = flag.name, value = flag.value_text, min, expected = std::move(expected)] {
-    const std::string v = value();
-    LOOM_CHECK(std::stoll(v) >= min, "--", name, ": expected ", expected, ", got ", v);
+  rules_.push_back([name = flag.name, number = flag.number, text = flag.value_text, min, max, exclusive,
+                    expected = std::move(expected)] {
+    const double v = number();
+    LOOM_CHECK((exclusive ? v > min : v >= min) && v <= max, "--", name, ": expected ", expected, ", got ", text());
   });
+}
+
+void Flags::at_least(double min, std::string expected) {
+  add_range(min, std::numeric_limits<double>::infinity(), false, std::move(expected));
+}
+void Flags::in_range(double min, double max, std::string expected) { add_range(min, max, false, std::move(expected)); }
+void Flags::above(double bound, std::string expected) {
+  add_range(bound, std::numeric_limits<double>::infinity(), true, std::move(expected));
 }
 
 void Flags::rule(std::function<void()> check) { rules_.push_back(std::move(check)); }
@@ -172,6 +186,36 @@ std::string Flags::help() const {
     out << "\n";
   }
   return out.str();
+}
+
+// Note [One error, once]
+// Every process of a launch reads the same command line, so a bad flag stops them all
+// with the same error; printed by each, a run of 8 processes shows it 8 times, between
+// loomrun's own lines. As torchrun's error summary names one root cause, the first
+// process of each launcher (LOCAL_RANK 0) prints it, and the others one line pointing to
+// it. Once per launcher rather than per job: each node's launcher has its own console,
+// and a path flag is checked against the node's own file system. Only the command line's
+// errors are said this way; an error met while training can be one rank's own, and every
+// rank says its own.
+// The others then wait a while before they exit: a launcher stops the rest of a job at
+// its first failure (loomrun, torchrun and mpirun alike), and were that one of them, local
+// rank 0 could be stopped before it had said why, and the summary would name a rank whose
+// output only points elsewhere. So local rank 0 fails first, and the launcher stops them.
+int report_flag_error(const std::string& program, const std::exception& error) {
+  distributed::LaunchEnv launch;
+  try {
+    launch = distributed::read_launch_env(distributed::process_environment());
+  } catch (const std::exception&) {  // a malformed launch environment: say the error here
+  }
+  if (launch.world_size > 1 && launch.local_rank > 0) {
+    std::fprintf(stderr, "%s: rank %d: stopped by the command-line error that local rank 0 printed\n",
+                 program.c_str(), launch.rank);
+    std::fflush(stderr);
+    std::this_thread::sleep_for(std::chrono::seconds(10));  // until the launcher stops this process
+  } else {
+    std::fprintf(stderr, "%s: error: %s\n", program.c_str(), error.what());
+  }
+  return 1;
 }
 
 }  // namespace loom::training

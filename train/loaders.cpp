@@ -19,10 +19,23 @@ const std::vector<double> kStd = {0.2023, 0.1994, 0.2010};
 
 }  // namespace
 
+// The training images' augmentation: RandomCrop(32, padding, padding_mode) and the flip,
+// each left out where it does nothing (padding 0, flip none).
+T::TransformPtr augmentation(const DataConfig& d) {
+  std::vector<T::TransformPtr> chain;
+  if (d.crop_padding > 0)
+    chain.push_back(std::make_shared<T::RandomCrop>(
+        32, d.crop_padding, 0, d.padding_mode == "reflect" ? T::PaddingMode::reflect : T::PaddingMode::constant));
+  if (d.flip == "random") chain.push_back(std::make_shared<T::RandomHorizontalFlip>());
+  if (d.flip == "alternating") chain.push_back(std::make_shared<T::AlternatingHorizontalFlip>());
+  chain.push_back(std::make_shared<T::ToTensor>());
+  chain.push_back(std::make_shared<T::Normalize>(kMean, kStd));
+  return std::make_shared<T::Compose>(std::move(chain));
+}
+
 std::shared_ptr<data::Dataset> make_dataset(const TrainConfig& config, bool train) {
   T::TransformPtr transform = train && config.data.augment
-                                  ? std::make_shared<T::Compose>(T::RandomCrop(32, 4), T::RandomHorizontalFlip(),
-                                                                 T::ToTensor(), T::Normalize(kMean, kStd))
+                                  ? augmentation(config.data)
                                   : std::make_shared<T::Compose>(T::ToTensor(), T::Normalize(kMean, kStd));
   if (config.data.synthetic) {
     return std::make_shared<data::SyntheticCIFAR>(train ? config.data.synthetic_size : 10000,

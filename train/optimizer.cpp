@@ -13,15 +13,16 @@ namespace loom::training {
 
 namespace {
 
-// --optimizer adamw: timm's two groups (no decay on biases, norms, embeddings and a ViT's
-// tokens), decided on the model's own parameters and restricted to `params`, the tensors
+// --optimizer adamw, and sgd with --no-decay-norms-and-biases: timm's two groups (no decay
+// on biases, norms, embeddings and a ViT's tokens), decided on the model's own parameters
+// and restricted to `params`, the tensors
 // this rank steps. Those are the model's own parameters (one process, DDP, tp), or under
 // per-parameter FSDP (fully_shard) each parameter's local shard, which `wrapped` names as
 // the model names the parameter. FSDP's flat shards mix decayed and undecayed parameters
 // in one buffer: no group can hold them.
-std::vector<optim::ParamGroup> adamw_groups(const std::vector<Tensor>& params, const nn::Module& model,
-                                            const std::string& model_name, const nn::Module& wrapped,
-                                            double weight_decay) {
+std::vector<optim::ParamGroup> weight_decay_groups(const std::vector<Tensor>& params, const nn::Module& model,
+                                                   const std::string& model_name, const nn::Module& wrapped,
+                                                   double weight_decay, const std::string& who) {
   const ModelSpec& spec = model_spec(model_name);
   const std::set<std::string> exempt = spec.no_weight_decay ? spec.no_weight_decay(model) : std::set<std::string>{};
   std::vector<optim::ParamGroup> groups = optim::param_groups_weight_decay(model, weight_decay, exempt);
@@ -43,7 +44,7 @@ std::vector<optim::ParamGroup> adamw_groups(const std::vector<Tensor>& params, c
     groups[it->second].params.push_back(p);
     ++found;
   }
-  LOOM_CHECK(found == params.size() || weight_decay == 0.0, "--optimizer adamw exempts biases, norms and embeddings "
+  LOOM_CHECK(found == params.size() || weight_decay == 0.0, who, " exempts biases, norms and embeddings "
              "from weight decay parameter by parameter, and ", params.size() - found, " of the tensors this rank "
              "steps are not the model's own parameters (FSDP's flat shards, each mixing both kinds); use "
              "--fsdp-layout per_parameter (FSDP2: each parameter sharded on its own), --weight-decay 0, or DDP");
@@ -66,7 +67,12 @@ BuiltOptimizer build_optimizer(const std::vector<Tensor>& params, const nn::Modu
   if (!config.parallel.zero_redundancy_optimizer) {
     if (config.optim.name == "adamw")
       return {std::make_unique<optim::AdamW>(
-          adamw_groups(params, model, config.model.name, wrapped, adamw.weight_decay), adamw)};
+          weight_decay_groups(params, model, config.model.name, wrapped, adamw.weight_decay, "--optimizer adamw"),
+          adamw)};
+    if (config.optim.no_decay_norms_and_biases)
+      return {std::make_unique<optim::SGD>(weight_decay_groups(params, model, config.model.name, wrapped,
+                                                               sgd.weight_decay, "--no-decay-norms-and-biases"),
+                                           sgd)};
     return {std::make_unique<optim::SGD>(params, sgd)};
   }
   LOOM_CHECK(mesh != nullptr && mesh->has("dp_replicate"), "--zero-redundancy-optimizer shards the optimizer state "
@@ -74,6 +80,9 @@ BuiltOptimizer build_optimizer(const std::vector<Tensor>& params, const nn::Modu
   LOOM_CHECK(config.optim.name == "sgd" || config.optim.weight_decay == 0.0,
              "--zero-redundancy-optimizer with --optimizer "
              "adamw partitions the parameters without timm's weight-decay groups; use --weight-decay 0, or no ZeRO-1");
+  LOOM_CHECK(!config.optim.no_decay_norms_and_biases || config.optim.weight_decay == 0.0,
+             "--zero-redundancy-optimizer with --no-decay-norms-and-biases: ZeRO-1 partitions the parameters "
+             "without weight-decay groups; drop one of them, or use --weight-decay 0");
   // The group DDP averages the gradients over: its ranks hold the same parameters.
   auto zero = config.optim.name == "adamw"
                   ? std::make_unique<parallel::ZeroRedundancyOptimizer>(

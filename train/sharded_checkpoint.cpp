@@ -72,6 +72,31 @@ TrainingPosition load_sharded_checkpoint(const std::string& step_dir, const Dist
   return state.position;
 }
 
-int clear_sharded_checkpoints(const std::string& dir) { return ckpt::remove_all_checkpoints(dir); }
+TrainingPosition load_full_checkpoint_as_pieces(const std::string& path, const ParallelModel& parallel,
+                                                const BuiltOptimizer& optimizer,
+                                                const std::vector<std::string>& numbered_names,
+                                                optim::LRScheduler* scheduler, optim::GradScaler* scaler) {
+  const CheckpointState state = unpack_training_state(safetensors::read_file(path), path, scheduler, scaler);
+  ckpt::ShardedState pieces;
+  for (const auto& [name, t] : state.model) pieces.push_back(ckpt::whole(name, t));
+  // Note [Flat optimizer state] (nn/optim/optimizer.h) to Note [Optimizer state by name].
+  for (const auto& [key, t] : state.optimizer) {
+    if (key.rfind("param_groups.", 0) == 0) {
+      if (!key.ends_with(".params")) pieces.push_back(ckpt::whole("optim." + key, t));
+      continue;
+    }
+    const size_t dot = key.find('.', 6);  // "state.<i>.<name>"
+    LOOM_CHECK(key.rfind("state.", 0) == 0 && dot != std::string::npos, path, ": unexpected optimizer entry ", key);
+    const size_t i = std::stoul(key.substr(6, dot - 6));
+    LOOM_CHECK(i < numbered_names.size(), path, ": optimizer state ", key, " is for parameter ", i, ", but the model "
+               "has ", numbered_names.size(), " parameters: it was saved from another model or optimizer");
+    pieces.push_back(ckpt::whole(ckpt::optimizer_state_name(numbered_names[i], key.substr(dot + 1)), t));
+  }
+  const ckpt::CheckpointIndex index = ckpt::index_files({ckpt::pack(pieces)}, {"checkpoint.safetensors"}, path);
+  LocalState mine = parallel.local_state();
+  ckpt::load(index, mine.model);
+  if (optim::Optimizer* local = optimizer.local()) ckpt::load_optimizer_state(*local, index, mine.params);
+  return state.position;
+}
 
 }  // namespace loom::training

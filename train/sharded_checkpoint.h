@@ -30,6 +30,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "train/checkpoint.h"   // defines: TrainingPosition, CheckpointState
 #include "train/distributed.h"  // defines: Distributed (rank, world, barrier)
@@ -56,9 +57,15 @@ TrainingPosition load_sharded_checkpoint(const std::string& step_dir, const Dist
                                          optim::LRScheduler* scheduler,
                                          optim::GradScaler* scaler);
 
-// A first start under the sharded format: rank 0 removes an earlier run's step
-// directories, so that a restart before this run's first checkpoint cannot resume from
-// them (Note [Resuming after a restart]). Returns how many it removed.
-int clear_sharded_checkpoints(const std::string& dir);
+// A full checkpoint file (Note [What a checkpoint holds], checkpoint.h) into a layout whose
+// ranks hold pieces of the model (--pp, --tp: Note [Resuming either format]): the file is
+// read as a one-file sharded set, its tensors whole pieces and its optimizer state renamed
+// from one process's numbering to the parameters' names (Note [Optimizer state by name]),
+// and each rank takes its pieces as from any set. `numbered_names`: the parameter names
+// in the numbering of the optimizer that wrote the file (one process's). Not collective.
+TrainingPosition load_full_checkpoint_as_pieces(const std::string& path, const ParallelModel& parallel,
+                                                const BuiltOptimizer& optimizer,
+                                                const std::vector<std::string>& numbered_names,
+                                                optim::LRScheduler* scheduler, optim::GradScaler* scaler);
 
 }  // namespace loom::training

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <functional>  // defines: std::function (the step's clipping)
 
@@ -17,6 +18,7 @@
 #include "data/dataloader.h"           // defines: DataLoader
 #include "nn/loss.h"                   // defines: CrossEntropyLoss
 #include "nn/model_state.h"            // defines: model_state_bytes (parameters + gradients + optimizer state)
+#include "nn/optim/lookahead.h"        // defines: Lookahead (--lookahead-every)
 #include "nn/optim/lr_scheduler.h"     // defines: CosineAnnealingLR, OneCycleLR
 #include "nn/optim/sgd.h"              // defines: SGD
 #include "nn/safetensors.h"            // defines: nn::load (--init)
@@ -245,7 +247,8 @@ class Trainer {
                                    config, lr_)),
         scheduler_(make_scheduler(config, lr_, *optimizer_, data_.steps_per_epoch)),
         amp_(config.training.amp, device_, dist_.world()),
-        checkpointer_(config, dist_, parallel_, optimizer_, scheduler_.get(), &amp_.scaler()) {
+        lookahead_(make_lookahead(config, dist_.dims(), parallel_)),
+        checkpointer_(config, dist_, parallel_, optimizer_, scheduler_.get(), &amp_.scaler(), lookahead_.get()) {
     // (Not for each of the memory advice's quiet estimates: the run said it already.)
     const bool say = config.metrics.progress || !config.training.estimate_memory;
     if (config.training.amp == "bf16" && device().type == DeviceType::CPU && dist_.is_main() && say)
@@ -335,6 +338,7 @@ class Trainer {
       result_.comm += distributed::process_traffic() - comm_before;  // the step's own collectives
       ++result_.comm_steps;
       if (scheduler_) scheduler_->step();
+      step_lookahead(position_.global_step + 1);
       const auto [step_loss, step_correct] = loss_and_correct(step);
       const double counted = dist_.counts_examples() ? static_cast<double>(batch.size()) : 0;
       if (counted > 0) metrics.add(step_loss, step_correct, batch.size());
@@ -392,6 +396,33 @@ class Trainer {
   }
 
  private:
+  // --lookahead-every: the average of every rank's whole model (the plain model's state,
+  // which under DDP and DataParallel is each replica's); not where a rank holds a piece.
+  static std::unique_ptr<optim::Lookahead> make_lookahead(const TrainConfig& c, const distributed::ParallelDims& dims,
+                                                          ParallelModel& parallel) {
+    if (c.optim.lookahead_every == 0) return nullptr;
+    LOOM_CHECK(!dims.pp_enabled() && !dims.dp_shard_enabled() && !dims.tp_enabled() && !dims.mp_enabled() &&
+                   !c.parallel.zero_redundancy_optimizer,
+               "--lookahead-every averages each rank's whole model: one process, --mode dp or ddp (--dp-replicate); "
+               "got ", dims.str(), c.parallel.zero_redundancy_optimizer ? " with ZeRO-1" : "",
+               ", where a rank holds a piece of the model or of its state (docs/limitations.md)");
+    return std::make_unique<optim::Lookahead>(parallel.model());
+  }
+
+  // After optimizer step `step` (counted from 1 over the whole run): Lookahead's update on
+  // its schedule (OptimConfig::lookahead_every), and at the run's last step the average
+  // taken whole, before that epoch's evaluation and checkpoint.
+  void step_lookahead(int64_t step) {
+    if (!lookahead_) return;
+    const int64_t total = data_.steps_per_epoch * config_.training.epochs;
+    const int64_t every = config_.optim.lookahead_every;
+    if (step % every == 0) {
+      const double progress = static_cast<double>(step) / static_cast<double>(total);
+      lookahead_->update(std::pow(config_.optim.lookahead_decay, static_cast<double>(every)) * std::pow(progress, 3.0));
+    }
+    if (step == total) lookahead_->update(1.0);  // the model ends as the average
+  }
+
   // The model on its device, with --init's weights, before parallelize cuts or wraps it.
   static std::shared_ptr<nn::Module> loaded(std::shared_ptr<nn::Module> model, const TrainConfig& c, Device device) {
     model->to(device);
@@ -412,6 +443,7 @@ class Trainer {
   BuiltOptimizer optimizer_;  // optimizer_.optimizer is what the loop steps
   std::unique_ptr<optim::LRScheduler> scheduler_;
   MixedPrecision amp_;
+  std::unique_ptr<optim::Lookahead> lookahead_;  // --lookahead-every; null without
   Checkpointer checkpointer_;
   std::optional<GradClipper> clipper_;  // --clip-grad-norm
   std::function<void()> clip_;          // clipper_->clip(amp_) before each optimizer step; empty without it

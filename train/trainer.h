@@ -37,7 +37,13 @@ struct DataConfig {
   int64_t synthetic_size = 50000;
   int64_t batch_size = 128;  // per process
   int64_t workers = 2;
-  bool augment = true;
+  bool augment = true;  // the training images' crop and flip below (none of either when false)
+  // RandomCrop(32, crop_padding, padding_mode): a translation by up to crop_padding pixels;
+  // constant (zeros, torchvision's default) | reflect (airbench's "reflect translate").
+  int64_t crop_padding = 4;
+  std::string padding_mode = "constant";
+  // random (RandomHorizontalFlip) | alternating (Note [Alternating flip]) | none.
+  std::string flip = "random";
   bool shuffle = true;
   int64_t eval_limit = -1;  // evaluate on at most this many test images; -1: all
 };
@@ -47,11 +53,21 @@ struct OptimConfig {
   double lr = 0.1;
   double momentum = 0.9;
   double weight_decay = 5e-4;
+  // SGD: no weight decay on biases and normalisation layers' parameters (AdamW always
+  // exempts them; timm's filter_bias_and_bn).
+  bool no_decay_norms_and_biases = false;
   bool nesterov = false;
   double label_smoothing = 0.0;
   std::string schedule = "none";  // none | cosine | onecycle | warmup_cosine (stepped every optimizer step)
   double warmup_epochs = 1;       // warmup_cosine: epochs of linear warm-up before the cosine
   double clip_grad_norm = 0;      // > 0: clip the whole model's gradient 2-norm to it before each step
+  // Lookahead (nn/optim/lookahead.h), as the CIFAR-10 speedruns: every lookahead_every
+  // steps the average of the model's state (weights and BatchNorm statistics) moves toward
+  // the model by 1 - decay, with decay = lookahead_decay^every x (step / total steps)^3,
+  // and the model takes the average; at the run's last step the model takes the average
+  // whole. 0: off.
+  int64_t lookahead_every = 0;
+  double lookahead_decay = 0.95;
   std::string lr_scaling = "none";  // none | linear (lr x data-parallel replicas: the global batch grew)
 };
 

@@ -61,6 +61,7 @@
 // LOOM_CONV2D_VERBOSE=1 prints each plan's oneDNN implementation as it is built.
 #include <dnnl.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -669,10 +670,11 @@ double candidate_error(Pass pass, const std::string& algo, bool channels_last, c
 // to ~2^-8 relative before any algorithm's share.
 double error_bound(DType dtype) { return dtype == kFloat32 ? 1e-5 : 1.6e-2; }
 
-// The algorithm the search chose for this pass and shape (searching now if it is new),
-// or nothing where the fixed rules decide: benchmark off, or forced by the environment.
+// The algorithm the search chose for this pass and shape (searching now if it is new), or
+// a replayed cache's choice; nothing where the fixed rules decide: neither searching nor
+// replaying, a shape the replayed cache does not list, or forced by the environment.
 std::optional<std::string> tuned_algorithm(Pass pass, const Conv2dGeometry& g, bool channels_last, Operands& t) {
-  if (!backends::cpu::benchmark()) return std::nullopt;
+  if (!backends::cpu::use_kernel_choices()) return std::nullopt;
   const char* layout_env = std::getenv("LOOM_CONV2D_LAYOUT");
   if (algorithm_from_env() != Algorithm::Auto || (layout_env != nullptr && *layout_env != '\0')) return std::nullopt;
   const DType dtype = t.dtype(pass);
@@ -690,6 +692,11 @@ std::optional<std::string> tuned_algorithm(Pass pass, const Conv2dGeometry& g, b
   const std::string key = detail::str("conv2d ", pass_name(pass), " ", dtype, " ", grad_dtype, " ",
                                       channels_last ? "nhwc" : "nchw", with_bias ? " bias " : " ", g.str(),
                                       " threads ", omp_get_max_threads());
+  if (!backends::cpu::benchmark()) {  // a cache replayed: its choice if it has one this build offers, else the rules
+    const std::optional<std::string> known = backends::cpu::kernel_choices().find(key);
+    if (!known || std::find(names.begin(), names.end(), *known) == names.end()) return std::nullopt;
+    return known;
+  }
   std::optional<GuardProblem> problem;  // built by the first candidate's guard, if there is a search
   std::vector<autotune::Candidate> candidates;
   for (const std::string& name : names) {

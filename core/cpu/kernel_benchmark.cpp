@@ -12,11 +12,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <set>
 #include <sstream>
 
 #include "core/atomic_file.h"  // defines: write_file_atomically, read_whole_file
 #include "core/cpu/cpu_isa.h"  // defines: cpu_isa_restricted_to_avx2 (Note [CPU ISA switch])
+#include "core/deterministic.h"  // defines: alert_not_deterministic (a search under --deterministic)
 #include "core/error.h"
 
 namespace loom::backends::cpu {
@@ -34,12 +36,21 @@ KernelChoices& process_table() {
 thread_local KernelChoices* t_table = nullptr;  // See ScopedKernelChoices
 thread_local bool t_fixed_rules = false;          // See FixedKernelRules
 
-constexpr const char* kHeader = "loom kernel choices v1 isa=";
+constexpr const char* kHeader = "loom kernel choices v2 isa=";
+constexpr const char* kCpuField = " cpu=";
+constexpr const char* kAnyVersion = "loom kernel choices v";
 
 }  // namespace
 
 void set_benchmark(bool enabled) { g_benchmark.store(enabled); }
 bool benchmark() { return g_benchmark.load() && !t_fixed_rules; }
+
+bool use_kernel_choices() {
+  if (t_fixed_rules) return false;
+  if (g_benchmark.load()) return true;
+  std::lock_guard<std::mutex> lock(g_cache_mutex);
+  return !g_cache_path.empty();
+}
 
 FixedKernelRules::FixedKernelRules() : previous_(t_fixed_rules) { t_fixed_rules = true; }
 FixedKernelRules::~FixedKernelRules() { t_fixed_rules = previous_; }
@@ -60,6 +71,25 @@ std::string cpu_isa_name() {
   // loom's own choices follow LOOM_CPU_ISA (Note [CPU ISA switch]), so it is part of the name.
   if (loom::cpu::cpu_isa_restricted_to_avx2()) name += "+loom_avx2";
   return name;
+}
+
+std::string cpu_identity() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, vendor, family, model, name;
+  // The first processor's block ends at the first empty line; every core of one CPU says the same.
+  while (std::getline(in, line) && !line.empty()) {
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    const std::string field = line.substr(0, line.find_last_not_of(" \t", colon - 1) + 1);
+    const size_t start = line.find_first_not_of(' ', colon + 1);
+    const std::string value = start == std::string::npos ? "" : line.substr(start);
+    if (field == "vendor_id") vendor = value;
+    else if (field == "cpu family") family = value;
+    else if (field == "model") model = value;
+    else if (field == "model name") name = value;
+  }
+  if (vendor.empty() && name.empty()) return "unknown";
+  return vendor + " family " + family + " model " + model + " (" + name + ")";
 }
 
 std::optional<std::string> KernelChoices::find(const std::string& key) const {
@@ -87,7 +117,7 @@ void KernelChoices::clear() {
 }
 
 std::string KernelChoices::serialize() const {
-  std::string text = kHeader + cpu_isa_name() + "\n";
+  std::string text = kHeader + cpu_isa_name() + kCpuField + cpu_identity() + "\n";
   for (const auto& [key, choice] : entries()) text += key + "\t" + choice + "\n";
   return text;
 }
@@ -95,13 +125,19 @@ std::string KernelChoices::serialize() const {
 void KernelChoices::adopt(const std::string& text, const std::string& source, bool any_isa) {
   std::istringstream lines(text);
   std::string line;
-  LOOM_CHECK(std::getline(lines, line) && line.rfind(kHeader, 0) == 0, source,
-             ": expected a loom kernel choice table (a first line \"", kHeader, "...\"), got \"",
-             line.substr(0, 80), "\"");
-  const std::string isa = line.substr(std::strlen(kHeader));
-  LOOM_CHECK(any_isa || isa == cpu_isa_name(), source, ": these choices were measured on a CPU running ", isa,
-             " kernels, and this one runs ", cpu_isa_name(),
-             ": their timings say nothing here. Delete the file (or pass another path) to search again.");
+  const bool read = static_cast<bool>(std::getline(lines, line));
+  LOOM_CHECK(read && line.rfind(kAnyVersion, 0) == 0, source, ": expected a loom kernel choice table (a first line \"",
+             kHeader, "...\"), got \"", line.substr(0, 80), "\"");
+  LOOM_CHECK(line.rfind(kHeader, 0) == 0 && line.find(kCpuField) != std::string::npos, source,
+             ": a kernel choice table from an older loom, which did not record the CPU it was measured on (\"",
+             line.substr(0, 80), "\"). Delete the file (or pass another path) to search again.");
+  const size_t cpu_at = line.find(kCpuField);
+  const std::string isa = line.substr(std::strlen(kHeader), cpu_at - std::strlen(kHeader));
+  const std::string cpu = line.substr(cpu_at + std::strlen(kCpuField));
+  LOOM_CHECK(any_isa || (isa == cpu_isa_name() && cpu == cpu_identity()), source,
+             ": these choices were measured on ", cpu, " running ", isa, " kernels, and this is ", cpu_identity(),
+             " running ", cpu_isa_name(), ": their timings say nothing here. Delete the file (or pass another path) to "
+             "search again.");
   std::map<std::string, std::string> parsed;
   int number = 1;
   while (std::getline(lines, line)) {
@@ -122,6 +158,11 @@ ScopedKernelChoices::ScopedKernelChoices(KernelChoices& table) : previous_(t_tab
 ScopedKernelChoices::~ScopedKernelChoices() { t_table = previous_; }
 
 void set_benchmark_cache(const std::string& path) {
+  LOOM_CHECK(path.empty() || g_benchmark.load() || std::filesystem::exists(path), "kernel choice cache ", path,
+             ": no such file. With the search off a cache is replayed, not written; run once with the search on "
+             "(--conv-benchmark on --conv-benchmark-cache ", path, ") to make it");
+  LOOM_CHECK(path.empty() || !std::filesystem::is_directory(path), "kernel choice cache ", path,
+             ": expected a file, got a folder");
   std::lock_guard<std::mutex> lock(g_cache_mutex);
   if (!path.empty() && std::filesystem::exists(path))
     process_table().adopt(read_whole_file(path, "--conv-benchmark-cache"), path);
@@ -180,6 +221,10 @@ std::string choose(const std::string& key, const std::string& what, const std::v
       if (c.name == *known) return *known;
     // A choice this build no longer offers (a cache file from older code): search again.
   }
+  // Note [Same command, same model] (core/deterministic.h): timings differ run to run.
+  alert_not_deterministic("the CPU kernel search (backends::cpu::benchmark, --conv-benchmark on) for " + what,
+                          "replay an earlier search's choices with --conv-benchmark-cache FILE alone, or drop "
+                          "--conv-benchmark on");
   std::string best, report;
   double best_seconds = INFINITY;
   for (const Candidate& c : candidates) {

@@ -28,10 +28,14 @@
 //   thread world gives each rank thread its own table (ScopedKernelChoices), so this
 //   is tested with threads too.
 //
-// The table can be kept in a file (set_benchmark_cache): it is loaded when set and
-// rewritten atomically after every search, so a later run on the same machine searches
-// nothing. The file names the CPU's instruction set, and a file made on another is
-// refused: its timings say nothing about this CPU.
+// The table can be kept in a file (set_benchmark_cache): it is loaded when set and,
+// with benchmark on, rewritten atomically after every search, so a later run on the same
+// machine searches nothing. With benchmark off, a cache file is *replayed*: kernels take
+// its choices and the fixed rules for any shape it does not list, and nothing is timed,
+// so runs that share the file train the same weights (Note [Same command, same model],
+// core/deterministic.h). The file names the CPU it was measured on (vendor, family, model
+// and the instruction set loom's kernels use), and a file made on another is refused: its
+// timings say nothing about this CPU.
 #pragma once
 
 #include <functional>
@@ -44,11 +48,15 @@
 namespace loom::backends::cpu {
 
 // Whether kernels with several algorithms search for the fastest (Note [Kernel
-// autotuning]). Off by default, as cudnn.benchmark is; loom's trainer, examples and
-// benches turn it on (--conv-benchmark on|off).
+// autotuning]). Off by default, as cudnn.benchmark is, and in every loom program
+// (--conv-benchmark on asks for it): a search decided by timings need not pick the same
+// algorithms twice, so two runs would differ.
 void set_benchmark(bool enabled);
 // set_benchmark's setting, unless a FixedKernelRules guard is alive on this thread.
 bool benchmark();
+// Whether kernels consult the choice table at all: benchmark(), or a cache file set with
+// benchmark off (replayed: its choices, never a search), and no FixedKernelRules guard.
+bool use_kernel_choices();
 
 // Note [Fixed rules where every rank must count alike]
 // While alive, benchmark() is false on this thread: kernels take the fixed rules and no
@@ -69,14 +77,18 @@ class FixedKernelRules {
   bool previous_;
 };
 
-// Loads the choices in `path` if the file exists (a loom::Error if it was written for
-// another instruction set or is not such a file), and rewrites it after every new
-// search. An empty path stops writing.
+// Loads the choices in `path` if the file exists (a loom::Error if it was written on
+// another CPU or is not such a file), and rewrites it after every new search. With
+// benchmark off the file must exist: it is replayed, not written. An empty path stops
+// reading and writing.
 void set_benchmark_cache(const std::string& path);
 
 // What oneDNN and LOOM_CPU_ISA let loom's kernels use here ("avx512_core_bf16",
 // "avx2", ...): the part of a key that is the same for the whole process.
 std::string cpu_isa_name();
+// The CPU a table's timings were measured on: "AuthenticAMD family 25 model 17 (AMD
+// EPYC)", from /proc/cpuinfo ("unknown" where it cannot be read).
+std::string cpu_identity();
 
 // A table of choices: key -> the chosen candidate's name. Thread-safe.
 class KernelChoices {
@@ -86,10 +98,11 @@ class KernelChoices {
   std::map<std::string, std::string> entries() const;
   void clear();
 
-  // "loom kernel choices v1 isa=<isa>" then one "key<TAB>choice" line per entry.
+  // "loom kernel choices v2 isa=<isa> cpu=<cpu_identity>" then one "key<TAB>choice" line
+  // per entry.
   std::string serialize() const;
   // Sets every entry of a serialize()d text; a loom::Error naming `source` if it is not
-  // one, or (unless any_isa) was made on another instruction set.
+  // one, or (unless any_isa) was made on another CPU or instruction set.
   void adopt(const std::string& text, const std::string& source, bool any_isa = false);
 
  private:
