@@ -245,6 +245,13 @@ CommandLine::CommandLine(const TrainConfig& initial)
     LOOM_CHECK(backend.empty() || backend == "gloo" || backend == "nccl", "--backend: expected gloo or nccl (or "
                "nothing: nccl on cuda, gloo on cpu), got '", backend, "'");
   });
+  flags.bind("comm-timeout", c.parallel.comm_timeout_s,
+             "seconds the rendezvous and each collective wait for the other ranks before failing with an error "
+             "naming them (init_process_group's timeout)");
+  flags.rule([this] {
+    LOOM_CHECK(c.parallel.comm_timeout_s > 0 && c.parallel.comm_timeout_s <= 86400, "--comm-timeout: expected "
+               "seconds in (0, 86400], got ", c.parallel.comm_timeout_s);
+  });
   flags.bind("sync-bn", c.parallel.sync_bn, "ddp: BatchNorm statistics over every rank (SyncBatchNorm)");
   flags.bind("bucket-cap-mb", c.parallel.bucket_cap_mb, "ddp: gradient bucket size in MiB");
   flags.above(0, "a positive size in MiB");
