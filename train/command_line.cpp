@@ -186,7 +186,7 @@ CommandLine::CommandLine(const TrainConfig& initial)
   });
   conv_benchmark = add_conv_benchmark_flags(flags);
   flags.rule([this] {
-    LOOM_CHECK(!*conv_benchmark.deterministic || c.parallel.balance_by != "time",
+    LOOM_CHECK(!*conv_benchmark.deterministic || balance != "time",  // --balance as typed
                "--deterministic refuses --balance time: a cut by measured layer times can differ run to run. Use "
                "--balance cost (counted, the same every run) or give the layer counts");
   });
