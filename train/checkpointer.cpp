@@ -121,9 +121,9 @@ TrainingPosition Checkpointer::resume() {
   } else {  // every rank reads the whole state; each part takes its own (FSDP: its shards)
     CheckpointState state = read_checkpoint(dir, scheduler_, scaler_);
     auto [model_state, averaged] = split_lookahead(state.model);  // Note [Lookahead in a checkpoint]
-    LOOM_CHECK(lookahead_ || averaged.empty(), from, " was written with --lookahead-every (it holds Lookahead's "
+    LOOM_CHECK(lookahead_ || averaged.empty(), from.path, " was written with --lookahead-every (it holds Lookahead's "
                "average); resume it with the same --lookahead-every");
-    LOOM_CHECK(!lookahead_ || !averaged.empty(), from, " holds no Lookahead average: it was written without "
+    LOOM_CHECK(!lookahead_ || !averaged.empty(), from.path, " holds no Lookahead average: it was written without "
                "--lookahead-every, so this run cannot continue its Lookahead exactly; resume without the flag");
     if (lookahead_) lookahead_->load_state_dict(averaged);
     parallel_.load_full_state_dict(model_state);
