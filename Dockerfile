@@ -14,6 +14,7 @@ ENV DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       meson ninja-build pkg-config g++ libopenblas-openmp-dev libdnnl-dev doctest-dev libgloo-dev \
+      libtomlplusplus-dev \
       python3 ca-certificates curl \
  && rm -rf /var/lib/apt/lists/*
 

@@ -148,11 +148,13 @@ def draw(doc, chart):
     left.axhline(TARGET, color="grey", linewidth=0.8, linestyle=":")
     left.set_xlabel("epoch")
     left.set_ylabel("accuracy (%)")
-    left.set_ylim(40, 100)
+    left.set_ylim(30, 100)
     left.legend(loc="lower right", fontsize=8)
     right.plot(x, [r["train_loss"] for r in rows], "s--", label="train (label-smoothed)")
     right.plot(x, [r["test_loss"] for r in rows], "o-", label="test")
     right.set_xlabel("epoch")
+    for axis in (left, right):
+        axis.set_xticks(x)
     right.set_ylabel("cross-entropy")
     right.legend(fontsize=8)
     fig.suptitle(f"ResNet18 on CIFAR-10, {doc['epochs_done']} of {doc['epochs_planned']} epochs "

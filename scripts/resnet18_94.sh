@@ -5,7 +5,6 @@
 # (keep it outside the repository). docs/resnet18.md describes the recipe and its results.
 #
 #   scripts/resnet18_94.sh RUN_DIR [train_cifar10 flags...]   e.g. --data /path/to/cifar-10-batches-bin
-#   scripts/resnet18_94.sh --print-flags                      the recipe's flags, one line
 #
 # RUN_DIR gets COMMAND (the exact command, resumable by adding --resume), log.txt, ckpt/
 # (a checkpoint every epoch and every 100 steps), COMMIT (the source of each start and resume),
@@ -15,20 +14,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# The recipe: SGD with Nesterov momentum, label smoothing, a one-cycle learning rate stepped
-# every step, batch 512 (2 x 256), reflect-padded crops and airbench's alternating flip, no
-# weight decay on BatchNorm parameters and biases, Lookahead's average of the weights and
-# BatchNorm statistics every 5 steps, evaluated with six views at the end.
-RECIPE="--model resnet18 --epochs 15 --batch-size 256 --lr 0.4 --momentum 0.9 --nesterov --weight-decay 5e-4
-  --no-decay-norms-and-biases --label-smoothing 0.1 --schedule onecycle --crop-padding 4 --padding-mode reflect
-  --flip alternating --lookahead-every 5 --lookahead-decay 0.95"
-if [ "${1:-}" = --print-flags ]; then echo $RECIPE; exit 0; fi
-[ $# -ge 1 ] || { sed -n '2,14p' "$0"; exit 2; }
+# The recipe is recipes/resnet18_94.toml (docs/resnet18.md): its keys are train_cifar10's flags.
+[ $# -ge 1 ] || { sed -n '2,13p' "$0"; exit 2; }
 run_dir=$(realpath -m "$1"); shift
 mkdir -p "$run_dir/ckpt"
 
 command="build/parallel/loomrun --standalone --nproc_per_node 2 build/examples/train_cifar10 --mode ddp --threads 1
-  $(echo $RECIPE) --checkpoint-dir $run_dir/ckpt --checkpoint-every 100 --checkpoint-format full --quiet
+  --recipe resnet18_94 --checkpoint-dir $run_dir/ckpt --checkpoint-every 100 --checkpoint-format full --quiet
   --save $run_dir/final.safetensors $*"
 command=$(echo $command)
 resume=""

@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-packages=(meson ninja-build pkg-config g++ libopenblas-openmp-dev libdnnl-dev doctest-dev libgloo-dev)
+packages=(meson ninja-build pkg-config g++ libopenblas-openmp-dev libdnnl-dev doctest-dev libgloo-dev libtomlplusplus-dev)
 if [ "${LOOM_WITH_TORCH:-0}" = 1 ]; then packages+=(python3-torch); fi
 clang=false
 if [ "${1:-}" = --clang ] && ! ./find_clang.sh >/dev/null; then

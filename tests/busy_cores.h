@@ -5,8 +5,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
+
+#include "process_launch.h"  // defines: Launch, Result
 
 namespace loom::testing {
 
@@ -30,5 +34,19 @@ class BusyCores {
   std::atomic<bool> stop_{false};
   std::vector<std::thread> threads_;
 };
+
+// Runs `idle`, then `busy` beside a busy loop on every core; each must succeed (a failed
+// REQUIRE with its output otherwise). Their results, in that order.
+inline std::pair<Result, Result> run_idle_then_busy(const std::string& idle, const std::string& busy) {
+  Result first = Launch(idle).finish();
+  REQUIRE_MESSAGE(first.code == 0, first.output);
+  Result second;
+  {
+    BusyCores load;
+    second = Launch(busy).finish();
+  }
+  REQUIRE_MESSAGE(second.code == 0, second.output);
+  return {first, second};
+}
 
 }  // namespace loom::testing

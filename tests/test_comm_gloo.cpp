@@ -185,31 +185,55 @@ TEST_CASE("float16, bfloat16 and uint8 reduce (uint8 sums wrap); bool and every 
   }
 }
 
-TEST_CASE("float16 and bfloat16 sums: Gloo's TCP ring and shared memory agree bitwise on 2 ranks") {
-  // Note [Which dtypes the gloo backend reduces]: one addition per element on 2 ranks,
-  // rounded once in both transports. Random values make the rounding matter.
-  for (DType dtype : {kFloat16, kBFloat16}) {
-    CAPTURE(dtype_name(dtype));
-    std::vector<Tensor> inputs = {randn({4099}).to(dtype), randn({4099}).mul_(3.0).to(dtype)};
-    std::vector<std::vector<double>> results[2];  // [shared memory][rank]
-    for (bool shm : {false, true}) {
-      results[shm].resize(2);
-      require_no_errors(loom::testing::run_rank_threads(2, [&](int r, std::shared_ptr<TCPStore> store) {
-        GlooOptions options;
-        options.shared_memory = shm;
-        GlooCommunicator comm(store, "agree", r, 2, options);
-        CHECK(std::string(comm.collective_transport()) == (shm ? "shm" : "tcp"));
-        Tensor t = inputs[size_t(r)].clone();
-        comm.all_reduce(t)->wait();
-        results[shm][size_t(r)] = t.to(kFloat64).tolist<double>();
-      }));
+TEST_CASE("TCP and shared memory reduce bitwise alike on 2, 3 and 4 ranks, in every floating dtype") {
+  // Note [A rank-ordered all_reduce over TCP]: both transports add every element's values
+  // in rank order with one kernel, so a job's results do not depend on whether its ranks
+  // share a host. Random values make the order and the rounding matter; 4099 elements cut
+  // into unequal shares, 2 into fewer elements than ranks.
+  for (int n : {2, 3, 4}) {
+    for (DType dtype : {kFloat32, kFloat64, kFloat16, kBFloat16}) {
+      for (int64_t numel : {4099, 2}) {
+        CAPTURE(n);
+        CAPTURE(dtype_name(dtype));
+        CAPTURE(numel);
+        std::vector<Tensor> inputs;
+        std::vector<std::vector<Tensor>> pieces(static_cast<size_t>(n));  // reduce_scatter: rank r's n inputs of 3
+        for (int r = 0; r < n; ++r) {
+          inputs.push_back(randn({numel}).mul_(float(1 + 3 * r)).to(dtype));
+          for (int p = 0; p < n; ++p) pieces[size_t(r)].push_back(randn({3}).to(dtype));
+        }
+        std::vector<std::vector<double>> results[2];  // [shared memory][rank]: sum, avg, then reduce_scatter
+        for (bool shm : {false, true}) {
+          results[shm].resize(size_t(n));
+          require_no_errors(loom::testing::run_rank_threads(n, [&](int r, std::shared_ptr<TCPStore> store) {
+            GlooOptions options;
+            options.shared_memory = shm;
+            GlooCommunicator comm(store, "agree", r, n, options);
+            CHECK(std::string(comm.collective_transport()) == (shm ? "shm" : "tcp"));
+            auto& out = results[shm][size_t(r)];
+            for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
+              Tensor t = inputs[size_t(r)].clone();
+              comm.all_reduce(t, op)->wait();
+              for (double v : t.to(kFloat64).tolist<double>()) out.push_back(v);
+            }
+            Tensor mine = zeros({3}, TensorOptions(dtype));
+            comm.reduce_scatter(mine, pieces[size_t(r)])->wait();
+            for (double v : mine.to(kFloat64).tolist<double>()) out.push_back(v);
+          }));
+        }
+        for (int r = 0; r < n; ++r) CHECK(results[0][size_t(r)] == results[1][size_t(r)]);
+        for (int r = 1; r < n; ++r)  // all_reduce: the same on every rank (reduce_scatter's shares differ)
+          CHECK(std::vector<double>(results[0][0].begin(), results[0][0].begin() + 2 * numel) ==
+                std::vector<double>(results[0][size_t(r)].begin(), results[0][size_t(r)].begin() + 2 * numel));
+        // And the sum is the float32 sum in rank order, rounded once.
+        if (dtype != kFloat64) {
+          Tensor acc = inputs[0].to(kFloat32);
+          for (int r = 1; r < n; ++r) acc = acc.add(inputs[size_t(r)].to(kFloat32));
+          Tensor want = acc.to(dtype).to(kFloat64);
+          CHECK(std::vector<double>(results[0][0].begin(), results[0][0].begin() + numel) == want.tolist<double>());
+        }
+      }
     }
-    CHECK(results[0][0] == results[0][1]);
-    CHECK(results[1][0] == results[1][1]);
-    CHECK(results[0][0] == results[1][0]);
-    // And it is the float sum of the two, rounded once.
-    Tensor want = inputs[0].to(kFloat32).add(inputs[1].to(kFloat32)).to(dtype).to(kFloat64);
-    CHECK(results[0][0] == want.tolist<double>());
   }
 }
 

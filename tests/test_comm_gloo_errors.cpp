@@ -90,7 +90,61 @@ TEST_CASE("a recv whose tensor does not match the sender's fails with both shape
 TEST_CASE("a rank that never arrives: timeout naming rank, op, number and shape; then the group is unusable") {
   loom::testing::NeverArrives seen;
   require_no_errors(run_tcp_ranks(2, [&](Communicator& comm) { seen.run(comm, 1500ms, {}); }, 700ms));
-  seen.check(700ms, /*why=*/"", /*at_most_seconds=*/3.0);
+  // Gloo's timeout names no peer; the roll call does (Note [A roll call after a failure]).
+  seen.check(700ms, /*why=*/"Rank 1 (on ", /*at_most_seconds=*/3.0);
+  CHECK(contains(seen.first, "did not answer a roll call through the store within 0.175 s"));
+  CHECK(contains(seen.first, "(ranks 0 (on "));
+}
+
+TEST_CASE("a rank that left: the others fail at once, and their errors name it after a roll call") {
+  std::vector<std::string> messages(3);
+  std::vector<double> seconds(3);
+  require_no_errors(run_tcp_ranks(3, [&](Communicator& comm) {
+    const int r = comm.rank();
+    if (r == 2) return;  // its communicator closes its connections
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      comm.all_reduce(ones({1000}))->wait();
+    } catch (const Error& e) {
+      messages[size_t(r)] = e.what();
+    }
+    seconds[size_t(r)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }, 4s));
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(messages[size_t(r)]);
+    CHECK(contains(messages[size_t(r)], "all_reduce #0 (sum) of float32 [1000] on rank " + std::to_string(r)));
+    CHECK(contains(messages[size_t(r)], "Rank 2 (on "));
+    CHECK(contains(messages[size_t(r)], "did not answer a roll call through the store within 1 s"));
+    CHECK(contains(messages[size_t(r)], "(ranks 0, 1 (on "));
+    CHECK(seconds[size_t(r)] < 3.5);  // the roll call's second, not the 4 s timeout
+  }
+}
+
+TEST_CASE("a failed rank closes its connections: a peer waiting on it fails at once and answers the roll call") {
+  // Rank 2 leaves; rank 0's all_reduce fails; rank 1 waits for a message from rank 0
+  // alone, which never comes. Without the closing it would wait for its 4 s timeout, miss
+  // rank 0's roll call (1 s), and be named among the lost.
+  std::vector<std::string> messages(2);
+  double rank1_seconds = 0;
+  require_no_errors(run_tcp_ranks(3, [&](Communicator& comm) {
+    const int r = comm.rank();
+    if (r == 2) return;
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      if (r == 0) comm.all_reduce(ones({10}))->wait();
+      else comm.recv(zeros({10}), 0)->wait();
+    } catch (const Error& e) {
+      messages[size_t(r)] = e.what();
+    }
+    if (r == 1) rank1_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }, 4s));
+  CAPTURE(messages[0]);
+  CAPTURE(messages[1]);
+  CHECK(contains(messages[0], "Rank 2 (on "));
+  CHECK(contains(messages[0], "(ranks 0, 1 (on "));
+  CHECK(contains(messages[1], "recv #0 (from rank 0, tag 0) of float32 [10] on rank 1 of 3 failed: A peer closed its "
+                              "connection"));
+  CHECK(rank1_seconds < 3);
 }
 
 TEST_CASE("destroying a communicator with queued work fails that work instead of hanging") {

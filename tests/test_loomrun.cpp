@@ -84,6 +84,27 @@ TEST_CASE("--help, and errors for bad options and a missing program") {
   CHECK(contains(missing.output, "cannot run '/nonexistent/program'"));
 }
 
+TEST_CASE("torchrun's rendezvous options: what each backend takes, and clear errors for the rest") {
+  // Accepted forms run across network namespaces in test_multihost; here, the refusals.
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"--nnodes 1:4", "--nnodes 1:4: a loom job has a fixed number of nodes (no elastic membership"},
+      {"--rdzv_backend etcd", "--rdzv_backend expects static or c10d, got 'etcd'"},
+      {"--rdzv-backend c10d", "--rdzv_backend c10d needs --rdzv_endpoint HOST[:PORT]"},
+      {"--rdzv-backend c10d --rdzv-endpoint h:1 --node_rank 0", "drop --node_rank"},
+      {"--rdzv-backend c10d --rdzv-endpoint h:1 --master_addr h", "drop --master_addr/--master_port"},
+      {"--rdzv-endpoint hostonly", "needs a port with --rdzv_backend static (HOST:PORT"},
+      {"--rdzv-endpoint h:29400 --master_port 29500", "--rdzv_endpoint and --master_addr/--master_port both"},
+      {"--rdzv_conf timeout=5", "loomrun knows join_timeout=SECONDS, got 'timeout=5'"},
+  };
+  for (const auto& item : refused) {
+    const std::string& options = item.first;  // See Note [doctest messages name no structured binding]
+    CAPTURE(options);
+    Result r = run(options + " " + worker());
+    CHECK(r.code == 2);
+    CHECK_MESSAGE(contains(r.output, item.second), r.output);
+  }
+}
+
 TEST_CASE("workers see torchrun's environment variables, and --prefix-output labels their lines") {
   Result r = run("--nproc_per_node 3 --master_port 23456 --prefix-output " + worker() + " env");
   CHECK(r.code == 0);

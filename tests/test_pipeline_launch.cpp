@@ -13,7 +13,7 @@
 
 #include "core/tensor.h"
 #include "nn/safetensors.h"   // defines: load_file
-#include "busy_cores.h"      // defines: BusyCores
+#include "busy_cores.h"      // defines: run_idle_then_busy
 #include "process_launch.h"   // defines: Launch, Result, TempDir, path_from_env, contains
 
 using namespace loom;
@@ -126,14 +126,8 @@ TEST_CASE("the same --pp 2 command, run on an idle and on a busy machine, saves 
                               " --mode pipeline --pp 2 --model tiny --synthetic --max-steps 3 --batch-size 16 "
                               "--eval-limit 16 --threads 1 --workers 0 --no-shuffle --amp bf16 --microbatches 4 --save ";
   const std::string idle = (dir.path / "idle.safetensors").string(), busy = (dir.path / "busy.safetensors").string();
-  Result first = Launch(command + idle).finish();
-  REQUIRE_MESSAGE(first.code == 0, first.output);
-  Result second;
-  {
-    BusyCores load;
-    second = Launch(command + busy).finish();
-  }
-  REQUIRE_MESSAGE(second.code == 0, second.output);
+  const std::pair<Result, Result> runs = run_idle_then_busy(command + idle, command + busy);
+  const Result &first = runs.first, &second = runs.second;  // Note [doctest messages name no structured binding]
   CHECK_MESSAGE(contains(first.output, "pipeline balance: "), first.output);
   CHECK_MESSAGE(contains(first.output, " (by cost)"), first.output);
   const auto balance_line = [](const std::string& out) {

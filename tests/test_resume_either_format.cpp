@@ -123,6 +123,7 @@ TEST_CASE("when the folder holds both kinds, the later step wins and the run say
   REQUIRE_MESSAGE(r.code == 0, r.output);
   // Three: the full one at step 6, and the sharded step 8 with its fallback, step 4.
   CHECK_MESSAGE(contains(r.output, ckpt.string() + ": removed 3 checkpoints of an earlier run"), r.output);
-  for (const auto& entry : fs::directory_iterator(ckpt))
-    CHECK_MESSAGE(entry.path().filename() == "checkpoint.safetensors", entry.path());  // this run's, at its stop
+  for (const auto& entry : fs::directory_iterator(ckpt))  // this run's checkpoint at its stop, and its settings
+    CHECK_MESSAGE((entry.path().filename() == "checkpoint.safetensors" || entry.path().filename() == "config.toml"),
+                  entry.path());
 }

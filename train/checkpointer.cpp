@@ -109,6 +109,8 @@ TrainingPosition Checkpointer::resume() {
   // Whichever format wrote it (Note [Resuming either format], checkpoint.h).
   const auto& dims = dist_.dims();
   TrainingPosition at;
+  LOOM_CHECK(!lookahead_ || !from.sharded, "--resume: ", from.path, " is a sharded checkpoint, which holds no "
+             "Lookahead average (Note [Lookahead in a checkpoint]); this run's --lookahead-every cannot continue from it");
   if (from.sharded) {
     LOOM_CHECK(!dims.dp_devices_enabled() && !dims.mp_enabled(), "--resume: ", from.path, " is a sharded "
                "checkpoint, and ", dims.str(), " keeps its replicas or stages on devices of one process, which "

@@ -8,7 +8,8 @@
 #include "parallel/comm/launch_env.h"  // defines: read_launch_env (the world the degrees must fill)
 #include "train/conv_benchmark.h"  // defines: --conv-benchmark (Note [Kernel autotuning])
 #include "train/degrees.h"         // defines: needs_process_group, parallel_dims_from_flags
-#include "train/flags.h"           // defines: Flags (--help is generated), report_flag_error
+#include "train/flags.h"           // defines: Flags (--help is generated)
+#include "train/recipe.h"          // defines: find_recipe, apply_recipe (--recipe), report_flag_error
 #include "train/model_spec.h"      // defines: model_names (--model)
 #include "train/path_flags.h"      // defines: check_output_folder, ... (Note [Path flags are checked first])
 
@@ -47,7 +48,7 @@ std::string joined_model_names() {
 struct CommandLine {
   explicit CommandLine(const TrainConfig& initial = {});
   TrainConfig c;
-  std::string data, balance = c.parallel.balance_by;
+  std::string recipe, data = c.data.root.value_or(""), balance = c.parallel.balance_by;
   int64_t seed = static_cast<int64_t>(c.training.seed), chunks = c.parallel.microbatches;
   bool no_augment = !c.data.augment, no_shuffle = !c.data.shuffle, quiet = !c.metrics.progress;
   Flags flags;
@@ -74,6 +75,10 @@ CommandLine::CommandLine(const TrainConfig& initial)
       flags("train_cifar10",
             "Trains a model on CIFAR-10 (ResNet18, CIFAR variant, by default; other ResNets and "
             "ViTs with --model) in any parallel mode, as examples/reference/train_ddp.py does with PyTorch.") {
+  flags.section("recipe");
+  flags.bind("recipe", recipe, "recipes/NAME.toml or a .toml file: the flags' values as a TOML file; flags given "
+             "beside it override its keys (docs/recipes.md)");
+
   flags.section("data");
   flags.bind("data", data, "CIFAR-10 binary folder (else $LOOM_DATA, else data/, else ../shared/data/)");
   flags.rule([this] {  // an explicit folder is checked now, not after the process group is up
@@ -114,7 +119,7 @@ CommandLine::CommandLine(const TrainConfig& initial)
   flags.bind("seed", seed, "seed for init, shuffling, augmentation");
   flags.at_least(0, "0 or more");
 
-  flags.section("optimizer and schedule");
+  flags.section("optimizer and schedule", "optimizer");
   flags.bind("epochs", c.training.epochs, "passes over the training set");
   flags.rule([this] {
     LOOM_CHECK(c.training.epochs >= 1 || c.training.eval_only,
@@ -153,7 +158,7 @@ CommandLine::CommandLine(const TrainConfig& initial)
   flags.bind("lr-scaling", c.optim.lr_scaling, "none | linear (lr x data-parallel replicas: the world size under ddp)");
   flags.one_of({"none", "linear"});
 
-  flags.section("device and precision");
+  flags.section("device and precision", "training");
   flags.bind("device", c.training.device, "cpu | cpu:N | cuda | cuda:N");
   flags.bind("threads", c.training.threads, "compute threads (0: OpenMP's default)");
   flags.at_least(0, "0 (OpenMP's default) or more");
@@ -181,12 +186,12 @@ CommandLine::CommandLine(const TrainConfig& initial)
   });
   conv_benchmark = add_conv_benchmark_flags(flags);
   flags.rule([this] {
-    LOOM_CHECK(!*conv_benchmark.deterministic || c.parallel.balance_by != "time",
+    LOOM_CHECK(!*conv_benchmark.deterministic || balance != "time",  // --balance as typed
                "--deterministic refuses --balance time: a cut by measured layer times can differ run to run. Use "
                "--balance cost (counted, the same every run) or give the layer counts");
   });
 
-  flags.section("checkpoints and metrics");
+  flags.section("checkpoints and metrics", "checkpoint");
   flags.bind("save", c.checkpoint.save, "write final weights (safetensors)");
   flags.rule([this] { check_output_file("--save", c.checkpoint.save); });
   flags.bind("checkpoint-dir", c.checkpoint.dir, "write full training state here");
@@ -211,7 +216,7 @@ CommandLine::CommandLine(const TrainConfig& initial)
   flags.rule([this] { check_output_file("--metrics-json", c.metrics.json); });
   flags.bind("quiet", quiet, "no progress bar");
 
-  flags.section("parallelism: degrees across processes (under loomrun)");
+  flags.section("parallelism: degrees across processes (under loomrun)", "parallel");
   flags.bind("pp", c.parallel.pp, "degree: pipeline stages as processes, one per rank, under loomrun");
   flags.at_least(1, "at least 1 pipeline stage");
   flags.bind("dp-replicate", c.parallel.dp_replicate,
@@ -240,6 +245,13 @@ CommandLine::CommandLine(const TrainConfig& initial)
     LOOM_CHECK(backend.empty() || backend == "gloo" || backend == "nccl", "--backend: expected gloo or nccl (or "
                "nothing: nccl on cuda, gloo on cpu), got '", backend, "'");
   });
+  flags.bind("comm-timeout", c.parallel.comm_timeout_s,
+             "seconds the rendezvous and each collective wait for the other ranks before failing with an error "
+             "naming them (init_process_group's timeout)");
+  flags.rule([this] {
+    LOOM_CHECK(c.parallel.comm_timeout_s > 0 && c.parallel.comm_timeout_s <= 86400, "--comm-timeout: expected "
+               "seconds in (0, 86400], got ", c.parallel.comm_timeout_s);
+  });
   flags.bind("sync-bn", c.parallel.sync_bn, "ddp: BatchNorm statistics over every rank (SyncBatchNorm)");
   flags.bind("bucket-cap-mb", c.parallel.bucket_cap_mb, "ddp: gradient bucket size in MiB");
   flags.above(0, "a positive size in MiB");
@@ -265,7 +277,7 @@ CommandLine::CommandLine(const TrainConfig& initial)
              "its weight-decay groups) | flat (FSDP1: each unit's parameters as one flat tensor, cut in equal ranges)");
   flags.one_of({"flat", "per_parameter"});
 
-  flags.section("parallelism: pipelines (--pp, --mode pipeline) and devices in one process");
+  flags.section("parallelism: pipelines (--pp, --mode pipeline) and devices in one process", "parallel");
   flags.bind("microbatches", c.parallel.microbatches,
              "pipeline: micro-batches per batch (PyTorch pipelining's n_microbatches)");
   flags.at_least(1, "at least 1 micro-batch per batch");
@@ -313,6 +325,11 @@ CommandLine::CommandLine(const TrainConfig& initial)
 TrainConfig parse_train_flags(int argc, char** argv) {
   CommandLine line;
   TrainConfig& c = line.c;
+  // Note [Recipes are defaults] (train/recipe.h): the recipe first, the command line over it.
+  if (const std::string recipe = recipe_argument(argc, argv); !recipe.empty()) {
+    c.recipe = find_recipe(recipe);
+    apply_recipe(line.flags, c.recipe);
+  }
   line.flags.parse(argc, argv);
   line.flags.check();  // as typed, before the values below are folded in: each error names the flag given
   apply_conv_benchmark_flags(line.conv_benchmark);
@@ -327,6 +344,7 @@ TrainConfig parse_train_flags(int argc, char** argv) {
              " are one setting (micro-batches per batch) given twice; keep one");
   if (line.flags.given("chunks")) c.parallel.microbatches = line.chunks;
   parse_balance(line.balance, c);
+  c.effective_toml = line.flags.to_toml({"recipe"});
   // A command line's rule only: a program may evaluate a model's initial weights on purpose
   // (TrainConfig::training.eval_only without an init), a user who types --eval-only rarely.
   LOOM_CHECK(!c.training.eval_only || !c.model.init.empty() || c.checkpoint.resume,
@@ -337,6 +355,12 @@ TrainConfig parse_train_flags(int argc, char** argv) {
 void check_train_config(const TrainConfig& config) {
   CommandLine table(config);
   table.flags.check();
+}
+
+std::string effective_config_toml(const TrainConfig& config) {
+  if (!config.effective_toml.empty()) return config.effective_toml;
+  CommandLine table(config);  // a config filled in code: its fields, as the flags would set them
+  return table.flags.to_toml({"recipe"});
 }
 
 int train_main(int argc, char** argv) {

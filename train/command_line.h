@@ -9,6 +9,7 @@
 // table, one place for each rule], command_line.cpp); check_train_config runs them.
 #pragma once
 
+#include <string>
 
 #include "train/trainer.h"  // defines: TrainConfig
 
@@ -20,6 +21,10 @@ TrainConfig parse_train_flags(int argc, char** argv);
 // Every rule of the table on `config`, however it was filled: a loom::Error naming the
 // flag (or flags) and what was expected. train_cifar10 calls it first.
 void check_train_config(const TrainConfig& config);
+
+// The run's settings as a recipe file (train/recipe.h): the flags' values after --recipe and
+// the command line (TrainConfig::effective_toml), or for a config filled in code, its fields.
+std::string effective_config_toml(const TrainConfig& config);
 
 // parse_train_flags and check_train_config, then train_cifar10; any exception is printed
 // as one "train_cifar10: error: ..." line and returns 1 (a command-line error once per

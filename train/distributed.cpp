@@ -1,5 +1,6 @@
 #include "train/distributed.h"
 
+#include <chrono>
 #include <exception>
 #include <vector>
 
@@ -35,7 +36,8 @@ Distributed::Distributed(const TrainConfig& config, distributed::World* world) {
     for (int r = 0; r < world->size; ++r) everyone[static_cast<size_t>(r)] = r;
     comm_ = dist::new_group(*world, everyone, "world");
   } else {
-    dist::init_process_group(backend);
+    const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(config.parallel.comm_timeout_s * 1000));
+    dist::init_process_group(backend, "env://", timeout);
     comm_ = dist::default_group();
     joined_process_group_ = true;
   }

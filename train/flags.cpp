@@ -1,5 +1,7 @@
 #include "train/flags.h"
 
+#include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -40,6 +42,10 @@ std::string to_text(const T& value) {
     return value.empty() ? "" : value;
   } else if constexpr (std::is_same_v<T, bool>) {
     return value ? "on" : "off";
+  } else if constexpr (std::is_same_v<T, double>) {
+    char text[64];  // the shortest text that reads back as the same double (0.1, 5e-04)
+    const auto end = std::to_chars(text, text + sizeof(text), value).ptr;
+    return std::string(text, end);
   } else {
     std::ostringstream out;
     out << value;
@@ -65,6 +71,7 @@ void Flags::bind(const std::string& name, T& target, const std::string& help) {
   LOOM_CHECK(find(name) == nullptr, program_, ": --", name, " is defined twice");
   auto flag = std::make_unique<Flag>();
   flag->section = section_;
+  flag->section_id = section_id_;
   flag->name = name;
   flag->help = help;
   flag->default_text = to_text(target);
@@ -84,7 +91,49 @@ void Flags::bind(const std::string& name, T& target, const std::string& help) {
   flags_.push_back(std::move(flag));
 }
 
-void Flags::section(const std::string& title) { section_ = title; }
+void Flags::section(const std::string& title, const std::string& id) {
+  section_ = title;
+  section_id_ = id.empty() ? title : id;
+}
+
+void Flags::set_from_recipe(const std::string& source, const std::string& section, const std::string& name,
+                            const std::string& value) {
+  Flag* flag = find(name);
+  LOOM_CHECK(flag, source, ": [", section, "] ", name, ": not a flag of ", program_, " (a recipe's keys are its "
+             "flags without the leading --; see --help)");
+  LOOM_CHECK(flag->section_id == section, source, ": ", name, " belongs in the table [", flag->section_id,
+             "], found in [", section, "]");
+  try {
+    flag->set(value);
+  } catch (const std::exception& e) {
+    LOOM_FAIL(source, ": [", section, "] ", name, " = ", value, ": ", e.what());
+  }
+}
+
+std::string Flags::to_toml(const std::vector<std::string>& skip) const {
+  std::ostringstream out;
+  std::string section = "-";
+  for (const auto& flag : flags_) {
+    if (std::find(skip.begin(), skip.end(), flag->name) != skip.end()) continue;
+    if (flag->section_id != section) {
+      section = flag->section_id;
+      out << (out.tellp() > 0 ? "\n" : "") << "[" << section << "]\n";
+    }
+    const std::string value = flag->value_text();
+    out << flag->name << " = ";
+    if (flag->is_switch) {
+      out << (value == "on" ? "true" : "false");
+    } else if (flag->number) {
+      out << value;
+    } else {  // a TOML basic string: quotes and backslashes escaped
+      out << '"';
+      for (char c : value) out << (c == '"' || c == '\\' ? "\\" : "") << c;
+      out << '"';
+    }
+    out << "\n";
+  }
+  return out.str();
+}
 
 void Flags::one_of(std::vector<std::string> choices) {
   LOOM_CHECK(!flags_.empty() && !choices.empty(), program_, ": one_of needs a flag bound before it and choices");

@@ -41,8 +41,9 @@ class Flags {
   // the default --help shows. `target` must outlive parse().
   template <typename T>
   void bind(const std::string& name, T& target, const std::string& help);
-  // The flags added after this are listed under `title` in --help.
-  void section(const std::string& title);
+  // The flags added after this are listed under `title` in --help, and under the table
+  // [id] in a recipe file (train/recipe.h); id defaults to the title.
+  void section(const std::string& title, const std::string& id = "");
 
   // Rules on the flag bound last: "--name: expected a, b or c, got 'x'" unless its value is
   // one of `choices`; "--name: expected <expected>, got N" unless it is at least `min`, in
@@ -57,13 +58,20 @@ class Flags {
   void check() const;
 
   void parse(int argc, char** argv);
+  // Sets flag `name` of table [section] to `value` (as typed after --name) from a recipe
+  // file (`source` names it in errors): as a default the command line can still override.
+  void set_from_recipe(const std::string& source, const std::string& section, const std::string& name,
+                       const std::string& value);
   // Whether the user gave this flag (vs its default).
   bool given(const std::string& name) const;
   std::string help() const;
+  // Every flag's current value as a recipe file would set it: "[id]" tables of
+  // "name = value" lines, in the table's order; flags listed in `skip` left out.
+  std::string to_toml(const std::vector<std::string>& skip = {}) const;
 
  private:
   struct Flag {
-    std::string section, name, help, default_text, type;
+    std::string section, section_id, name, help, default_text, type;
     bool is_switch = false;
     bool given = false;
     std::function<void(const std::string&)> set;
@@ -73,7 +81,7 @@ class Flags {
   Flag* find(const std::string& name);
   // The rule "min <= value <= max" (min < value when `exclusive`) on the flag bound last.
   void add_range(double min, double max, bool exclusive, std::string expected);
-  std::string program_, description_, section_;
+  std::string program_, description_, section_, section_id_;
   std::vector<std::unique_ptr<Flag>> flags_;
   std::vector<std::shared_ptr<void>> storage_;
   std::vector<std::function<void()>> rules_;

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <functional>  // defines: std::function (the step's clipping)
 
 #include "autograd/grad_mode.h"        // defines: NoGradGuard, for evaluation
@@ -259,6 +260,14 @@ class Trainer {
                         "float32 (Note [bf16 autocast where the CPU has no bfloat16 arithmetic]; LOOM_CPU_BF16=staging "
                         "keeps bfloat16)"
                       : "");
+    if (!config.recipe.empty() && dist_.is_main() && say)  // Note [Recipes are defaults] (train/recipe.h)
+      std::printf("recipe %s, with the command line over it:\n%s\n", config.recipe.c_str(),
+                  effective_config_toml(config).c_str());
+    if (!config.checkpoint.dir.empty() && dist_.is_main() && !config.training.estimate_memory) {
+      std::filesystem::create_directories(config.checkpoint.dir);  // the run's settings beside its checkpoints
+      write_file_atomically(config.checkpoint.dir + "/config.toml", effective_config_toml(config),
+                            "--checkpoint-dir");
+    }
     if (config.training.tta != "none" && dist_.is_main() && say)
       std::printf("evaluation: test-time augmentation %s (%d views per image, Note [TTA weights])\n",
                   config.training.tta.c_str(), config.training.tta == "mirror" ? 2 : 6);

@@ -112,6 +112,9 @@ struct ParallelConfig {
   std::string pipeline_checkpoint = "never";  // never | except_last | always (recompute activations)
   // Data parallelism across processes.
   std::string backend;                           // gloo | nccl; "" = nccl on CUDA, gloo on CPU
+  // How long the rendezvous and every collective wait for the other ranks before failing
+  // (init_process_group's timeout; Note [Nothing hangs forever], communicator.h).
+  double comm_timeout_s = 300;
   bool sync_bn = false;                          // BatchNorm2d statistics over every data-parallel rank
   double bucket_cap_mb = 25;                     // DDP's gradient bucket size
   bool zero_redundancy_optimizer = false;        // ZeRO-1, each rank the optimizer state of its partition
@@ -149,6 +152,10 @@ struct TrainConfig {
   ParallelConfig parallel;
   CheckpointConfig checkpoint;
   MetricsConfig metrics;
+  // --recipe's file (train/recipe.h), and the settings after it and the command line as a
+  // recipe (parse_train_flags fills both; "" for a config filled in code).
+  std::string recipe;
+  std::string effective_toml;
 };
 
 struct TrainResult {

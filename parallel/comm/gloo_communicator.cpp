@@ -1,7 +1,6 @@
 #include "parallel/comm/gloo_communicator.h"
 
 #include <gloo/allgather.h>
-#include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
@@ -11,12 +10,14 @@
 
 #include <signal.h>  // defines: sigaction, for Note [Gloo's sockets and SIGPIPE]
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
 #include "parallel/comm/gloo_store.h"
-#include "parallel/comm/host_reduce.h"  // defines: reduce, pairwise_reduce, is_reducible
+#include "parallel/comm/host_reduce.h"  // defines: is_reducible
 #include "parallel/comm/host_staging.h"  // defines: needs_host_staging, stage_on_host, copy_results_back
+#include "parallel/comm/roll_call.h"     // defines: announce_host, roll_call
 
 namespace loom::distributed {
 
@@ -68,6 +69,7 @@ GlooCommunicator::GlooCommunicator(std::shared_ptr<TCPStore> store, const std::s
     GlooStore adapter(*store_, options.timeout);
     gloo::rendezvous::PrefixStore prefixed(prefix, adapter);
     context->connectFullMesh(prefixed, device);
+    announce_host(*store_, prefix, rank, options.iface.empty() ? options.hostname : "interface " + options.iface);
     context_ = std::move(context);
     ShmOptions shm_options{.timeout = options.timeout, .staging_bytes = options.shm_staging_bytes};
     shm_ = ShmCollectives::connect(*store_, prefix, rank, size, options.shared_memory, shm_options, &why_not_shm_);
@@ -152,28 +154,32 @@ void GlooCommunicator::fail(const Op& op, const std::exception& gloo_error) {
                        "time: it may have crashed, be stuck or slower than the timeout, or be calling operations "
                        "in a different order. Check the other ranks' output");
   else if (what.find("losed") != std::string::npos || what.find("reset") != std::string::npos)
-    hint = "A peer closed its connection: its process probably exited or crashed. Check the other ranks' output";
+    hint = "A peer closed its connection: its process exited or crashed, or an operation failed there (a rank "
+           "whose operation fails closes its connections). Check the other ranks' output";
   else
     hint = "Check the other ranks' output for the first error";
   std::string message = detail::str(op.describe(), " failed: ", hint, ". [gloo: ", what, "]");
+  bool first_failure;
+  {
+    std::lock_guard<std::mutex> lock(broken_mutex_);
+    first_failure = broken_.empty();
+  }
+  // Which peers are gone: see Note [A roll call after a failure] (roll_call.h). A few
+  // seconds at most, a quarter of the timeout on short ones. Closing the connections
+  // first fails at once every peer that waits on this rank, so that it answers too.
+  const auto wait = std::clamp(timeout() / 4, milliseconds(100), milliseconds(3000));
+  if (first_failure && size() > 1) {
+    try {
+      context_->closeConnections();
+    } catch (const std::exception&) {
+    }
+    message += ". " + roll_call(store_->host(), store_->port(), prefix_, rank(), size(), op.describe(), wait);
+  }
   mark_broken(message);
   LOOM_FAIL(message, ". This communicator cannot be used any more");
 }
 
 // ---- collectives, on the worker thread ------------------------------------------------
-
-// Calls body.operator()<U>() with an unsigned type of `bytes` bytes: Gloo's buffers are
-// typed only by their element size, the arithmetic is pairwise_reduce's (host_reduce.h).
-template <typename F>
-static void dispatch_element_size(size_t bytes, F&& body) {
-  switch (bytes) {
-    case 1: return body.template operator()<uint8_t>();
-    case 2: return body.template operator()<uint16_t>();
-    case 4: return body.template operator()<uint32_t>();
-    case 8: return body.template operator()<uint64_t>();
-    default: LOOM_FAIL("gloo backend: no reduction for elements of ", bytes, " bytes");
-  }
-}
 
 static milliseconds until(Clock::time_point deadline) {
   auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
@@ -196,30 +202,6 @@ void GlooCommunicator::exchange_fingerprints(const Op& op, uint32_t tag, Clock::
   check_same_collective(all, op);  // a clean error on every rank; see Note [Why a fingerprint ...]
 }
 
-void GlooCommunicator::run_all_reduce(const Tensor& tensor, ReduceOp reduce, uint32_t tag, milliseconds timeout) {
-  if (tensor.numel() == 0) return;
-  auto* data = static_cast<uint8_t*>(tensor.raw_data());
-  const auto n = static_cast<size_t>(tensor.numel());
-  dispatch_element_size(element_size(tensor.dtype()), [&]<typename U>() {
-    gloo::AllreduceOptions opts(context_);
-    opts.setOutput(reinterpret_cast<U*>(data), n);
-    opts.setReduceFunction(pairwise_reduce(tensor.dtype(), reduce));  // Avg reduces as Sum
-    opts.setTag(tag);
-    opts.setTimeout(timeout);
-    gloo::allreduce(opts);
-  });
-  if (reduce == ReduceOp::Avg) {  // one division at the end (floating dtypes only: Communicator checked)
-    uint8_t* const dst[1] = {data};
-    const uint8_t* const src[1] = {data};
-    distributed::reduce(tensor.dtype(), dst, src, n, ReduceOp::Avg, size());
-  }
-}
-
-// Note [reduce_scatter as all_reduce]
-// This Gloo (2022) has no unbound-buffer reduce-scatter with a timeout, so reduce_scatter
-// all-reduces the concatenated inputs and keeps this rank's slice. It moves size()
-// times more data than a ring reduce-scatter; that is fine for CPU runs, and the NCCL
-// backend uses the real one.
 void GlooCommunicator::run_collective(const Op& op, Work* caller) {
   throw_if_broken(op);
   const auto deadline = Clock::now() + timeout();
@@ -230,7 +212,7 @@ void GlooCommunicator::run_collective(const Op& op, Work* caller) {
   const size_t nbytes = t.defined() ? t.nbytes() : 0;
   try {
     switch (op.kind) {
-      case OpKind::AllReduce: run_all_reduce(t, op.reduce, tag + 1, until(deadline)); break;
+      case OpKind::AllReduce: run_all_reduce(t, op.reduce, tag + 1, deadline); break;
       case OpKind::Broadcast: {
         if (nbytes == 0) break;
         gloo::BroadcastOptions opts(context_);
@@ -253,15 +235,7 @@ void GlooCommunicator::run_collective(const Op& op, Work* caller) {
         for (int r = 0; r < size(); ++r) std::memcpy(op.list[r].raw_data(), gathered.data() + r * nbytes, nbytes);
         break;
       }
-      case OpKind::ReduceScatter: {  // See Note [reduce_scatter as all_reduce]
-        if (nbytes == 0) break;
-        Tensor all = empty({t.numel() * size()}, TensorOptions(t.dtype()));
-        auto* bytes = static_cast<uint8_t*>(all.raw_data());
-        for (int r = 0; r < size(); ++r) std::memcpy(bytes + r * nbytes, op.list[r].raw_data(), nbytes);
-        run_all_reduce(all, op.reduce, tag + 1, until(deadline));
-        std::memcpy(t.raw_data(), bytes + rank() * nbytes, nbytes);
-        break;
-      }
+      case OpKind::ReduceScatter: run_reduce_scatter(op, tag + 1, deadline); break;
       case OpKind::Barrier: {
         gloo::BarrierOptions opts(context_);
         opts.setTag(tag + 1);

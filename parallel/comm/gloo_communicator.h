@@ -96,7 +96,11 @@ class GlooCommunicator final : public Communicator {
   // [Whoever waits reduces], shm_collectives.h).
   void run_collective(const Op& op, Work* caller);
   void exchange_fingerprints(const Op& op, uint32_t tag, std::chrono::steady_clock::time_point deadline);
-  void run_all_reduce(const Tensor& tensor, ReduceOp reduce, uint32_t tag, std::chrono::milliseconds timeout);
+  // Reductions over TCP (gloo_reduce_shares.cpp, Note [A rank-ordered all_reduce over TCP]).
+  void run_all_reduce(const Tensor& tensor, ReduceOp op, uint32_t tag, std::chrono::steady_clock::time_point deadline);
+  void run_reduce_scatter(const Op& op, uint32_t tag, std::chrono::steady_clock::time_point deadline);
+  void reduce_shares(uint8_t* data, DType dtype, const std::vector<size_t>& bounds, ReduceOp op, uint32_t tag,
+                     std::chrono::steady_clock::time_point deadline, bool gather);
   // Point-to-point, posted from the caller (gloo_p2p.cpp).
   std::shared_ptr<Work> launch_point_to_point(Op op, std::shared_ptr<Work> work);
   void finish_point_to_point(PeerOp& p);

@@ -85,13 +85,6 @@ void reduce_typed(std::span<uint8_t* const> dsts, std::span<const uint8_t* const
   }
 }
 
-template <typename T, ReduceOp Op>
-void pairwise(void* c, const void* a, const void* b, size_t n) {
-  const uint8_t* srcs[2] = {static_cast<const uint8_t*>(a), static_cast<const uint8_t*>(b)};
-  uint8_t* dsts[1] = {static_cast<uint8_t*>(c)};
-  reduce_typed<T>(dsts, srcs, n, Op, 1);
-}
-
 }  // namespace
 
 bool is_reducible(DType dtype) {
@@ -106,20 +99,6 @@ void reduce(DType dtype, std::span<uint8_t* const> dsts, std::span<const uint8_t
   if (n == 0) return;
   LOOM_CHECK(!srcs.empty(), "reduce: no sources");
   dispatch_reducible(dtype, [&]<typename T>() { reduce_typed<T>(dsts, srcs, n, op, world); });
-}
-
-PairwiseReduce pairwise_reduce(DType dtype, ReduceOp op) {
-  PairwiseReduce f = nullptr;
-  dispatch_reducible(dtype, [&]<typename T>() {
-    switch (op) {
-      case ReduceOp::Sum:
-      case ReduceOp::Avg: f = &pairwise<T, ReduceOp::Sum>; break;
-      case ReduceOp::Max: f = &pairwise<T, ReduceOp::Max>; break;
-      case ReduceOp::Min: f = &pairwise<T, ReduceOp::Min>; break;
-    }
-  });
-  LOOM_CHECK(f != nullptr, "pairwise_reduce: unknown ReduceOp ", int(op));
-  return f;
 }
 
 }  // namespace loom::distributed

@@ -14,8 +14,6 @@ namespace loom::distributed {
 
 namespace {
 
-constexpr const char* kGenerationKey = "launch/restart_count";
-
 const std::string* find(const Environment& env, const char* name) {
   auto it = env.find(name);
   return it == env.end() || it->second.empty() ? nullptr : &it->second;
@@ -264,21 +262,23 @@ std::shared_ptr<TCPStore> connect_store_of_attempt(const std::string& host, int 
                                                    std::chrono::milliseconds timeout) {
   if (rank == 0) {
     auto store = std::make_shared<TCPStore>(host, port, /*is_server=*/true, timeout);
-    store->set(kGenerationKey, std::to_string(restart_count));
+    store->set(kRestartCountKey, std::to_string(restart_count));
     return store;
   }
   // See Note [Restart generations].
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (true) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     std::shared_ptr<TCPStore> store;
     std::string theirs;
     try {
       store = std::make_shared<TCPStore>(host, port, /*is_server=*/false, std::max(left, std::chrono::milliseconds(1)));
-      theirs = store->get(kGenerationKey);
+      theirs = store->get(kRestartCountKey);
     } catch (const Error&) {
-      // The old attempt's rank 0 exited between our connect and its reply: try again.
-      if (std::chrono::steady_clock::now() >= deadline) throw;
+      // The old attempt's rank 0 exited between our connect and its reply: try again, unless
+      // the time is (nearly) up: a last try of a few milliseconds would report its own
+      // sliver of a timeout instead of the whole one that just ran out.
+      if (std::chrono::steady_clock::now() + std::chrono::milliseconds(200) >= deadline) throw;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
       continue;
     }

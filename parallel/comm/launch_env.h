@@ -87,6 +87,10 @@ int port_from_slurm_job_id(const std::string& job_id);
 // SLURM_LOCALID), or `fallback`: for choosing cuda:LOCAL_RANK before the group exists.
 int launch_local_rank(int fallback = 0);
 
+// The store's key under which rank 0 records its attempt (loomrun reads it too, to join a
+// job that restarted without it: Note [A node that comes back], parallel/launcher/rendezvous.h).
+constexpr const char* kRestartCountKey = "launch/restart_count";
+
 // The store of this attempt: rank 0 serves it and records `restart_count` in it; other
 // ranks connect and compare. See Note [Restart generations].
 std::shared_ptr<TCPStore> connect_store_of_attempt(const std::string& host, int port, int rank, int restart_count,

@@ -1,7 +1,5 @@
 #include "parallel/comm/process_group.h"
 
-#include <unistd.h>
-
 #include <cctype>
 #include <climits>
 #include <cstdio>
@@ -12,6 +10,7 @@
 #include "parallel/comm/launch_env.h"  // defines: read_launch_env, connect_store_of_attempt
 #include "parallel/comm/rendezvous.h"
 #ifdef LOOM_WITH_GLOO
+#include "parallel/comm/gloo_address.h"  // defines: choose_gloo_address
 #include "parallel/comm/gloo_communicator.h"
 #endif
 #ifdef LOOM_WITH_NCCL
@@ -60,10 +59,6 @@ int arg_or_env(int given, const char* name, const char* meaning) {
   return given >= 0 ? given : parse_int(env_or_fail(name, meaning), name);
 }
 
-bool is_loopback(const std::string& host) {
-  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
-}
-
 DefaultGroup& group_or_fail(const char* what) {
   LOOM_CHECK(g_group.comm != nullptr, what, ": the default process group is not initialized; call "
              "loom::distributed::init_process_group() first");
@@ -80,20 +75,18 @@ std::shared_ptr<Communicator> make_communicator(const std::string& backend, std:
 #ifdef LOOM_WITH_GLOO
     GlooOptions options;
     options.timeout = timeout;
-    if (const char* iface = std::getenv("GLOO_SOCKET_IFNAME"); iface && *iface) {
-      options.iface = iface;
-    } else if (!is_loopback(master_addr)) {
-      char name[256] = {};
-      if (::gethostname(name, sizeof(name) - 1) == 0) options.hostname = name;
-    }
+    const GlooAddress address = choose_gloo_address(std::getenv("GLOO_SOCKET_IFNAME"), master_addr);
+    options.iface = address.iface;
+    options.hostname = address.hostname;
     // LOOM_GLOO_SHM=0 keeps collectives on TCP even on one host (as NCCL_SHM_DISABLE=1).
     if (const char* shm = std::getenv("LOOM_GLOO_SHM"); shm && std::string(shm) == "0") options.shared_memory = false;
     auto comm = std::make_shared<GlooCommunicator>(std::move(store), prefix, rank, world_size, options);
     std::string debug = std::getenv("LOOM_DISTRIBUTED_DEBUG") ? std::getenv("LOOM_DISTRIBUTED_DEBUG") : "";
     for (char& c : debug) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     if (rank == 0 && (debug == "info" || debug == "detail")) {
-      std::fprintf(stderr, "loom: gloo group '%s': collectives over %s%s%s\n", prefix.c_str(),
-                   comm->collective_transport(), comm->why_not_shared_memory().empty() ? "" : ": ",
+      std::fprintf(stderr, "loom: gloo group '%s': rank 0 listens on %s (%s); collectives over %s%s%s\n",
+                   prefix.c_str(), (address.iface.empty() ? address.hostname : "interface " + address.iface).c_str(),
+                   address.why.c_str(), comm->collective_transport(), comm->why_not_shared_memory().empty() ? "" : ": ",
                    comm->why_not_shared_memory().c_str());
     }
     return comm;

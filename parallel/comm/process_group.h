@@ -12,9 +12,11 @@
 // RANK). "tcp://host:port" names the store directly; rank and world_size then come
 // from the arguments (or RANK / WORLD_SIZE). Rank 0 serves the store.
 //
-// Across machines, Gloo needs each rank's reachable address: set GLOO_SOCKET_IFNAME to
-// a network interface (as with PyTorch); otherwise loom uses 127.0.0.1 when
-// MASTER_ADDR is a loopback address and this machine's hostname when it is not.
+// Across machines, Gloo needs each rank's reachable address: GLOO_SOCKET_IFNAME names a
+// network interface (as with PyTorch); otherwise loom uses 127.0.0.1 when MASTER_ADDR is a
+// loopback address, this machine's host name when it resolves to one of its own
+// non-loopback addresses, else the address it reaches MASTER_ADDR from (Note [Which
+// address a rank gives Gloo] in gloo_address.h).
 // When every rank runs on this machine, the gloo backend's collectives go through shared
 // memory (gloo_communicator.h); LOOM_GLOO_SHM=0 keeps them on TCP, and
 // LOOM_DISTRIBUTED_DEBUG=info makes rank 0 say which transport was chosen and why.

@@ -21,6 +21,14 @@ struct LaunchOptions {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   bool standalone = false;  // one node, a free port picked for the store
+  // torchrun's rendezvous (rendezvous.h): "static" (default: --node_rank given, the store
+  // at master_addr:master_port, which --rdzv_endpoint HOST:PORT may name instead) or
+  // "c10d" (node ranks by arrival at --rdzv_endpoint, whose node serves the meeting).
+  std::string rdzv_backend = "static";
+  std::string rdzv_endpoint;  // "HOST[:PORT]"; "" = master_addr:master_port
+  std::string rdzv_id = "none";
+  double rdzv_join_timeout_s = 600;  // --rdzv_conf join_timeout=S (torchrun's default)
+  bool node_rank_given = false;
   // Which streams get each line prefixed with "[rank N]: " (bit 1: stdout, bit 2:
   // stderr), as torchrun's --tee. 0: workers write straight to loomrun's streams.
   int prefix_streams = 0;

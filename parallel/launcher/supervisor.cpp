@@ -20,6 +20,7 @@
 
 #include "parallel/launcher/cpu_binding.h"
 #include "parallel/launcher/prefixed_output.h"
+#include "parallel/launcher/rendezvous.h"
 #include "parallel/system_error.h"  // defines: LOOM_CHECK_ERRNO
 
 extern char** environ;
@@ -60,7 +61,7 @@ void say(const std::string& line) { write_fully(STDERR_FILENO, "loomrun: " + lin
 
 class Supervisor {
  public:
-  explicit Supervisor(const LaunchOptions& o) : o_(o) {}
+  explicit Supervisor(const LaunchOptions& o) : o_(o), job_(o) {}
   int run();
 
  private:
@@ -77,7 +78,11 @@ class Supervisor {
   void reap_descendants();
 
   const LaunchOptions& o_;
-  int attempt_ = 0;  // 0 for the first start; LOOM_RESTART_COUNT
+  LaunchOptions job_;   // o_ with this attempt's node rank and store (the rendezvous's)
+  // See Note [A node that comes back] (rendezvous.h). Made once the signals are blocked:
+  // the meeting point's server thread must not take the SIGCHLD that signalfd reads.
+  std::unique_ptr<Rendezvous> meeting_;
+  int attempt_ = 0;     // 0 for the first start; LOOM_RESTART_COUNT
   std::vector<Worker> workers_;
   sigset_t original_mask_{};
   int signal_fd_ = -1;
@@ -90,13 +95,13 @@ class Supervisor {
 
 std::vector<std::string> Supervisor::environment_for(const Worker& w) const {
   std::vector<std::pair<std::string, std::string>> ours = {
-      {"MASTER_ADDR", o_.master_addr},
-      {"MASTER_PORT", std::to_string(o_.master_port)},
+      {"MASTER_ADDR", job_.master_addr},
+      {"MASTER_PORT", std::to_string(job_.master_port)},
       {"RANK", std::to_string(w.rank)},
       {"LOCAL_RANK", std::to_string(w.local_rank)},
       {"WORLD_SIZE", std::to_string(o_.world_size())},
       {"LOCAL_WORLD_SIZE", std::to_string(o_.nproc_per_node)},
-      {"GROUP_RANK", std::to_string(o_.node_rank)},
+      {"GROUP_RANK", std::to_string(job_.node_rank)},
       // The attempt, under loom's name and torchrun's: a training script resumes from its
       // checkpoint when it is above 0 (train/checkpoint.h).
       {"LOOM_RESTART_COUNT", std::to_string(attempt_)},
@@ -288,7 +293,17 @@ int Supervisor::run() {
     return text;
   };
   auto plural = [](size_t n) { return std::to_string(n) + (n == 1 ? " restart" : " restarts"); };
-  for (attempt_ = 0;; ++attempt_) {
+  try {
+    meeting_ = std::make_unique<Rendezvous>(o_);
+  } catch (const std::exception& e) {
+    say(e.what());
+    return 1;
+  }
+  const int first = meeting_->first_attempt();
+  if (first > 0)
+    say(detail::str("the job is at restart attempt ", first, " (", first, " of --max-restarts ", o_.max_restarts,
+                    " used): this node joins it there"));
+  for (attempt_ = first;; ++attempt_) {
     run_attempt();
     if (failed_index_ < 0 || interrupted_by_ || attempt_ >= o_.max_restarts) break;
     const Worker& w = workers_[failed_index_];
@@ -322,9 +337,13 @@ void Supervisor::run_attempt() {
   try {
     std::vector<std::vector<int>> cpu_sets;  // See Note [Why bind DDP workers to cores]
     if (o_.numa_binding == "exclusive") cpu_sets = exclusive_cpu_sets(allowed_cpus(), o_.nproc_per_node);
+    const Placement at = meeting_->join(attempt_);
+    job_.node_rank = at.node_rank;
+    job_.master_addr = at.master_addr;
+    job_.master_port = at.master_port;
     for (int i = 0; i < o_.nproc_per_node; ++i) {
       workers_[i].local_rank = i;
-      workers_[i].rank = o_.global_rank(i);
+      workers_[i].rank = job_.global_rank(i);
       if (!cpu_sets.empty()) workers_[i].cpus = cpu_sets[size_t(i)];
       spawn(workers_[i]);
     }

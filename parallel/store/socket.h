@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstddef>
 #include <string>
+#include <vector>
 
 namespace loom::distributed::net {
 
@@ -64,5 +65,19 @@ void recv_all(int fd, void* data, size_t n, Clock::time_point deadline, const st
 
 // "host:port", with IPv6 literals bracketed.
 std::string endpoint(const std::string& host, int port);
+
+// "localhost", "127.x.y.z", "::1" (names are not looked up, except "localhost").
+bool is_loopback_host(const std::string& host);
+
+// The addresses `name` resolves to (getaddrinfo, as numeric strings), in resolver order;
+// empty when it does not resolve.
+std::vector<std::string> resolve_host(const std::string& name);
+
+// Whether `address` (numeric) is assigned to one of this machine's interfaces.
+bool is_local_address(const std::string& address);
+
+// The local address the kernel would send from to reach `host` (a UDP socket connected to
+// it: no packet leaves); "" when `host` does not resolve or no route leads to it.
+std::string local_address_toward(const std::string& host);
 
 }  // namespace loom::distributed::net
