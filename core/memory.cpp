@@ -6,8 +6,6 @@
 #include <fstream>
 #include <sstream>
 
-#include "core/cpu/onednn.h"  // defines: scratchpad_bytes
-
 namespace loom {
 
 void set_per_process_memory_fraction(double fraction, Device device) {
@@ -54,8 +52,6 @@ ResidentMemory resident_memory() {
   }
   return out;
 }
-
-int64_t cpu_kernel_workspace_bytes() { return cpu::onednn::scratchpad_bytes(); }
 
 std::string format_memory_size(int64_t bytes) {
   char text[64];

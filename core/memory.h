@@ -85,9 +85,6 @@ struct ResidentMemory {
   int64_t current = 0, peak = 0;  // bytes
 };
 ResidentMemory resident_memory();
-// Bytes the CPU kernels hold outside the caching allocator now: oneDNN's per-thread
-// scratchpads (Note [oneDNN scratchpad], core/cpu/onednn.h).
-int64_t cpu_kernel_workspace_bytes();
 
 // "1.50 GiB", "20.00 MiB", "512 bytes": PyTorch's format_size, used by the report.
 std::string format_memory_size(int64_t bytes);

@@ -95,7 +95,7 @@ json::Value metrics(const examples::Airbench94Result& r, const examples::Airbenc
     row.set("reserved_mib", mib(m.reserved));
     row.set("peak_allocated_mib", mib(m.peak_allocated));
     row.set("peak_reserved_mib", mib(m.peak_reserved));
-    row.set("kernel_workspace_mib", mib(m.kernel_workspace));
+    row.set("system_allocations", m.system_allocations);
     memory.push_back(row);
   }
   out.set("data_mib", mib(r.data_bytes));
@@ -171,9 +171,9 @@ int main(int argc, char** argv) {
                   r.tta_accuracy, r.accuracy, r.wall_time_s, r.whitening_s, r.train_s, r.data_s, r.lookahead_s, r.tta_s);
       const examples::Airbench94Memory& peak = peak_phase(r);
       std::printf("peak RSS %.0f MiB, reached in the %s phase: the data set %.0f MiB; in that phase the caching "
-                  "allocator's peak %.0f MiB in tensors, %.0f MiB reserved; kernel workspaces %.0f MiB\n",
+                  "allocator's peak %.0f MiB in tensors, %.0f MiB reserved\n",
                   mib(peak.peak_resident), peak.phase.c_str(), mib(r.data_bytes), mib(peak.peak_allocated),
-                  mib(peak.peak_reserved), mib(peak.kernel_workspace));
+                  mib(peak.peak_reserved));
       if (!metrics_json.empty()) {
         const int64_t processes = config.process_group ? config.process_group->size() : 1;
         const int64_t per_epoch = train.images.size(0) / config.batch_size;

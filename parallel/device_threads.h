@@ -6,9 +6,10 @@
 //
 // Note [Device threads persist]
 // PyTorch starts a thread per replica at every DataParallel forward; on GPUs that costs
-// nothing that matters. On CPU devices a new thread starts cold: oneDNN's per-thread
-// scratchpad (core/cpu/conv2d.cpp) is allocated and faulted in again, and so is every
-// thread-local cache; that doubled DataParallel's ResNet18 step (888 ms instead of 497).
+// nothing that matters. On CPU devices a new thread starts cold: every thread-local cache
+// (OpenMP's thread team, oneDNN's) is built and faulted in again; that doubled
+// DataParallel's ResNet18 step (888 ms instead of 497, measured when each thread also
+// kept its own oneDNN scratchpad, now the caching allocator's: Note [oneDNN scratchpad]).
 // So the workers live as long as the process, parked on a condition variable between
 // calls. One call runs at a time (a second caller waits for the first); a task must not
 // call run_on_device_threads itself.

@@ -12,7 +12,7 @@
 #include <omp.h>
 
 #include "autograd/ops.h"
-#include "core/memory.h"  // defines: cpu_kernel_workspace_bytes
+#include "core/memory.h"  // defines: memory_stats, reset_peak_memory_stats
 #include "gradcheck.h"
 #include "tensor_compare.h"  // defines: testing::relative_error
 
@@ -210,61 +210,86 @@ TEST_CASE("conv2d float32 with the Winograd and the direct algorithm, against fl
   unsetenv("LOOM_CONV2D_ALGO");
 }
 
-// The four results of a forward and backward pass, and the scratchpad the pass grew.
+// The four results of a forward and backward pass, and the most memory each pass held.
 struct PassResults {
   Tensor y, gx, gw, gb;
-  int64_t scratchpad = 0;  // bytes the calling thread's oneDNN scratchpad grew by
+  int64_t forward = 0, backward = 0;  // the caching allocator's peak in each, over what it held before
 };
 
-// One forward + backward in a fresh thread, whose scratchpad starts empty (Note [oneDNN
-// scratchpad] keeps one per thread), under LOOM_CONV2D_MAX_SCRATCHPAD=bound.
-PassResults conv_pass_in_fresh_thread(const char* bound, const Tensor& x, const Tensor& w, const Tensor& b,
-                                      const Tensor& gy) {
-  setenv("LOOM_CONV2D_MAX_SCRATCHPAD", bound, 1);
+// One forward + backward under LOOM_CONV2D_MAX_WORKSPACE=bound. The scratchpads and reorders
+// are the allocator's tensors (Note [oneDNN scratchpad]), so its peak shows them.
+PassResults conv_pass(const char* bound, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& gy) {
+  setenv("LOOM_CONV2D_MAX_WORKSPACE", bound, 1);
   PassResults r;
-  std::thread thread([&] {
-    const int64_t before = cpu_kernel_workspace_bytes();
-    Tensor xi = x.detach().requires_grad_(true), wi = w.detach().requires_grad_(true), bi = b.detach().requires_grad_(true);
-    r.y = conv2d(xi, wi, bi, {1}, {1});
-    r.y.backward(gy);
-    r.gx = xi.grad(), r.gw = wi.grad(), r.gb = bi.grad();
-    r.scratchpad = cpu_kernel_workspace_bytes() - before;
-  });
-  thread.join();
-  unsetenv("LOOM_CONV2D_MAX_SCRATCHPAD");
+  const auto peak_of = [](auto&& pass) {
+    reset_peak_memory_stats();
+    const int64_t before = memory_stats(Device("cpu")).allocated_bytes;
+    pass();
+    return memory_stats(Device("cpu")).peak_allocated_bytes - before;
+  };
+  Tensor xi = x.detach().requires_grad_(true), wi = w.detach().requires_grad_(true), bi = b.detach().requires_grad_(true);
+  r.forward = peak_of([&] { r.y = conv2d(xi, wi, bi, {1}, {1}); });
+  r.backward = peak_of([&] { r.y.backward(gy); });
+  r.gx = xi.grad(), r.gw = wi.grad(), r.gb = bi.grad();
+  unsetenv("LOOM_CONV2D_MAX_WORKSPACE");
   return r;
 }
 
 // Note [Convolutions in batch slices]
-TEST_CASE("a pass whose scratchpad passes LOOM_CONV2D_MAX_SCRATCHPAD runs in batch slices, with the same results") {
+TEST_CASE("a pass whose workspace passes LOOM_CONV2D_MAX_WORKSPACE runs in batch slices, with the same results") {
   Generator gen(8);
-  for (const MemoryFormat format : {MemoryFormat::Contiguous, MemoryFormat::ChannelsLast}) {
-    CAPTURE(format);
-    // airbench94's largest layer at batch 64: oneDNN's Winograd (AVX-512) needs 63 MB of scratchpad.
-    const Tensor x = randn({64, 64, 15, 15}, {}, &gen).contiguous(format);
-    const Tensor w = randn({256, 64, 3, 3}, {}, &gen) * 0.05;
-    const Tensor b = randn({256}, {}, &gen);
-    const Tensor gy = randn({64, 256, 15, 15}, {}, &gen).contiguous(format);
-    const PassResults whole = conv_pass_in_fresh_thread("none", x, w, b, gy);
-    const PassResults sliced = conv_pass_in_fresh_thread("4MiB", x, w, b, gy);
+  struct Case {
+    const char* name;
+    int64_t n, c, o, hw;
+    MemoryFormat format;
+    const char* algorithm;
+    const char* bound;
+  };
+  // airbench94's largest layer at batch 64 (oneDNN's Winograd on AVX-512 needs 63 MB of
+  // scratchpad), in both layouts; and its 31x31 layer with the direct algorithm, whose
+  // workspace is the NCHW activations' blocked copies (12 MiB at batch 32), on every CPU.
+  // Bounds that make a few slices each (every slice size is a plan to build).
+  const Case cases[] = {{"64 -> 256 at 15x15", 64, 64, 256, 15, MemoryFormat::Contiguous, "auto", "16MiB"},
+                        {"64 -> 256 at 15x15, channels-last", 64, 64, 256, 15, MemoryFormat::ChannelsLast, "auto", "16MiB"},
+                        {"24 -> 64 at 31x31, direct", 32, 24, 64, 31, MemoryFormat::Contiguous, "direct", "4MiB"}};
+  for (const Case& c : cases) {
+    const std::string name = c.name;
+    CAPTURE(name);
+    setenv("LOOM_CONV2D_ALGO", c.algorithm, 1);
+    const Tensor x = randn({c.n, c.c, c.hw, c.hw}, {}, &gen).contiguous(c.format);
+    const Tensor w = randn({c.o, c.c, 3, 3}, {}, &gen) * 0.05;
+    const Tensor b = randn({c.o}, {}, &gen);
+    const Tensor gy = randn({c.n, c.o, c.hw, c.hw}, {}, &gen).contiguous(c.format);
+    const PassResults whole = conv_pass("none", x, w, b, gy);
+    const PassResults sliced = conv_pass(c.bound, x, w, b, gy);
+    unsetenv("LOOM_CONV2D_ALGO");
     // The same sums, rounded otherwise: oneDNN picks its Winograd schedule by the batch it is
     // given, and the weight and bias gradients add the slices' sums.
     CHECK(relative_error(sliced.y, whole.y) < 1e-5);
     CHECK(relative_error(sliced.gx, whole.gx) < 1e-5);
     CHECK(relative_error(sliced.gw, whole.gw) < 1e-5);
     CHECK(relative_error(sliced.gb, whole.gb) < 1e-5);
-    CHECK(sliced.y.is_contiguous(format));
-    // Where one call's scratchpad passes the bound, the slices' is far smaller (the rest of
-    // it, some 7-9 MB, is oneDNN's whatever the batch).
-    MESSAGE("scratchpad: one call ", whole.scratchpad, " bytes, in slices ", sliced.scratchpad);
-    if (whole.scratchpad > 48 * 1024 * 1024) CHECK(sliced.scratchpad < whole.scratchpad / 2);
+    CHECK(sliced.y.is_contiguous(c.format));
+    // The slices' workspace is far smaller than one call's. Over it, the forward pass holds
+    // its output; the backward pass its gradients and grad_out in the computing layout,
+    // which backward-data keeps for backward-weights (the same either way).
+    const int64_t y_bytes = 4 * whole.y.numel(), mib = 1 << 20;
+    MESSAGE(name, ": forward workspace ", (whole.forward - y_bytes) / mib, " MiB in one call, ",
+            (sliced.forward - y_bytes) / mib, " in slices; backward peak ", whole.backward / mib, " and ",
+            sliced.backward / mib);
+    if (whole.forward - y_bytes > 8 * mib) {  // oneDNN's passes (on AVX2, loom's Winograd takes no workspace)
+      CHECK(sliced.forward - y_bytes < (whole.forward - y_bytes) / 2);
+      CHECK(sliced.backward < whole.backward);
+    }
+    CHECK(sliced.forward <= whole.forward);
+    CHECK(sliced.backward <= whole.backward);
   }
-  setenv("LOOM_CONV2D_MAX_SCRATCHPAD", "lots", 1);
+  setenv("LOOM_CONV2D_MAX_WORKSPACE", "lots", 1);
   CHECK_THROWS_WITH_AS(conv2d(randn({2, 4, 6, 6}), randn({4, 4, 3, 3}), Tensor(), {1}, {1}),
-                       doctest::Contains("LOOM_CONV2D_MAX_SCRATCHPAD: expected a positive memory size such as 64MiB, "
+                       doctest::Contains("LOOM_CONV2D_MAX_WORKSPACE: expected a positive memory size such as 64MiB, "
                                          "or 'none', got 'lots'"),
                        Error);
-  unsetenv("LOOM_CONV2D_MAX_SCRATCHPAD");
+  unsetenv("LOOM_CONV2D_MAX_WORKSPACE");
 }
 
 TEST_CASE("conv2d takes non-contiguous inputs") {

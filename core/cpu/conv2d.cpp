@@ -61,21 +61,26 @@
 // LOOM_CONV2D_VERBOSE=1 prints each plan's oneDNN implementation as it is built.
 //
 // Note [Convolutions in batch slices]
-// oneDNN's Winograd holds the whole batch's transformed tiles in its scratchpad (36
-// values per 4x4 output tile and channel, inputs and outputs alike): on airbench94's
-// 64 -> 256-channel 15x15 layer, 734 MiB at batch 1024 and 1.4 GiB at its evaluation
-// batch of 2000, more than the layer's output, and the scratchpad (Note [oneDNN
-// scratchpad], core/cpu/onednn.h) keeps the largest size it grew to for the rest of
-// the process. So a pass whose scratchpad would pass kMaxScratchpad runs on consecutive
-// slices of the batch instead, each slice a plan of its own (cached as any other), each
-// slice's scratchpad about the bound (oneDNN keeps 7-9 MB whatever the batch). The images are independent, so each slice computes
-// its images' outputs and input gradients, and the weight gradient is the sum of the
-// slices' gradients, added in slice order (it is sliced only in float32). The numbers are
-// those of one call up to rounding (~2e-6 relative, tests/test_conv2d.cpp): oneDNN picks
-// its Winograd schedule by the batch it is given, and the sums are added in another order;
-// the same command still computes the same numbers every run. The reorders into the
-// computing layout are per slice too, so they shrink with it. LOOM_CONV2D_MAX_SCRATCHPAD
-// (read per call) sets another bound ("64MiB") or none.
+// Beside its operands, a oneDNN pass takes memory that grows with the batch: its
+// scratchpad, where Winograd holds the whole batch's transformed tiles (36 values per 4x4
+// output tile and channel, inputs and outputs alike), and the copies of the activations
+// in the layout it computes in (Note [Conv2d memory layout]). On airbench94's 64 ->
+// 256-channel 15x15 layer the scratchpad is 734 MiB at batch 1024 and 1.4 GiB at its
+// evaluation batch of 2000, more than the layer's output; on its 24 -> 64-channel 31x31
+// layer at batch 2000, the blocked copies of input and output are 704 MiB, and the
+// forward pass held 1.35 GiB with its operands, the evaluation's peak. So a pass whose
+// scratchpad and activation reorders would pass kMaxWorkspace runs on consecutive slices
+// of the batch instead, each slice a plan of its own (cached as any other), each slice's
+// workspace about the bound (oneDNN's scratchpad keeps 7-9 MB whatever the batch). The
+// images are independent, so each slice computes its images' outputs and input gradients,
+// and the weight gradient is the sum of the slices' gradients, added in slice order (it
+// is sliced only in float32). The numbers are those of one call up to rounding (~2e-6
+// relative, tests/test_conv2d.cpp): oneDNN picks its Winograd schedule by the batch it
+// is given, and the sums are added in another order; the same command still computes
+// the same numbers every run. A slice's reordered inputs are released before the next
+// slice, except grad_out's, which backward-data keeps for backward-weights (the unsliced
+// passes share it too). LOOM_CONV2D_MAX_WORKSPACE (read per call) sets another bound
+// ("64MiB") or none.
 #include <dnnl.hpp>
 
 #include <algorithm>
@@ -105,7 +110,7 @@
 #include "core/cpu/winograd_conv2d.h"  // defines: winograd_forward, winograd_backward_* (loom's own)
 #include "core/copy.h"
 #include "core/kernels.h"
-#include "core/memory.h"  // defines: parse_memory_size (LOOM_CONV2D_MAX_SCRATCHPAD)
+#include "core/memory.h"  // defines: parse_memory_size (LOOM_CONV2D_MAX_WORKSPACE)
 
 namespace loom::cpu {
 namespace {
@@ -121,19 +126,19 @@ enum class Algorithm : int8_t { Direct, Winograd, Auto };
 // layers at batch 1024 (64 -> 256 channels at 15x15: 3 slices; 256 at 7x7: 2), CPU time on
 // 2 threads, best of 5, three rounds: within 2% of one call, as noisy as one call itself;
 // a 64 MiB bound cost the 7x7 layer 5% (6 slices).
-constexpr size_t kMaxScratchpad = 256 << 20;
+constexpr size_t kMaxWorkspace = 256 << 20;
 
-// The scratchpad bound: LOOM_CONV2D_MAX_SCRATCHPAD if set ("none": no bound), else kMaxScratchpad.
-size_t max_scratchpad() {
-  const char* value = std::getenv("LOOM_CONV2D_MAX_SCRATCHPAD");
-  if (value == nullptr || *value == '\0') return kMaxScratchpad;
+// The workspace bound: LOOM_CONV2D_MAX_WORKSPACE if set ("none": no bound), else kMaxWorkspace.
+size_t max_workspace() {
+  const char* value = std::getenv("LOOM_CONV2D_MAX_WORKSPACE");
+  if (value == nullptr || *value == '\0') return kMaxWorkspace;
   if (std::strcmp(value, "none") == 0) return std::numeric_limits<size_t>::max();
   try {
     const int64_t bytes = parse_memory_size(value);
     if (bytes > 0) return static_cast<size_t>(bytes);
   } catch (const Error&) {
   }
-  LOOM_FAIL("LOOM_CONV2D_MAX_SCRATCHPAD: expected a positive memory size such as 64MiB, or 'none', got '", value, "'");
+  LOOM_FAIL("LOOM_CONV2D_MAX_WORKSPACE: expected a positive memory size such as 64MiB, or 'none', got '", value, "'");
 }
 
 // See Note [Conv2d memory layout]: LOOM_CONV2D_LAYOUT if set (read per call, so that
@@ -417,10 +422,6 @@ struct ReorderedInputs {
   std::vector<Entry> entries;
 };
 
-Tensor workspace(const memory::desc& desc) {
-  return empty({static_cast<int64_t>(desc.get_size())}, TensorOptions(kUInt8));
-}
-
 // Runs a plan on loom tensors given in the plan's argument order.
 void run_plan(const PlanKey& key, const Plan& plan, const std::vector<const Tensor*>& tensors,
               ReorderedInputs& reordered) {
@@ -448,7 +449,7 @@ void run_plan(const PlanKey& key, const Plan& plan, const std::vector<const Tens
         }
         if (found) continue;
       }
-      Tensor buffer = workspace(arg.inner);
+      Tensor buffer = onednn::workspace(arg.inner);
       memory inner(arg.inner, engine, buffer.raw_data());
       exec_args.emplace(arg.arg, inner);
       if (arg.output) {
@@ -459,9 +460,10 @@ void run_plan(const PlanKey& key, const Plan& plan, const std::vector<const Tens
         reordered.entries.push_back({user.get_data_handle(), arg.inner, inner, buffer});
       }
     }
+    Tensor scratchpad;  // Note [oneDNN scratchpad]
     if (plan.scratchpad.get_size() > 0) {
-      exec_args.emplace(DNNL_ARG_SCRATCHPAD,
-                        memory(plan.scratchpad, engine, onednn::scratchpad(plan.scratchpad.get_size(), "conv2d")));
+      scratchpad = onednn::workspace(plan.scratchpad);
+      exec_args.emplace(DNNL_ARG_SCRATCHPAD, memory(plan.scratchpad, engine, scratchpad.raw_data()));
     }
     plan.primitive.execute(stream, exec_args);
     for (auto& [arg, mems] : write_back) arg->reorder->execute(stream, mems.first, mems.second);
@@ -541,11 +543,24 @@ struct Operands {
 
 void run_pass(Pass pass, const Conv2dGeometry& g, bool channels_last, Operands& t, ReorderedInputs& reordered);
 
+// The bytes a pass takes beside its operands that grow with the batch (Note [Convolutions
+// in batch slices]): its scratchpad and its activations' copies in the computing layout
+// (an input another pass of the call already reordered is counted again: a bound).
+size_t batch_workspace(const Plan& plan) {
+  size_t bytes = plan.scratchpad.get_size();
+  for (const PlanArg& arg : plan.args) {
+    const bool activation = arg.arg == DNNL_ARG_SRC || arg.arg == DNNL_ARG_DST || arg.arg == DNNL_ARG_DIFF_SRC ||
+                            arg.arg == DNNL_ARG_DIFF_DST;
+    if (activation && arg.reorder) bytes += arg.inner.get_size();
+  }
+  return bytes;
+}
+
 // See Note [Convolutions in batch slices]: into how many slices of the batch of n the pass
-// goes, so that each slice's scratchpad stays under the bound (it grows with the batch);
+// goes, so that each slice's workspace stays under the bound (it grows with the batch);
 // 1 for a pass within it, a batch of one, or a weight gradient not in float32.
 int64_t batch_slices(Pass pass, const Plan& plan, int64_t n, const Operands& t) {
-  const size_t size = plan.scratchpad.get_size(), bound = max_scratchpad();
+  const size_t size = batch_workspace(plan), bound = max_workspace();
   if (size <= bound || n < 2) return 1;
   if (pass == Pass::BackwardWeights &&
       (t.gw.dtype() != kFloat32 || (t.gb.defined() && t.gb.dtype() != kFloat32)))
@@ -568,6 +583,7 @@ void run_in_batch_slices(Pass pass, const PlanKey& key, int64_t slices, Operands
   Tensor gw_slice, gb_slice;  // the weight gradient's later slices, added into t.gw and t.gb
   for (int64_t i = 0; i < slices; ++i) {
     const int64_t start = n * i / slices, count = n * (i + 1) / slices - start;
+    const size_t kept = reordered.entries.size();
     PlanKey slice_key = key;
     slice_key.geometry.n = count;
     const std::shared_ptr<const Plan> plan = get_plan(slice_key);
@@ -599,6 +615,9 @@ void run_in_batch_slices(Pass pass, const PlanKey& key, int64_t slices, Operands
         break;
       }
     }
+    // The slice's reordered inputs go before the next slice's; backward-data leaves its
+    // grad_out slices to the weight gradient's slices, which reuse them.
+    if (pass != Pass::BackwardData) reordered.entries.erase(reordered.entries.begin() + kept, reordered.entries.end());
   }
 }
 

@@ -196,9 +196,11 @@ void matmul_onednn(const char* op, const Tensor& a, const Tensor& b, double beta
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, memory(plan->a, engine, a.raw_data())},
                                          {DNNL_ARG_WEIGHTS, memory(plan->b, engine, b.raw_data())},
                                          {DNNL_ARG_DST, memory(plan->out, engine, out.raw_data())}};
-    if (plan->scratchpad.get_size() > 0)
-      args.emplace(DNNL_ARG_SCRATCHPAD,
-                   memory(plan->scratchpad, engine, onednn::scratchpad(plan->scratchpad.get_size(), op)));
+    Tensor scratchpad;  // Note [oneDNN scratchpad]
+    if (plan->scratchpad.get_size() > 0) {
+      scratchpad = onednn::workspace(plan->scratchpad);
+      args.emplace(DNNL_ARG_SCRATCHPAD, memory(plan->scratchpad, engine, scratchpad.raw_data()));
+    }
     plan->primitive.execute(stream, args);
     stream.wait();
   } catch (const dnnl::error& e) {

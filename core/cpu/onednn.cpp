@@ -1,9 +1,6 @@
 // The shared oneDNN pieces: see core/cpu/onednn.h.
 #include "core/cpu/onednn.h"
 
-#include <atomic>
-#include <cstdlib>
-
 namespace loom::cpu::onednn {
 
 const dnnl::engine& cpu_engine() {
@@ -11,35 +8,9 @@ const dnnl::engine& cpu_engine() {
   return engine;
 }
 
-namespace {
-std::atomic<int64_t> g_scratchpad_bytes{0};  // the sum over threads' buffers
-}  // namespace
-
-void* scratchpad(size_t size, const char* op) {
-  struct Buffer {
-    void* data = nullptr;
-    size_t size = 0;
-    void release() {
-      std::free(data);
-      g_scratchpad_bytes -= static_cast<int64_t>(size);
-      data = nullptr;
-      size = 0;
-    }
-    ~Buffer() { release(); }
-  };
-  thread_local Buffer buffer;
-  if (size > buffer.size) {
-    buffer.release();
-    const size_t bytes = (size + 4095) / 4096 * 4096;
-    buffer.data = std::aligned_alloc(4096, bytes);
-    LOOM_CHECK(buffer.data, op, ": out of CPU memory for a ", size, "-byte oneDNN scratchpad");
-    buffer.size = bytes;
-    g_scratchpad_bytes += static_cast<int64_t>(bytes);
-  }
-  return buffer.data;
+Tensor workspace(const dnnl::memory::desc& desc) {
+  return empty({static_cast<int64_t>(desc.get_size())}, TensorOptions(kUInt8));
 }
-
-int64_t scratchpad_bytes() { return g_scratchpad_bytes.load(); }
 
 dnnl::memory::data_type data_type(DType dtype) {
   switch (dtype) {

@@ -1,4 +1,4 @@
-// What every oneDNN-backed CPU kernel shares: the engine, the per-thread scratchpad, the
+// What every oneDNN-backed CPU kernel shares: the engine, the scratchpad workspace, the
 // plan cache, loom dtypes as oneDNN data types, and the error report.
 //
 // A *plan* is whatever a kernel builds once per shape and reuses every step: the
@@ -15,15 +15,17 @@
 // Note [oneDNN scratchpad]
 // Plans use oneDNN's *user* scratchpad mode: each call hands the primitive a workspace
 // instead of letting oneDNN keep one per primitive. That makes one plan safe to execute
-// from several threads at once (data-parallel replicas, pipeline stages). The
-// workspace is one buffer per calling thread, grown to the largest
-// scratchpad that thread has needed, rather than a tensor from the caching allocator:
-// Winograd's scratchpads are large and differ per shape (Note [Conv2d algorithm]: 7 to
-// 134 MiB per pass on the ResNet18 shapes at batch 128), and the cache would have kept
-// one block per size for good (~180 MiB more resident memory per training process).
-// Growing frees the old buffer to the system, which happens in the first step only. A
-// convolution whose scratchpad would pass 256 MiB runs in batch slices instead (Note
-// [Convolutions in batch slices], core/cpu/conv2d.cpp), so the buffer stays below that.
+// from several threads at once (data-parallel replicas, pipeline stages). The workspace
+// is a tensor from the caching allocator (Note [Caching allocator], core/allocator.h),
+// held for the call only, as the reorders' buffers around it are. The allocator splits
+// and merges its blocks, so a scratchpad borrows memory that is free at that point of
+// the step (an activation the backward pass already released) and gives it back for
+// the next tensor, where a buffer per thread, grown to the largest scratchpad the thread
+// ever needed, held that size outside the cache for the rest of the process: 255 MiB on
+// airbench94, whose peak resident memory fell by as much when the scratchpads moved into
+// the cache (docs/speedrun.md). A convolution whose scratchpad and reorders would pass
+// 256 MiB runs in batch slices instead (Note [Convolutions in batch slices], core/cpu/
+// conv2d.cpp).
 #pragma once
 
 #include <dnnl.hpp>  // defines: dnnl::engine, dnnl::memory, dnnl::error
@@ -35,16 +37,15 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/tensor.h"
 
 namespace loom::cpu::onednn {
 
 const dnnl::engine& cpu_engine();
 
-// This thread's scratchpad buffer, at least `size` bytes (Note [oneDNN scratchpad]).
-// `op` names the kernel in the out-of-memory error.
-void* scratchpad(size_t size, const char* op);
-// The bytes every thread's scratchpad buffer holds now (for memory reports).
-int64_t scratchpad_bytes();
+// A workspace for `desc` (a scratchpad, or a tensor in a primitive's own layout) from the
+// caching allocator, held as long as the tensor (Note [oneDNN scratchpad]).
+Tensor workspace(const dnnl::memory::desc& desc);
 
 // float32, bfloat16 (and float16) as oneDNN names them; a loom::Error for the rest.
 dnnl::memory::data_type data_type(DType dtype);

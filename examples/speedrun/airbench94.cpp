@@ -46,7 +46,7 @@ void record_memory(Airbench94Result& result, const char* phase) {
   result.memory.push_back({.phase = phase, .resident = resident.current, .peak_resident = resident.peak,
                            .allocated = stats.allocated_bytes, .reserved = stats.reserved_bytes,
                            .peak_allocated = stats.peak_allocated_bytes, .peak_reserved = stats.peak_reserved_bytes,
-                           .kernel_workspace = cpu_kernel_workspace_bytes()});
+                           .system_allocations = stats.system_allocations});
   reset_peak_memory_stats(cpu);
 }
 

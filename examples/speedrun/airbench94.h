@@ -27,11 +27,11 @@
 //
 // Note [Where the speedrun's memory goes]
 // The run's peak RSS is everything the process holds at its highest: the data set's tensors,
-// the caching allocator's blocks (in use, and cached for reuse), the kernels' own workspaces
-// outside it (oneDNN's scratchpads), and libraries' code and buffers. run_airbench94 records
-// each at the end of every phase (Airbench94Result::memory; airbench --metrics-json writes
-// them), so a peak can be traced to its phase and its part; bench/speedrun_memory.py
-// compares them with PyTorch's peak on the same run.
+// the caching allocator's blocks (in use, and cached for reuse; the kernels' workspaces,
+// oneDNN's scratchpads and reorders, are its tensors too), and libraries' code and
+// buffers. run_airbench94 records each at the end of every phase (Airbench94Result::memory;
+// airbench --metrics-json writes them), so a peak can be traced to its phase and its part;
+// bench/speedrun_memory.py compares them with PyTorch's peak on the same run.
 #pragma once
 
 #include <cstdint>
@@ -91,7 +91,7 @@ struct Airbench94Memory {
   int64_t peak_resident = 0;          // its highest so far (getrusage's ru_maxrss)
   int64_t allocated = 0, reserved = 0;            // the caching allocator's, now
   int64_t peak_allocated = 0, peak_reserved = 0;  // the caching allocator's highest within the phase
-  int64_t kernel_workspace = 0;       // outside the allocator: oneDNN's scratchpads
+  int64_t system_allocations = 0;     // the caching allocator's misses so far (flat once it is steady)
 };
 
 struct Airbench94Result {
