@@ -41,7 +41,7 @@ from airbench_torch import find_data, write_json  # noqa: E402
 ROOT = results_file.ROOT
 DEFAULT_OUT = os.path.join(ROOT, "bench", "results", "speedrun_memory.json")
 DEFAULT_STATE = os.path.join(os.path.expanduser("~"), ".cache", "loom", "speedrun_memory")
-TORCH_LABEL = "PyTorch 1.13 (malloc tuned)"
+TORCH_LABELS = {"torch": "PyTorch 1.13, NCHW (malloc tuned)", "torch_cl": "PyTorch 1.13, channels_last (malloc tuned)"}
 PHASES = ["data", "whitening", "first step", "training", "tta", "accuracy"]
 
 
@@ -53,9 +53,11 @@ def run_one(a, kind, label, program, round_index, data):
         with open(final) as f:
             return json.load(f)
     partial = os.path.join(a.state, name + ".partial.json")
-    options = types.SimpleNamespace(steps=a.steps, threads=a.threads, torch_python=a.torch_python, torch_args="",
-                                    loom=program, conv_benchmark="off", loom_args="", loomrun="")
-    cmd, env = time_to_accuracy.command(options, "torch" if kind == "torch" else "loom", a.seed, data, partial)
+    torch = kind.startswith("torch")
+    options = types.SimpleNamespace(steps=a.steps, threads=a.threads, torch_python=a.torch_python,
+                                    torch_args="--channels-last" if kind == "torch_cl" else "", loom=program,
+                                    conv_benchmark="off", loom_args="", loomrun="")
+    cmd, env = time_to_accuracy.command(options, "torch" if torch else "loom", a.seed, data, partial)
     print(f"[round {round_index}] {label}: {' '.join(cmd)}", flush=True)
     if a.dry_run:
         return None
@@ -84,7 +86,7 @@ def rows_of(label, runs):
     """A program's rows: one per phase where its runs recorded them, else its peak alone."""
     peak = median([r["peak_rss_mib"] for r in runs])
     if not all(r.get("memory") for r in runs):
-        return [{"run": label, "phase": "whole run", "peak_rss_mib": peak, "n": len(runs)}]
+        return [{"run": label, "phase": "the run", "peak_rss_mib": peak, "whole_run_peak_mib": peak, "n": len(runs)}]
     rows = []
     for phase in PHASES:
         found = [next((m for m in r["memory"] if m["phase"] == phase), None) for r in runs]
@@ -94,7 +96,9 @@ def rows_of(label, runs):
                      "peak_rss_mib": median([m["peak_rss_mib"] for m in found]),
                      "peak_allocated_mib": median([m["peak_allocated_mib"] for m in found]),
                      "peak_reserved_mib": median([m["peak_reserved_mib"] for m in found]),
-                     "kernel_workspace_mib": median([m["kernel_workspace_mib"] for m in found]),
+                     # builds whose oneDNN scratchpads were outside the allocator
+                     "kernel_workspace_mib": median([m["kernel_workspace_mib"] for m in found])
+                     if all("kernel_workspace_mib" in m for m in found) else None,
                      "data_mib": median([r.get("data_mib") for r in runs]) if phase == "data" else None})
     rows[-1]["whole_run_peak_mib"] = peak
     return rows
@@ -111,6 +115,9 @@ def main():
     p.add_argument("--loom", default="build/examples/airbench", help="loom's airbench, from the repository")
     p.add_argument("--loom-other", help="another build's airbench to measure beside it (an absolute path)")
     p.add_argument("--other-label", default="loom, another build", help="its row's name")
+    p.add_argument("--torch-layouts", default="torch,torch_cl",
+                   help="PyTorch's runs: torch (NCHW, bench/airbench_torch.py's default), torch_cl (--channels-last: "
+                        "loom's layout, and PyTorch's faster one here), or both")
     p.add_argument("--torch-python", default="/usr/bin/python3", help="a python with torch (Debian's python3-torch)")
     p.add_argument("--state", default=DEFAULT_STATE, help="where each run's figures are kept (outside the repository)")
     p.add_argument("--out", default=DEFAULT_OUT, help="the results file")
@@ -125,7 +132,8 @@ def main():
     programs = [("loom", f"loom, {a.threads} threads", a.loom, a.rounds)]
     if a.loom_other:
         programs.append(("other", a.other_label, a.loom_other, a.rounds))
-    programs.append(("torch", TORCH_LABEL, None, a.torch_rounds))
+    if a.torch_rounds:
+        programs += [(kind, TORCH_LABELS[kind], None, a.torch_rounds) for kind in a.torch_layouts.split(",")]
     runs = {kind: [] for kind, *_ in programs}
     for round_index in range(max(n for *_, n in programs)):
         for kind, label, program, rounds in programs:
@@ -140,29 +148,30 @@ def main():
     for kind, label, _, _ in programs:
         rows += rows_of(label, runs[kind])
     peaks = {kind: median([r["peak_rss_mib"] for r in runs[kind]]) for kind in runs}
-    ratios = [{"name": f"PyTorch's peak RSS over loom's, medians of {a.steps}-step runs",
-               "value": peaks["torch"] / peaks["loom"]}]
-    if a.loom_other:
-        ratios.append({"name": f"{a.other_label}'s peak RSS over loom's, medians", "value": peaks["other"] / peaks["loom"]})
+    ratios = [{"name": f"{label}: peak RSS over loom's, medians of {a.steps}-step runs",
+               "value": peaks[kind] / peaks["loom"]} for kind, label, _, _ in programs[1:]]
     columns = [
         {"key": "run", "title": "program"},
         {"key": "phase", "title": "at the end of"},
         {"key": "n", "title": "runs"},
+        {"key": "whole_run_peak_mib", "title": "the run's peak RSS (MiB)", "format": ".0f"},
         {"key": "peak_rss_mib", "title": "peak RSS so far (MiB)", "format": ".0f"},
         {"key": "peak_allocated_mib", "title": "allocator: tensors, peak in the phase (MiB)", "format": ".0f"},
         {"key": "peak_reserved_mib", "title": "allocator: reserved, peak in the phase (MiB)", "format": ".0f"},
-        {"key": "kernel_workspace_mib", "title": "oneDNN scratchpads (MiB)", "format": ".0f"},
+        {"key": "kernel_workspace_mib", "title": "oneDNN scratchpads outside the allocator (MiB)", "format": ".0f"},
         {"key": "data_mib", "title": "the data set's tensors (MiB)", "format": ".0f"},
     ]
-    title = (f"Peak resident memory of the airbench94 recipe's first {a.steps} steps and its evaluation (6-view TTA "
-             f"at batch 2,000), {a.threads} threads, seed {a.seed}: loom against PyTorch 1.13, medians of interleaved "
-             "runs; loom's figures at the end of each phase")
+    run = ("the whole airbench94 recipe" if a.steps == time_to_accuracy.TOTAL_STEPS
+           else f"the airbench94 recipe's first {a.steps} steps")
+    against = ": loom against PyTorch 1.13, medians of interleaved runs" if a.torch_rounds else ", medians"
+    title = (f"Peak resident memory of {run} and its evaluation (6-view TTA at batch 2,000), {a.threads} threads, "
+             f"seed {a.seed}{against}; loom's figures at the end of each phase")
     doc = results_file.document(title, "speedrun_memory.py", columns, rows, ratios, started, a.conditions,
                                 labels=["run", "phase"])
     # Each run's peak, and its times: the training's wall time and the process's CPU time
     # (user + system, which a busy machine inflates less than the wall clock).
-    doc["runs"] = [{"label": r["label"], "peak_rss_mib": r["peak_rss_mib"], "train_s": r["phases_s"]["train"],
-                    "cpu_s": r["cpu_s"], "date": r["date"]} for kind in runs for r in runs[kind]]
+    doc["runs"] = [{"label": label, "peak_rss_mib": r["peak_rss_mib"], "train_s": r["phases_s"]["train"],
+                    "cpu_s": r["cpu_s"], "date": r["date"]} for kind, label, _, _ in programs for r in runs[kind]]
     results_file.write(a.out, doc)
     return 0
 
