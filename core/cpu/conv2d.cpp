@@ -69,7 +69,7 @@
 // evaluation batch of 2000, more than the layer's output; on its 24 -> 64-channel 31x31
 // layer at batch 2000, the blocked copies of input and output are 704 MiB, and the
 // forward pass held 1.35 GiB with its operands, the evaluation's peak. So a pass whose
-// scratchpad and activation reorders would pass kMaxWorkspace runs on consecutive slices
+// scratchpad and activation reorders would pass its bound (below) runs on consecutive slices
 // of the batch instead, each slice a plan of its own (cached as any other), each slice's
 // workspace about the bound (oneDNN's scratchpad keeps 7-9 MB whatever the batch). The
 // images are independent, so each slice computes its images' outputs and input gradients,
@@ -79,8 +79,15 @@
 // is given, and the sums are added in another order; the same command still computes
 // the same numbers every run. A slice's reordered inputs are released before the next
 // slice, except grad_out's, which backward-data keeps for backward-weights (the unsliced
-// passes share it too). LOOM_CONV2D_MAX_WORKSPACE (read per call) sets another bound
-// ("64MiB") or none.
+// passes share it too).
+// Slices cost time, though: on airbench94's training step (batch 1024, 2 threads, an
+// AVX-512 EPYC) bounding every pass at 256 MiB saved 450 MiB of its 2.8 GiB peak RSS and
+// made the step 12% slower (5.4 -> 6.1 s, interleaved runs on a busy machine; 512 MiB:
+// 4.5%). So by default only forward passes under no_grad are bounded, at 256 MiB:
+// evaluation, whose batches are the largest (airbench94's 2000 against 1024) and hold no
+// activations for a backward pass, so that it stays within the memory the training step
+// already holds; training computes as without slices. LOOM_CONV2D_MAX_WORKSPACE (read per
+// call) bounds every pass instead ("64MiB"), or none ("none"): less memory, slower steps.
 #include <dnnl.hpp>
 
 #include <algorithm>
@@ -110,6 +117,7 @@
 #include "core/cpu/winograd_conv2d.h"  // defines: winograd_forward, winograd_backward_* (loom's own)
 #include "core/copy.h"
 #include "core/kernels.h"
+#include "autograd/grad_mode.h"  // defines: GradMode (Note [Convolutions in batch slices])
 #include "core/memory.h"  // defines: parse_memory_size (LOOM_CONV2D_MAX_WORKSPACE)
 
 namespace loom::cpu {
@@ -122,17 +130,17 @@ enum class Pass : int8_t { Forward, BackwardData, BackwardWeights };
 enum class Layout : int8_t { Nchw, Blocked, Nhwc };
 enum class Algorithm : int8_t { Direct, Winograd, Auto };
 
-// See Note [Convolutions in batch slices]. Forward + backward of airbench94's two largest
-// layers at batch 1024 (64 -> 256 channels at 15x15: 3 slices; 256 at 7x7: 2), CPU time on
-// 2 threads, best of 5, three rounds: within 2% of one call, as noisy as one call itself;
-// a 64 MiB bound cost the 7x7 layer 5% (6 slices).
+// See Note [Convolutions in batch slices]: the bound on a forward pass under no_grad.
 constexpr size_t kMaxWorkspace = 256 << 20;
 
-// The workspace bound: LOOM_CONV2D_MAX_WORKSPACE if set ("none": no bound), else kMaxWorkspace.
-size_t max_workspace() {
+// The workspace bound of `pass`: LOOM_CONV2D_MAX_WORKSPACE for every pass if set ("none":
+// no bound), else kMaxWorkspace for a forward pass under no_grad and none for the rest.
+size_t max_workspace(Pass pass) {
   const char* value = std::getenv("LOOM_CONV2D_MAX_WORKSPACE");
-  if (value == nullptr || *value == '\0') return kMaxWorkspace;
-  if (std::strcmp(value, "none") == 0) return std::numeric_limits<size_t>::max();
+  constexpr size_t kNoBound = std::numeric_limits<size_t>::max();
+  if (value == nullptr || *value == '\0')
+    return pass == Pass::Forward && !GradMode::is_enabled() ? kMaxWorkspace : kNoBound;
+  if (std::strcmp(value, "none") == 0) return kNoBound;
   try {
     const int64_t bytes = parse_memory_size(value);
     if (bytes > 0) return static_cast<size_t>(bytes);
@@ -560,7 +568,7 @@ size_t batch_workspace(const Plan& plan) {
 // goes, so that each slice's workspace stays under the bound (it grows with the batch);
 // 1 for a pass within it, a batch of one, or a weight gradient not in float32.
 int64_t batch_slices(Pass pass, const Plan& plan, int64_t n, const Operands& t) {
-  const size_t size = batch_workspace(plan), bound = max_workspace();
+  const size_t size = batch_workspace(plan), bound = max_workspace(pass);
   if (size <= bound || n < 2) return 1;
   if (pass == Pass::BackwardWeights &&
       (t.gw.dtype() != kFloat32 || (t.gb.defined() && t.gb.dtype() != kFloat32)))
