@@ -24,6 +24,9 @@ constexpr size_t kMinBlockSize = 512;      // every size rounds up to this (and 
 constexpr size_t kSmallSize = 1 << 20;     // largest request served by the small pool
 constexpr size_t kSmallSegment = 2 << 20;  // small pool segments
 constexpr size_t kRoundLarge = 2 << 20;    // large pool segments round to this
+constexpr size_t kMaxSplitSize = 256 << 20;  // larger blocks are oversize: never split
+
+bool oversize(size_t size) { return size > kMaxSplitSize; }
 
 size_t round_size(size_t nbytes) {
   return std::max(kMinBlockSize, (nbytes + kMinBlockSize - 1) / kMinBlockSize * kMinBlockSize);
@@ -69,7 +72,8 @@ class CachingCpuAllocator final : public Allocator {
     Pool& pool = size <= kSmallSize ? d.small_pool : d.large_pool;
     Block key{nullptr, size, device.index, size <= kSmallSize};
     Block* block = nullptr;
-    if (auto it = pool.lower_bound(&key); it != pool.end()) {
+    // An oversize block serves oversize requests only (Note [Caching allocator]).
+    if (auto it = pool.lower_bound(&key); it != pool.end() && (oversize(size) || !oversize((*it)->size))) {
       block = *it;
       pool.erase(it);
     } else {
@@ -161,7 +165,7 @@ class CachingCpuAllocator final : public Allocator {
     const size_t bytes = segment_size(size);
     const bool small = size <= kSmallSize;
     check_budget(d, device, bytes, requested);
-    release_idle(d, small ? d.small_pool : d.large_pool, bytes);
+    release_idle(d, small ? d.small_pool : d.large_pool, bytes, oversize(bytes));
     void* ptr = map(bytes);
     if (!ptr) {  // the system refused: one retry with every device's cache returned to it
       for (auto& entry : devices_) release_cached(entry.second);
@@ -189,7 +193,7 @@ class CachingCpuAllocator final : public Allocator {
   // is worth keeping apart (Note [Caching allocator]).
   static void split(DeviceState& d, Block* block, size_t size) {
     const size_t rest = block->size - size;
-    if (block->small ? rest < kMinBlockSize : rest <= kSmallSize) return;
+    if (block->small ? rest < kMinBlockSize : rest <= kSmallSize || oversize(block->size)) return;
     auto* remainder = new Block{block->ptr + size, rest, block->device, block->small};
     remainder->idle_since = block->idle_since;
     remainder->prev = block;
@@ -224,11 +228,12 @@ class CachingCpuAllocator final : public Allocator {
     pool.insert(block);
   }
 
-  // Unmaps `pool`'s fully free segments, longest idle first, until `bytes` went back.
-  static void release_idle(DeviceState& d, Pool& pool, size_t bytes) {
+  // Unmaps `pool`'s fully free segments of the request's kind (oversize or not), longest
+  // idle first, until `bytes` went back.
+  static void release_idle(DeviceState& d, Pool& pool, size_t bytes, bool for_oversize) {
     std::vector<Block*> idle;
     for (Block* block : pool)
-      if (block->is_segment()) idle.push_back(block);
+      if (block->is_segment() && oversize(block->size) == for_oversize) idle.push_back(block);
     std::sort(idle.begin(), idle.end(), [](const Block* a, const Block* b) { return a->idle_since < b->idle_since; });
     size_t released = 0;
     for (Block* block : idle) {

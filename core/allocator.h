@@ -23,6 +23,14 @@
 //   blocks than the training's, which would otherwise stay cached beside its own. A step
 //   that repeats the last one's requests is served from the cache without a miss, so
 //   steady-state training never pays for this.
+// - Blocks over 256 MiB are *oversize* (PyTorch's max_split_size): never split, and they
+//   serve oversize requests only, as their idle segments go back only for another
+//   oversize request. Such a request is a whole-batch workspace (oneDNN's Winograd
+//   scratchpad: 734 MiB on airbench94's training step) or a data set. Were it carved into
+//   the step's smaller tensors, a tensor that outlives the step (an optimizer's state,
+//   created in the first step) would pin it, the next step's request would find no block
+//   whole, and each such request would map a segment of its own: on airbench94, 740 MiB
+//   more resident memory after twelve steps than after one.
 // - empty_cache() unmaps every fully free segment; a budget (Note [Device memory budget],
 //   core/memory.h) does the same before it raises OutOfMemoryError.
 // On the speedrun (docs/speedrun.md) this holds the training step in 1.5 GB where whole

@@ -158,6 +158,24 @@ TEST_CASE("a request nothing cached fits returns the segments too small for it, 
   CHECK(again.raw_data() == last);
 }
 
+TEST_CASE("an oversize block (over 256 MiB) is never split, serves oversize requests only, and stays for them") {
+  const Device device("cpu:15");  // mapped, never touched: no resident memory
+  { Tensor t = block(300 * kMiB, device); }  // one oversize segment, now free
+  {
+    Tensor small = block(8 * kMiB, device);  // not carved out of it: a segment of its own
+    CHECK(memory_stats(device).system_allocations == 2);
+  }
+  {
+    Tensor big = block(280 * kMiB, device);  // served by the oversize block, whole
+    CHECK(memory_stats(device).system_allocations == 2);
+    CHECK(memory_stats(device).allocated_bytes == 300 * kMiB);
+  }
+  // 20 MiB fits no block it may take: the idle 8 MiB segment goes back, the oversize one stays.
+  Tensor mid = block(20 * kMiB, device);
+  CHECK(memory_stats(device).system_allocations == 3);
+  CHECK(memory_stats(device).reserved_bytes == 320 * kMiB);
+}
+
 TEST_CASE("a repeating step reaches a steady state: no system allocation, less cached than a cache per size") {
   const Device device("cpu:14");
   // A step as a net makes them: activations of falling sizes kept for the backward, their
