@@ -33,9 +33,9 @@
 //   more resident memory after twelve steps than after one.
 // - empty_cache() unmaps every fully free segment; a budget (Note [Device memory budget],
 //   core/memory.h) does the same before it raises OutOfMemoryError.
-// On the speedrun (docs/speedrun.md) this holds the training step in 1.5 GB where whole
-// blocks per size class held 2.4, and the evaluation after it in the same memory instead
-// of 1.2 GB more.
+// On the speedrun (docs/speedrun.md) the training step, its convolutions' workspaces
+// included, and the evaluation after it are served from the same 2.8 GiB, the 0.7 GiB data
+// set included, where whole blocks per size class reserved 4.5 GiB (12 steps).
 // The steady state: a step's requests repeat in the same order, so once a step is served
 // without a miss the cache is laid out to serve the next alike; misses stop after the
 // first steps (stats().system_allocations stays flat). Stats count whole blocks: a

@@ -21,10 +21,10 @@
 // and merges its blocks, so a scratchpad borrows memory that is free at that point of
 // the step (an activation the backward pass already released) and gives it back for
 // the next tensor, where a buffer per thread, grown to the largest scratchpad the thread
-// ever needed, held that size outside the cache for the rest of the process: 255 MiB on
-// airbench94, whose peak resident memory fell by as much when the scratchpads moved into
-// the cache (docs/speedrun.md). A convolution whose scratchpad and reorders would pass
-// 256 MiB runs in batch slices instead (Note [Convolutions in batch slices], core/cpu/
+// ever needed, held that size outside the cache for the rest of the process: on
+// airbench94, 734 MiB through the training and 1.4 GiB from its evaluation on
+// (docs/speedrun.md). An evaluation's convolution whose scratchpad and reorders would
+// pass 256 MiB runs in batch slices (Note [Convolutions in batch slices], core/cpu/
 // conv2d.cpp).
 #pragma once
 
