@@ -124,7 +124,9 @@ def document(run_dir, clean_img_per_s):
         "ResNet18 on CIFAR-10: the 94% recipe under DDP, epoch by epoch", "resnet18_curve.py",
         COLUMNS, [{column["key"]: r[column["key"]] for column in COLUMNS} for r in rows], {}, results_file.now(),
         conditions="2 processes x 1 thread (loomrun, --mode ddp), batch 512; test accuracy one view per epoch, "
-                   "six views (TTA) at the end; the machine's load average beside each figure")
+                   "six views (TTA) at the end; the machine's load average beside each figure (the 2 cores were "
+                   "shared with other programs where it is well above 2); a resumed epoch's wall time and img/s are "
+                   "its resumed part's.")
     doc["command"] = "python3 bench/resnet18_curve.py RUN_DIR"
     doc["run_command"] = run["command"]
     doc["run_commits"] = run["commits"]
@@ -154,7 +156,7 @@ def draw(doc, chart):
     tta = doc.get("final", {}).get("tta_acc")
     if tta is not None:
         left.plot([x[-1]], [tta], "r*", markersize=12, label=f"test, six views: {tta:.2f}%")
-    left.axhline(TARGET, color="grey", linewidth=0.8, linestyle=":")
+    left.axhline(TARGET, color="grey", linewidth=0.8, linestyle=":", label=f"{TARGET:.0f}%")
     left.set_xlabel("epoch")
     left.set_ylabel("accuracy (%)")
     left.set_ylim(30, 100)
