@@ -130,6 +130,34 @@ TEST_CASE("a model added by a ModelSpec alone trains under DDP, FSDP, TP and a p
   CHECK_MESSAGE(contains(help.output, "| toy_net"), help.output);
 }
 
+TEST_CASE("weight-decay groups hold in every layout: no decay on biases under FSDP and a pipeline of FSDP = DDP") {
+  // --no-decay-norms-and-biases and AdamW's groups are decided on the whole parameters'
+  // names and shapes; FSDP's shards and a stage's own names must reach the same groups.
+  TempDir dir("loom_model_spec_decay");
+  const std::string init = (dir.path / "init.safetensors").string();
+  Result made = Launch(toy(1, "--max-steps 0 --save " + init)).finish();
+  REQUIRE_MESSAGE(made.code == 0, made.output);
+  const std::string from = " --init " + init + " --lr 0.1 --weight-decay 0.5 ";
+  for (const std::string groups : {"--no-decay-norms-and-biases", "--optimizer adamw"}) {
+    CAPTURE(groups);
+    const std::string ddp = run_saving_weights(dir, toy(2, "--batch-size 6 --dp-replicate 2" + from + groups), "ddp");
+    check_same_weights(ddp, run_saving_weights(dir, toy(2, "--batch-size 6 --dp-shard 2" + from + groups), "fsdp"));
+    CHECK(max_weight_difference(ddp, run_saving_weights(dir, toy(4, "--batch-size 6 --pp 2 --dp-shard 2 "
+                                                                    "--microbatches 1" + from + groups),
+                                                        "pp_fsdp")) <= 1e-5);
+  }
+  // The groups matter at this size: all-decay DDP is another model.
+  const std::string ddp = run_saving_weights(dir, toy(2, "--batch-size 6 --dp-replicate 2" + from +
+                                                            "--no-decay-norms-and-biases"), "ddp_groups");
+  CHECK(max_weight_difference(ddp, run_saving_weights(dir, toy(2, "--batch-size 6 --dp-replicate 2" + from),
+                                                      "ddp_all")) > 1e-3);
+  // FSDP1's flat shard of a block holds its weights and biases together: no group fits it.
+  Result flat = Launch(toy(2, "--batch-size 6 --dp-shard 2 --fsdp-layout flat --no-decay-norms-and-biases" + from))
+                    .finish();
+  CHECK(flat.code != 0);
+  CHECK_MESSAGE(contains(flat.output, "hold pieces of both kinds (FSDP's flat shards)"), flat.output);
+}
+
 TEST_CASE("the speedrun net trains through its spec: FSDP = DDP, TP and a pipeline = one process") {
   // train_cifar10 --model airbench94 (train/models/airbench.cpp): its frozen whitening conv
   // and BatchNorm weights ride along in every cut. Direct convolutions: its 3x3 convolutions

@@ -74,7 +74,8 @@ std::vector<std::string> one_process_numbering(const TrainConfig& config) {
   TrainConfig one = config;
   one.parallel.zero_redundancy_optimizer = false;  // ZeRO-1 gathers into a plain optimizer's numbering
   const std::shared_ptr<nn::Module> model = model_spec(config.model.name).build(config.model.name, 10);
-  const BuiltOptimizer optimizer = build_optimizer(model->parameters(), *model, *model, nullptr, one, config.optim.lr);
+  const BuiltOptimizer optimizer =
+      build_optimizer(model->parameters(), *model, own_parameters(*model), nullptr, one, config.optim.lr);
   std::map<const TensorImpl*, std::string> names;
   for (const auto& [name, p] : model->named_parameters()) names.emplace(p.unsafe_impl(), name);
   std::vector<std::string> numbered;

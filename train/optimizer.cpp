@@ -14,49 +14,53 @@ namespace loom::training {
 namespace {
 
 // --optimizer adamw, and sgd with --no-decay-norms-and-biases: timm's two groups (no decay
-// on biases, norms, embeddings and a ViT's tokens), decided on the model's own parameters
-// and restricted to `params`, the tensors
-// this rank steps. Those are the model's own parameters (one process, DDP, tp), or under
-// per-parameter FSDP (fully_shard) each parameter's local shard, which `wrapped` names as
-// the model names the parameter. FSDP's flat shards mix decayed and undecayed parameters
-// in one buffer: no group can hold them.
+// on biases, norms, embeddings and a ViT's tokens), decided for each whole parameter of the
+// model by its name and dimensions and applied to `params`, the tensors this rank steps,
+// through the parameters each holds pieces of (ModelParametersOf). The groups are as
+// optim::param_groups_weight_decay makes them, [no decay, decay], each in `params`' order.
+// A tensor whose pieces fall in both (FSDP1's flat shard of a unit with weights and biases)
+// can go in neither.
 std::vector<optim::ParamGroup> weight_decay_groups(const std::vector<Tensor>& params, const nn::Module& model,
-                                                   const std::string& model_name, const nn::Module& wrapped,
-                                                   double weight_decay, const std::string& who) {
+                                                   const std::string& model_name,
+                                                   const ModelParametersOf& parameters_of, double weight_decay,
+                                                   const std::string& who) {
   const ModelSpec& spec = model_spec(model_name);
-  const std::set<std::string> exempt = spec.no_weight_decay ? spec.no_weight_decay(model) : std::set<std::string>{};
-  std::vector<optim::ParamGroup> groups = optim::param_groups_weight_decay(model, weight_decay, exempt);
-  // The group of every tensor that may be stepped: the model's parameters themselves, and
-  // whatever the wrapper holds under a model parameter's name.
-  std::map<const TensorImpl*, size_t> group_of;
-  for (size_t g = 0; g < groups.size(); ++g)
-    for (const Tensor& p : groups[g].params) group_of[p.unsafe_impl()] = g;
-  std::map<std::string, size_t> group_by_name;
-  for (const auto& [name, p] : model.named_parameters())
-    if (auto it = group_of.find(p.unsafe_impl()); it != group_of.end()) group_by_name[name] = it->second;
-  for (const auto& [name, p] : wrapped.named_parameters())
-    if (auto it = group_by_name.find(name); it != group_by_name.end()) group_of.emplace(p.unsafe_impl(), it->second);
-  for (optim::ParamGroup& group : groups) group.params.clear();
-  size_t found = 0;
+  const auto exempt = optim::exempt_from_weight_decay(
+      model, spec.no_weight_decay ? spec.no_weight_decay(model) : std::set<std::string>{});
+  optim::ParamGroup no_decay{{}, {{"weight_decay", 0.0}}}, decay{{}, {{"weight_decay", weight_decay}}};
+  int64_t mixed = 0;
   for (const Tensor& p : params) {
-    auto it = group_of.find(p.unsafe_impl());
-    if (it == group_of.end()) continue;
-    groups[it->second].params.push_back(p);
-    ++found;
+    std::set<bool> kinds;
+    for (const WholeParameter& whole : parameters_of(p)) kinds.insert(exempt(whole.name, whole.dim));
+    if (kinds.size() != 1) ++mixed;
+    (kinds.count(false) ? decay : no_decay).params.push_back(p);
   }
-  LOOM_CHECK(found == params.size() || weight_decay == 0.0, who, " exempts biases, norms and embeddings "
-             "from weight decay parameter by parameter, and ", params.size() - found, " of the tensors this rank "
-             "steps are not the model's own parameters (FSDP's flat shards, each mixing both kinds); use "
-             "--fsdp-layout per_parameter (FSDP2: each parameter sharded on its own), --weight-decay 0, or DDP");
-  if (found != params.size()) return {optim::ParamGroup{params, {}}};  // no decay anywhere: one group
-  std::erase_if(groups, [](const optim::ParamGroup& g) { return g.params.empty(); });
+  LOOM_CHECK(mixed == 0 || weight_decay == 0.0, who, " exempts biases, norms and embeddings from weight decay "
+             "parameter by parameter, and ", mixed, " of the tensors this rank steps hold pieces of both kinds "
+             "(FSDP's flat shards) or of no parameter; use --fsdp-layout per_parameter (FSDP2: each parameter "
+             "sharded on its own), --weight-decay 0, or DDP");
+  if (mixed != 0) return {optim::ParamGroup{params, {}}};  // no decay anywhere: one group
+  std::vector<optim::ParamGroup> groups;
+  for (optim::ParamGroup* g : {&no_decay, &decay})
+    if (!g->params.empty()) groups.push_back(std::move(*g));
   return groups;
 }
 
 }  // namespace
 
-BuiltOptimizer build_optimizer(const std::vector<Tensor>& params, const nn::Module& model, const nn::Module& wrapped,
-                               const distributed::DeviceMesh* mesh, const TrainConfig& config, double lr) {
+ModelParametersOf own_parameters(const nn::Module& model) {
+  auto wholes = std::make_shared<std::map<const TensorImpl*, WholeParameter>>();
+  for (const auto& [name, p] : model.named_parameters())
+    wholes->emplace(p.unsafe_impl(), WholeParameter{name, p.dim()});
+  return [wholes](const Tensor& t) {
+    auto it = wholes->find(t.unsafe_impl());
+    return it == wholes->end() ? std::vector<WholeParameter>{} : std::vector<WholeParameter>{it->second};
+  };
+}
+
+BuiltOptimizer build_optimizer(const std::vector<Tensor>& params, const nn::Module& model,
+                               const ModelParametersOf& parameters_of, const distributed::DeviceMesh* mesh,
+                               const TrainConfig& config, double lr) {
   LOOM_CHECK(config.optim.name == "sgd" || config.optim.name == "adamw",
              "build_optimizer: optim.name is sgd or adamw, got '", config.optim.name, "'");
   const optim::SGDOptions sgd{.lr = lr,
@@ -67,10 +71,10 @@ BuiltOptimizer build_optimizer(const std::vector<Tensor>& params, const nn::Modu
   if (!config.parallel.zero_redundancy_optimizer) {
     if (config.optim.name == "adamw")
       return {std::make_unique<optim::AdamW>(
-          weight_decay_groups(params, model, config.model.name, wrapped, adamw.weight_decay, "--optimizer adamw"),
+          weight_decay_groups(params, model, config.model.name, parameters_of, adamw.weight_decay, "--optimizer adamw"),
           adamw)};
     if (config.optim.no_decay_norms_and_biases)
-      return {std::make_unique<optim::SGD>(weight_decay_groups(params, model, config.model.name, wrapped,
+      return {std::make_unique<optim::SGD>(weight_decay_groups(params, model, config.model.name, parameters_of,
                                                                sgd.weight_decay, "--no-decay-norms-and-biases"),
                                            sgd)};
     return {std::make_unique<optim::SGD>(params, sgd)};

@@ -6,7 +6,9 @@
 // the loop calls step() and never asks which it got. As torchtitan's build_optimizers.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"                 // defines: Tensor
@@ -38,12 +40,27 @@ struct BuiltOptimizer {
   void gather_state() const;
 };
 
+// A parameter of the plain model as a whole: its name and its number of dimensions (which
+// sharding does not keep: FSDP empties the model's own parameter objects).
+struct WholeParameter {
+  std::string name;
+  int64_t dim = 0;
+};
+// For a tensor this rank steps, the plain model's parameters it holds pieces of: one for a
+// parameter itself, its tensor-parallel part or its per-parameter FSDP shard (under --pp
+// too, where a stage's FSDP names its shards after the stage, not the model); several for
+// FSDP1's flat shard; none for a tensor that is no parameter's.
+using ModelParametersOf = std::function<std::vector<WholeParameter>(const Tensor&)>;
+
 // `params`: what this rank steps (the model's, a wrapper's, a stage's). `model`: the plain
-// model, whose parameters say which get no weight decay under --optimizer adamw; `wrapped`:
-// the module the loop runs, whose parameter names map the stepped tensors to the model's
-// (under per-parameter FSDP each parameter's local shard carries its name). `mesh` is null
-// in one process. `lr` is --lr after --lr-scaling.
-BuiltOptimizer build_optimizer(const std::vector<Tensor>& params, const nn::Module& model, const nn::Module& wrapped,
-                               const distributed::DeviceMesh* mesh, const TrainConfig& config, double lr);
+// model, whose parameters say which get no weight decay under --optimizer adamw and
+// --no-decay-norms-and-biases; `parameters_of` maps the stepped tensors to them. `mesh` is
+// null in one process. `lr` is --lr after --lr-scaling.
+BuiltOptimizer build_optimizer(const std::vector<Tensor>& params, const nn::Module& model,
+                               const ModelParametersOf& parameters_of, const distributed::DeviceMesh* mesh,
+                               const TrainConfig& config, double lr);
+
+// parameters_of for an optimizer over `model`'s own, unsharded parameters (one process).
+ModelParametersOf own_parameters(const nn::Module& model);
 
 }  // namespace loom::training

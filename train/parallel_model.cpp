@@ -1,6 +1,7 @@
 #include "train/parallel_model.h"
 
 #include <map>
+#include <optional>
 #include <set>
 
 #include "core/error.h"                         // defines: LOOM_CHECK
@@ -93,6 +94,30 @@ std::string ParallelModel::layout_name() const {
 }
 
 // See Note [Sharded checkpoints in train_cifar10] (sharded_checkpoint.h).
+ModelParametersOf ParallelModel::model_parameters_of() const {
+  // A parameter stepped whole (one process, DDP, a stage, a tp part) is the model's own
+  // object. A wrapper's shard is found through local_state(), built once when first needed,
+  // with the whole parameters' shapes (FSDP leaves the model's objects empty); what holds
+  // no piece (a tp rank's empty share of a small tensor) by the name the wrapper gives it.
+  auto own = std::make_shared<std::map<const TensorImpl*, WholeParameter>>();
+  for (const auto& [name, p] : model_->named_parameters()) own->emplace(p.unsafe_impl(), WholeParameter{name, p.dim()});
+  auto wrapped = std::make_shared<std::map<const TensorImpl*, WholeParameter>>();
+  for (const auto& [name, p] : module_->named_parameters())
+    wrapped->emplace(p.unsafe_impl(), WholeParameter{name, p.dim()});
+  auto pieces = std::make_shared<std::optional<distributed::checkpoint::ParamPieces>>();
+  return [this, own, wrapped, pieces](const Tensor& t) {
+    if (auto found = own->find(t.unsafe_impl()); found != own->end()) return std::vector<WholeParameter>{found->second};
+    if (!*pieces) *pieces = local_state().params;
+    std::vector<WholeParameter> wholes;
+    if (auto it = (*pieces)->find(t.unsafe_impl()); it != (*pieces)->end())
+      for (const auto& piece : it->second.pieces)
+        wholes.push_back({piece.name, static_cast<int64_t>(piece.global_shape.size())});
+    if (wholes.empty())
+      if (auto found = wrapped->find(t.unsafe_impl()); found != wrapped->end()) wholes.push_back(found->second);
+    return wholes;
+  };
+}
+
 LocalState ParallelModel::local_state() const {
   const distributed::ParallelDims::Coordinates at = dims_.coordinates(mesh_ ? mesh_->rank() : 0);
   // The plain model's names for its tensors (FSDP's units and a pipeline's stages hold the

@@ -104,6 +104,9 @@ class ParallelModel {
 
   // See LocalState; which of the ranks that hold a tensor alike writes it is marked.
   LocalState local_state() const;
+  // For build_optimizer: the model's parameters in each tensor this rank steps (the
+  // parameter itself, else those local_state() finds pieces of in it, with their whole shapes).
+  ModelParametersOf model_parameters_of() const;
   // "pp=1 dp_replicate=1 dp_shard=2 tp=1 (world 2), FSDP2 per-parameter shards": the
   // degrees and the FSDP layout, which together fix every rank's boxes.
   std::string layout_name() const;

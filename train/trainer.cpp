@@ -244,8 +244,8 @@ class Trainer {
         // pipeline stages do not.
         lr_(config.optim.lr_scaling == "linear" ? config.optim.lr * dist_.dims().batch_size() : config.optim.lr),
         // SGD over this rank's parameters, or inside ZeroRedundancyOptimizer (ZeRO-1).
-        optimizer_(build_optimizer(parallel_.module().parameters(), parallel_.model(), parallel_.module(), dist_.mesh(),
-                                   config, lr_)),
+        optimizer_(build_optimizer(parallel_.module().parameters(), parallel_.model(), parallel_.model_parameters_of(),
+                                   dist_.mesh(), config, lr_)),
         scheduler_(make_scheduler(config, lr_, *optimizer_, data_.steps_per_epoch)),
         amp_(config.training.amp, device_, dist_.world()),
         lookahead_(make_lookahead(config, dist_.dims(), parallel_)),

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <memory>
 
 #include "autograd/grad_mode.h"  // defines: NoGradGuard
 #include "core/dtype.h"          // defines: dispatch_floating
@@ -131,22 +132,25 @@ void AdamW::step() {
   }
 }
 
-std::vector<ParamGroup> param_groups_weight_decay(const nn::Module& model, double weight_decay,
-                                                  const std::set<std::string>& no_weight_decay) {
-  std::set<std::string> embedding_tables;
+std::function<bool(const std::string& name, int64_t dim)> exempt_from_weight_decay(
+    const nn::Module& model, const std::set<std::string>& no_weight_decay) {
+  auto exempt = std::make_shared<std::set<std::string>>(no_weight_decay);
   std::function<void(const nn::Module&, const std::string&)> find_embeddings = [&](const nn::Module& m,
                                                                                   const std::string& prefix) {
-    if (dynamic_cast<const nn::Embedding*>(&m)) embedding_tables.insert(prefix + "weight");
+    if (dynamic_cast<const nn::Embedding*>(&m)) exempt->insert(prefix + "weight");
     for (const auto& item : m.named_children()) find_embeddings(*item.second, prefix + item.first + ".");
   };
   find_embeddings(model, "");
+  return [exempt](const std::string& name, int64_t dim) {
+    return dim <= 1 || (name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0) || exempt->count(name) > 0;
+  };
+}
+
+std::vector<ParamGroup> param_groups_weight_decay(const nn::Module& model, double weight_decay,
+                                                  const std::set<std::string>& no_weight_decay) {
+  const auto exempt = exempt_from_weight_decay(model, no_weight_decay);
   ParamGroup decay{{}, {{"weight_decay", weight_decay}}}, no_decay{{}, {{"weight_decay", 0.0}}};
-  for (const auto& item : model.named_parameters()) {
-    const std::string& name = item.first;
-    const bool skip = item.second.dim() <= 1 || (name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0) ||
-                      no_weight_decay.count(name) || embedding_tables.count(name);
-    (skip ? no_decay : decay).params.push_back(item.second);
-  }
+  for (const auto& [name, p] : model.named_parameters()) (exempt(name, p.dim()) ? no_decay : decay).params.push_back(p);
   std::vector<ParamGroup> groups;
   for (ParamGroup* g : {&no_decay, &decay})
     if (!g->params.empty()) groups.push_back(std::move(*g));

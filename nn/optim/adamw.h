@@ -26,6 +26,7 @@
 // cuda/adamw.cu's on CUDA parameters (compiled, not yet run on a GPU).
 #pragma once
 
+#include <functional>
 #include <set>
 #include <string>
 #include <vector>
@@ -62,5 +63,11 @@ class AdamW : public Optimizer {
 // Decaying them pulls normalisation gains and positions toward zero for no benefit.
 std::vector<ParamGroup> param_groups_weight_decay(const nn::Module& model, double weight_decay,
                                                   const std::set<std::string>& no_weight_decay = {});
+
+// The rule above for one parameter of `model`, by its name and number of dimensions: true
+// when it gets no weight decay. For a caller that steps pieces of the parameters (FSDP's
+// shards, a pipeline stage's) and decides from the whole parameter's name and shape.
+std::function<bool(const std::string& name, int64_t dim)> exempt_from_weight_decay(
+    const nn::Module& model, const std::set<std::string>& no_weight_decay = {});
 
 }  // namespace loom::optim
