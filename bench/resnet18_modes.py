@@ -148,7 +148,7 @@ def loom_command(build, processes, flags, data, init, metrics):
     return cmd
 
 
-def run_row(a, key, command, work):
+def run_row(key, command, work):
     """Runs `command` once (skipped when WORK_DIR already holds its metrics); returns the metrics."""
     metrics = os.path.join(work, f"{key}.json")
     if os.path.exists(metrics):
@@ -205,13 +205,13 @@ def main():
                        check=True, stdout=subprocess.DEVNULL)
     rows, by_key = [], {}
     for key, title, processes, flags in ROWS:
-        m = run_row(a, key, loom_command(a.build, processes, flags + limit, data, init, os.path.join(work, f"{key}.json")),
+        m = run_row(key, loom_command(a.build, processes, flags + limit, data, init, os.path.join(work, f"{key}.json")),
                     work)
         by_key[key] = m
         rows.append({"run": title, "framework": "loom", "flags": " ".join(flags), "processes": processes,
                      "test_acc": 100.0 * m["test_acc"], "train_loss": m["train_loss"], "test_loss": m["test_loss"],
                      "steps": m["steps"], "wall_s": m["wall_s"]})
-    t = run_row(a, "torch", [a.torch_python, os.path.abspath(__file__), work, "--data", data, "--torch-row"]
+    t = run_row("torch", [a.torch_python, os.path.abspath(__file__), work, "--data", data, "--torch-row"]
                 + (["--quick"] if a.quick else []), work)
     rows.append({"run": "PyTorch 1.13, the same recipe", "framework": "torch", "flags": "bench/resnet18_modes.py",
                  "processes": 1, "test_acc": t["test_acc"], "train_loss": t["train_loss"], "test_loss": t["test_loss"],
